@@ -1,0 +1,286 @@
+"""psycopg 3 connections driven by trio.
+
+`TrioConnection` is a `psycopg.AsyncConnection` whose every wait goes through
+trio (``trio.lowlevel.wait_readable`` / ``wait_writable`` on the libpq socket),
+so users get all of psycopg (parameters, row factories, transactions and
+savepoints, ``executemany``, COPY, pipeline mode, server-side cursors, type
+registration) with no asyncio loop, no trio-asyncio and no thread per query.
+
+The asyncio touch points of ``AsyncConnection`` replaced here (see
+``tests/test_pg_audit.py``, which fails if psycopg moves them):
+
+* ``self.lock``: an ``asyncio.Lock``; replaced by `ConnectionLock`.
+* ``connect()``: asyncio name resolution and ``wait_conn_async``.
+* ``wait()``: ``waiting.wait_async`` and cancel-on-``CancelledError``.
+* ``cancel_safe()``: ``wait_conn_async``.
+* ``notifies()``: holds the lock across ``yield``; replaced by a version that
+  takes the lock per batch so a consumer can leave early.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+from collections import deque
+from typing import Any, Self, TypeVar
+
+import psycopg
+import trio
+from psycopg import errors as e
+from psycopg.abc import PQGen
+from psycopg.conninfo import conninfo_attempts, make_conninfo
+from psycopg.pq import TransactionStatus
+from psycopg.rows import AsyncRowFactory, Row
+
+from ._pg_errors import ConnectError, describe_target
+from ._pg_wait import wait_conn_gen, wait_gen
+
+__all__ = ["ConnectionLock", "Notifications", "TrioConnection", "connect"]
+
+logger = logging.getLogger("trioq.pg")
+
+RV = TypeVar("RV")
+
+#: How long a cancelled query may take to acknowledge a server-side cancel
+#: before the connection is given up and closed.
+CANCEL_DRAIN_TIMEOUT = 5.0
+
+_ACTIVE = TransactionStatus.ACTIVE
+
+
+class ConnectionLock:
+    """The connection's lock: a `trio.Lock` that does not checkpoint when free.
+
+    ``trio.Lock.acquire()`` is a checkpoint even when the lock is free, so in a
+    cancelled scope ``AsyncTransaction.__aexit__`` would raise before sending
+    ROLLBACK and leave the connection INERROR. Taking a free lock with
+    ``acquire_nowait()`` avoids that; a contended lock still waits (and can be
+    cancelled) as usual.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = trio.Lock()
+
+    async def __aenter__(self) -> None:
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+
+class TrioConnection(psycopg.AsyncConnection[Row]):
+    """A psycopg ``AsyncConnection`` for trio. Create it with `connect`."""
+
+    __module__ = "trioq.pg"
+
+    def __init__(self, pgconn: Any, row_factory: Any = None) -> None:
+        if row_factory is None:
+            super().__init__(pgconn)
+        else:
+            super().__init__(pgconn, row_factory)
+        self.lock = ConnectionLock()  # type: ignore[assignment]
+
+    @classmethod
+    async def connect(
+        cls,
+        conninfo: str = "",
+        *,
+        autocommit: bool = False,
+        prepare_threshold: int | None = 5,
+        row_factory: AsyncRowFactory[Row] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Connect, honouring ``connect_timeout`` and any enclosing trio deadline."""
+        params = await cls._get_connection_params(conninfo, **kwargs)
+        timeout = psycopg.conninfo.timeout_from_conninfo(params)
+        attempts = await _resolve(params)
+        errors: list[str] = []
+        for attempt in attempts:
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    conn: Self = await wait_conn_gen(
+                        cls._connect_gen(make_conninfo("", **attempt))
+                    )
+                except e.Error as ex:
+                    errors.append(_first_line(str(ex)))
+                    continue
+            if scope.cancelled_caught:
+                errors.append(f"connection timeout expired after {timeout} s")
+                continue
+            conn._autocommit = bool(autocommit)
+            if row_factory is not None:
+                conn.row_factory = row_factory
+            conn.prepare_threshold = prepare_threshold
+            return conn
+        raise ConnectError(f"cannot connect to {describe_target(params)}: {'; '.join(errors)}")
+
+    async def wait(
+        self, gen: PQGen[RV], interval: float = 0.0, timeout: float | None = None
+    ) -> RV:
+        """Run ``gen`` on this connection's socket.
+
+        If the calling task is cancelled while the server is executing a
+        statement, a server-side cancel is sent and the generator drained (in a
+        shielded scope bounded by `CANCEL_DRAIN_TIMEOUT`), so the connection
+        is left usable; if the drain does not finish, the connection is closed.
+        The cancellation is always re-raised.
+        """
+        fileno = self.pgconn.socket
+        try:
+            if timeout is None:
+                return await wait_gen(gen, fileno)
+            with trio.move_on_after(timeout):
+                return await wait_gen(gen, fileno)
+            raise e._WaitTimeout("wait timeout expired")
+        except trio.Cancelled:
+            if self.pgconn.transaction_status == _ACTIVE:
+                await self._cancel_and_drain(gen, fileno)
+            raise
+
+    async def _cancel_and_drain(self, gen: PQGen[Any], fileno: int) -> None:
+        with trio.move_on_after(CANCEL_DRAIN_TIMEOUT, shield=True) as scope:
+            try:
+                await self.cancel_safe(timeout=CANCEL_DRAIN_TIMEOUT)
+                await wait_gen(gen, fileno)
+            except e.Error:
+                pass  # QueryCanceled as expected, or the statement's own error
+        if scope.cancelled_caught or self.pgconn.transaction_status == _ACTIVE:
+            logger.warning("query not terminated after cancellation: closing connection")
+            self._close_now()
+
+    async def cancel_safe(self, *, timeout: float = 30.0) -> None:
+        """Ask the server to cancel the running statement; wait for the request to land."""
+        if not self._should_cancel():
+            return
+        with trio.move_on_after(timeout) as scope:
+            await wait_conn_gen(self._cancel_gen())
+        if scope.cancelled_caught:
+            raise e.CancellationTimeout("cancellation timeout expired")
+
+    async def close(self) -> None:
+        """Close the connection; a statement still running is cancelled first.
+
+        Safe to call from another task while a query waits: that task gets
+        ``trio.ClosedResourceError`` and the server stops the statement.
+        """
+        if self.closed:
+            return
+        if self.pgconn.transaction_status == _ACTIVE:
+            with trio.move_on_after(1.0, shield=True):
+                try:
+                    await self.cancel_safe(timeout=1.0)
+                except e.Error as ex:
+                    logger.debug("cancel before close failed: %s", ex)
+        self._close_now()
+        await trio.lowlevel.checkpoint()
+
+    def _close_now(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        fileno = self.pgconn.socket if self.pgconn.status == psycopg.pq.ConnStatus.OK else -1
+        if fileno >= 0:
+            trio.lowlevel.notify_closing(fileno)
+        self.pgconn.finish()
+
+    def notifies(  # type: ignore[override]
+        self, *, timeout: float | None = None, stop_after: int | None = None
+    ) -> Notifications:
+        """Notifications as they arrive: ``async for note in conn.notifies(): ...``.
+
+        Unlike psycopg's own, this is a plain async iterator that holds the
+        connection lock only while waiting for a batch, never between items:
+        a consumer may ``break`` out of the loop at any time and go on using
+        the connection. ``timeout`` ends the iteration after that many seconds,
+        ``stop_after`` after that many notifications.
+        """
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        return Notifications(self, deadline, stop_after)
+
+
+class Notifications:
+    """Async iterator over a connection's notifications; see `TrioConnection.notifies`."""
+
+    def __init__(self, conn: TrioConnection[Any], deadline: float, stop_after: int | None):
+        self._conn = conn
+        self._deadline = deadline
+        self._left = math.inf if stop_after is None else stop_after
+        self._batch: deque[psycopg.Notify] = deque()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> psycopg.Notify:
+        if self._left <= 0:
+            raise StopAsyncIteration
+        while not self._batch:
+            if not await self._fill():
+                raise StopAsyncIteration
+        self._left -= 1
+        return self._batch.popleft()
+
+    async def _fill(self) -> bool:
+        """Move the backlog, or the next batch from the server, into ``_batch``."""
+        conn = self._conn
+        async with conn.lock:
+            with trio.move_on_at(self._deadline):
+                if not conn._notifies_backlog:
+                    await conn.wait(psycopg.generators.notifies(conn.pgconn))
+                else:
+                    await trio.lowlevel.checkpoint()
+                backlog = conn._notifies_backlog
+                if backlog:
+                    self._batch.extend(backlog)
+                    backlog.clear()
+                return True
+        return False
+
+
+async def _resolve(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Split ``params`` into connection attempts; name lookup runs off the loop."""
+    if _needs_lookup(params):
+        return await trio.to_thread.run_sync(conninfo_attempts, params, abandon_on_cancel=True)
+    await trio.lowlevel.checkpoint()
+    return conninfo_attempts(params)
+
+
+def _needs_lookup(params: dict[str, Any]) -> bool:
+    if params.get("hostaddr"):
+        return False
+    for host in str(params.get("host") or "").split(","):
+        if host and not host.startswith("/") and not _is_ip(host):
+            return True
+    return False
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+async def connect(conninfo: str = "", **kwargs: Any) -> TrioConnection[Any]:
+    """Open a `TrioConnection`: ``async with await trioq.connect(dsn) as conn: ...``.
+
+    Keyword arguments are those of ``psycopg.AsyncConnection.connect``
+    (``autocommit``, ``row_factory``, ``prepare_threshold``) and libpq
+    parameters (``connect_timeout``, ``application_name``, ...). Raises
+    `ConnectError` (a ``psycopg.OperationalError``) naming the target, never
+    the password.
+    """
+    return await TrioConnection.connect(conninfo, **kwargs)
