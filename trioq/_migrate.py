@@ -1,0 +1,156 @@
+"""Versioned schema migrations shipped in ``trioq/migrations``.
+
+Each migration is ``NNNN_name.sql`` with unqualified names; it runs with
+``search_path`` set to the target schema (default ``trioq``). `migrate` applies
+every pending migration in one transaction under an advisory lock, so two
+concurrent runs are safe (the second finds nothing to do) and a failure leaves
+nothing half-created. A database migrated by a newer trioq is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql
+
+from ._schema import SchemaError, qualified, validate_schema_name
+
+__all__ = ["Migration", "MigrationError", "MigrationResult", "migrate", "migrations"]
+
+_FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+class MigrationError(SchemaError):
+    """A migration could not be applied; nothing was changed."""
+
+
+@attrs.frozen
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@attrs.frozen(kw_only=True)
+class MigrationResult:
+    schema: str
+    previous_version: int
+    version: int
+    applied: tuple[int, ...]
+
+
+@functools.cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration shipped with this trioq, in version order."""
+    found: list[Migration] = []
+    for entry in importlib.resources.files("trioq.migrations").iterdir():
+        match = _FILE_RE.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migration files are not numbered 1..n: {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return len(migrations())
+
+
+async def migrate(
+    conn: psycopg.AsyncConnection[Any], schema: str = "trioq", *, target: int | None = None
+) -> MigrationResult:
+    """Bring ``schema`` up to ``target`` (default: the latest) in one transaction.
+
+    ``conn`` must not be inside a transaction. Raises `MigrationError` naming
+    the problem (no permission to create the schema, a newer schema, a failing
+    statement); the transaction is rolled back, so nothing is half-created.
+    """
+    validate_schema_name(schema)
+    goal = latest_version() if target is None else target
+    if not 0 <= goal <= latest_version():
+        raise ValueError(f"target must be between 0 and {latest_version()}, got {target}")
+    try:
+        async with conn.transaction():
+            await _lock(conn, schema)
+            await _create_bookkeeping(conn, schema)
+            current = await _current_version(conn, schema)
+            pending = [m for m in migrations() if current < m.version <= goal]
+            for migration in pending:
+                await _apply(conn, schema, migration)
+    except psycopg.errors.InsufficientPrivilege as ex:
+        raise MigrationError(
+            f"the role {conn.info.user!r} may not create or change schema {schema!r} in database "
+            f"{conn.info.dbname!r}: {_first_line(ex)}; nothing was changed"
+        ) from None
+    return MigrationResult(
+        schema=schema,
+        previous_version=current,
+        version=max(current, goal),
+        applied=tuple(m.version for m in pending),
+    )
+
+
+async def _lock(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('trioq.migrate'), hashtext(%s))", (schema,)
+    )
+
+
+async def _create_bookkeeping(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    await conn.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} ("
+            " version integer PRIMARY KEY,"
+            " name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(qualified(schema, "migrations"))
+    )
+
+
+async def _current_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
+    cur = await conn.execute(
+        sql.SQL("SELECT coalesce(max(version), 0) FROM {}").format(qualified(schema, "migrations"))
+    )
+    row = await cur.fetchone()
+    current = int(row[0]) if row else 0
+    if current > latest_version():
+        raise MigrationError(
+            f"schema {schema!r} is at version {current}, but this trioq knows only up to "
+            f"version {latest_version()}: it was migrated by a newer trioq; upgrade trioq"
+        )
+    return current
+
+
+async def _apply(conn: psycopg.AsyncConnection[Any], schema: str, migration: Migration) -> None:
+    await conn.execute(
+        sql.SQL("SET LOCAL search_path TO {}, pg_catalog").format(sql.Identifier(schema))
+    )
+    try:
+        await conn.execute(migration.sql.encode())
+    except psycopg.errors.InsufficientPrivilege:
+        raise
+    except psycopg.Error as ex:
+        raise MigrationError(
+            f"migration {migration.version:04d}_{migration.name} failed: {_first_line(ex)}; "
+            "nothing was changed"
+        ) from None
+    await conn.execute(
+        sql.SQL("INSERT INTO {} (version, name) VALUES (%s, %s)").format(
+            qualified(schema, "migrations")
+        ),
+        (migration.version, migration.name),
+    )
+    await conn.execute("RESET search_path")
+
+
+def _first_line(ex: BaseException) -> str:
+    text = str(ex).strip()
+    return text.splitlines()[0] if text else type(ex).__name__
