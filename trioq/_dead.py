@@ -1,0 +1,78 @@
+"""The dead-letter table: jobs that ran out of attempts, failed fatally, or lost their
+last lease. They can be listed, retried (back to available with fresh attempts)
+and purged, filtered by id, queue and task.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import psycopg
+
+from ._job import JSONValue
+from ._sql import Statements
+
+__all__ = ["DeadFilter", "DeadJob", "list_dead", "purge_dead", "retry_dead"]
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+@attrs.frozen(kw_only=True)
+class DeadFilter:
+    """Which dead jobs: all of those matching every given field (None matches anything)."""
+
+    ids: Sequence[int] | None = attrs.field(default=None, converter=attrs.converters.optional(list))
+    queue: str | None = None
+    task: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"ids": self.ids, "queue": self.queue, "task": self.task}
+
+
+@attrs.frozen(kw_only=True)
+class DeadJob:
+    id: int
+    queue: str
+    task: str
+    args: JSONValue
+    priority: int
+    attempt: int
+    max_attempts: int
+    dedup_key: str | None
+    reason: str
+    last_error: str | None
+    traceback: str | None
+    enqueued_at: dt.datetime
+    died_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> DeadJob:
+        names = [f.name for f in attrs.fields(cls)]
+        return cls(**dict(zip(names, row, strict=True)))
+
+
+async def list_dead(
+    conn: Conn, sql: Statements, where: DeadFilter, *, limit: int = 100
+) -> list[DeadJob]:
+    cur = await conn.execute(sql.dead_list, {**where.params(), "limit": limit})
+    return [DeadJob.from_row(row) for row in await cur.fetchall()]
+
+
+async def retry_dead(conn: Conn, sql: Statements, where: DeadFilter) -> list[int]:
+    """Move matching dead jobs back to available with fresh attempts; their ids.
+
+    A dead job whose dedup twin is live stays dead (retrying it would duplicate).
+    """
+    cur = await conn.execute(sql.dead_retry, where.params())
+    return sorted(row[0] for row in await cur.fetchall())
+
+
+async def purge_dead(
+    conn: Conn, sql: Statements, where: DeadFilter, *, before: dt.datetime | None = None
+) -> list[int]:
+    """Delete matching dead jobs (optionally only those that died before ``before``)."""
+    cur = await conn.execute(sql.dead_purge, {**where.params(), "before": before})
+    return sorted(row[0] for row in await cur.fetchall())

@@ -1,0 +1,317 @@
+"""Every SQL statement trioq runs against its tables, in one place.
+
+Statements are composed once per schema with ``psycopg.sql`` (the schema name
+is a validated identifier, never text); everything else is a parameter. Times
+come from `NOW`, which is the transaction's ``now()`` unless the session sets
+``trioq.now`` (tests use it to move the clock without sleeping).
+
+Every write after the claim is fenced by id, attempt and lease owner, so a
+worker whose lease was reclaimed changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+from psycopg import sql
+
+from ._schema import qualified
+
+__all__ = ["NOW", "Statements", "statements"]
+
+#: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
+NOW = "coalesce(nullif(current_setting('trioq.now', true), '')::timestamptz, now())"
+
+_LIVE = "('available', 'running')"
+
+# Columns a worker needs of a claimed job, in `JobRow` order.
+_JOB_COLUMNS = (
+    "id, queue, task, args, priority, run_at, attempt, max_attempts, enqueued_at, lease_expires_at"
+)
+
+_INSERT = """
+WITH ins AS (
+    INSERT INTO {jobs} (queue, task, args, priority, run_at, max_attempts, dedup_key)
+    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s, {now} + %(delay)s), %(max_attempts)s, %(dedup_key)s)
+    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue)::text END FROM ins
+"""
+
+# Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
+_INSERT_MANY = """
+INSERT INTO {jobs} (id, queue, task, args, priority, run_at, max_attempts, dedup_key)
+SELECT i, q, t, a::jsonb, p, r, m, k
+  FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
+              %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
+              %(dedup_keys)s::text[]) AS u(i, q, t, a, p, r, m, k)
+ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
+RETURNING id
+"""
+
+_RESERVE_IDS = """
+SELECT {now}, array_agg(nextval(pg_get_serial_sequence(%(jobs)s, 'id')))
+  FROM generate_series(1, %(n)s)
+"""
+
+_COPY_JOBS = """
+COPY {jobs} (id, queue, task, args, priority, run_at, max_attempts) FROM STDIN
+"""
+
+_LIVE_TWINS = """
+SELECT dedup_key, id FROM {jobs} WHERE dedup_key = ANY(%(keys)s) AND state IN {live}
+"""
+
+_NOTIFY = "SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q"
+
+_CLAIM = """
+WITH c AS (
+    SELECT id FROM {jobs}
+     WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
+     ORDER BY priority, run_at, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {jobs} j
+   SET state = 'running', attempt = j.attempt + 1,
+       lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s
+  FROM c
+ WHERE j.id = c.id
+RETURNING {job_columns}
+"""
+
+_FENCE = (
+    "j.id = f.id AND j.attempt = f.attempt AND j.lease_owner = %(owner)s AND j.state = 'running'"
+)
+
+_HEARTBEAT = """
+UPDATE {jobs} j SET lease_expires_at = {now} + %(lease)s
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS f(id, attempt)
+ WHERE {fence}
+RETURNING j.id, j.cancel_requested
+"""
+
+_COMPLETE = """
+DELETE FROM {jobs} j
+ USING unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS f(id, attempt)
+ WHERE {fence}
+RETURNING j.id
+"""
+
+_COMPLETE_KEEP = """
+UPDATE {jobs} j
+   SET state = 'done', result = f.result, finished_at = {now},
+       lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(results)s::jsonb[])
+       AS f(id, attempt, result)
+ WHERE {fence}
+RETURNING j.id
+"""
+
+# A failure retries (attempts left, not fatal) or moves the job to dead_jobs.
+_FAIL = """
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(delays)s::interval[],
+                         %(errors)s::text[], %(tracebacks)s::text[], %(fatal)s::bool[])
+           AS f(id, attempt, delay, error, traceback, fatal)
+), target AS (
+    SELECT j.id, (f.fatal OR j.attempt >= j.max_attempts) AS dies,
+           f.delay, f.error, f.traceback, f.fatal
+      FROM {jobs} j JOIN f ON {fence}
+       FOR UPDATE OF j
+), died AS (
+    DELETE FROM {jobs} j USING target t WHERE j.id = t.id AND t.dies
+    RETURNING j.*, t.error AS error, t.traceback AS traceback,
+              CASE WHEN t.fatal THEN 'fatal error' ELSE 'attempts exhausted' END AS reason
+), buried AS (
+    INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+                        reason, last_error, traceback, enqueued_at, died_at)
+    SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+           reason, error, traceback, enqueued_at, {now} FROM died
+    RETURNING id
+), retried AS (
+    UPDATE {jobs} j
+       SET state = 'available', run_at = {now} + t.delay, last_error = t.error,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM target t
+     WHERE j.id = t.id AND NOT t.dies
+    RETURNING j.id
+)
+SELECT id, 'dead' FROM buried UNION ALL SELECT id, 'retry' FROM retried
+"""
+
+# Aborted by us (shutdown): back to available with the attempt refunded.
+_RELEASE = """
+UPDATE {jobs} j
+   SET state = 'available', attempt = j.attempt - 1, run_at = {now},
+       lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS f(id, attempt)
+ WHERE {fence}
+RETURNING j.id
+"""
+
+# A running job whose cancellation was requested and whose handler was stopped.
+_CANCEL_RUNNING = """
+UPDATE {jobs} j
+   SET state = 'cancelled', finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS f(id, attempt)
+ WHERE {fence}
+RETURNING j.id
+"""
+
+_CANCEL = """
+WITH now_cancelled AS (
+    UPDATE {jobs} SET state = 'cancelled', finished_at = {now}
+     WHERE id = %(id)s AND state = 'available'
+    RETURNING id
+), flagged AS (
+    UPDATE {jobs} SET cancel_requested = true
+     WHERE id = %(id)s AND state = 'running'
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM now_cancelled), (SELECT count(*) FROM flagged)
+"""
+
+# Expired leases: back to available (the attempt stays spent), or dead on the last attempt.
+_SWEEP = """
+WITH expired AS (
+    SELECT id, attempt >= max_attempts OR cancel_requested AS final, cancel_requested
+      FROM {jobs}
+     WHERE state = 'running' AND lease_expires_at < {now}
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), died AS (
+    DELETE FROM {jobs} j USING expired e
+     WHERE j.id = e.id AND e.final AND NOT e.cancel_requested
+    RETURNING j.*
+), buried AS (
+    INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+                        reason, last_error, enqueued_at, died_at)
+    SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+           'lease expired on the last attempt', 'lease expired: worker lost', enqueued_at, {now}
+      FROM died
+    RETURNING id
+), cancelled AS (
+    UPDATE {jobs} j
+       SET state = 'cancelled', finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id AND e.cancel_requested
+    RETURNING j.id
+), returned AS (
+    UPDATE {jobs} j
+       SET state = 'available', run_at = {now}, last_error = 'lease expired: worker lost',
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id AND NOT e.final
+    RETURNING j.id
+)
+SELECT id, 'dead' FROM buried
+UNION ALL SELECT id, 'cancelled' FROM cancelled
+UNION ALL SELECT id, 'available' FROM returned
+"""
+
+_DEAD_LIST = """
+SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, reason,
+       last_error, traceback, enqueued_at, died_at
+  FROM {dead}
+ WHERE (%(ids)s::int8[] IS NULL OR id = ANY(%(ids)s))
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+ ORDER BY died_at, id
+ LIMIT %(limit)s
+"""
+
+# Back to available with fresh attempts. A dead job whose dedup twin is live stays dead.
+_DEAD_RETRY = """
+WITH moved AS (
+    DELETE FROM {dead} d
+     WHERE (%(ids)s::int8[] IS NULL OR d.id = ANY(%(ids)s))
+       AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR d.task = %(task)s)
+       AND NOT EXISTS (SELECT 1 FROM {jobs} j
+                        WHERE j.dedup_key = d.dedup_key AND j.state IN {live})
+    RETURNING d.*
+)
+INSERT INTO {jobs} (id, queue, task, args, priority, run_at, attempt, max_attempts, dedup_key,
+                    enqueued_at)
+SELECT id, queue, task, args, priority, {now}, 0, max_attempts, dedup_key, enqueued_at FROM moved
+RETURNING id
+"""
+
+_DEAD_PURGE = """
+DELETE FROM {dead}
+ WHERE (%(ids)s::int8[] IS NULL OR id = ANY(%(ids)s))
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(before)s::timestamptz IS NULL OR died_at < %(before)s)
+RETURNING id
+"""
+
+
+@attrs.frozen
+class Statements:
+    """The composed statements of one schema."""
+
+    schema: str
+    channel: str  # the LISTEN/NOTIFY channel of this schema
+    insert: sql.Composed
+    insert_many: sql.Composed
+    reserve_ids: sql.Composed
+    copy_jobs: sql.Composed
+    live_twins: sql.Composed
+    notify: sql.Composed
+    claim: sql.Composed
+    heartbeat: sql.Composed
+    complete: sql.Composed
+    complete_keep: sql.Composed
+    fail: sql.Composed
+    release: sql.Composed
+    cancel_running: sql.Composed
+    cancel: sql.Composed
+    sweep: sql.Composed
+    dead_list: sql.Composed
+    dead_retry: sql.Composed
+    dead_purge: sql.Composed
+
+
+@functools.cache
+def statements(schema: str) -> Statements:
+    """All statements for ``schema`` (validated), composed once and cached."""
+    names = {
+        "jobs": qualified(schema, "jobs"),
+        "dead": qualified(schema, "dead_jobs"),
+        "now": sql.SQL(NOW),
+        "live": sql.SQL(_LIVE),
+        "fence": sql.SQL(_FENCE),
+        "job_columns": sql.SQL(", ".join(f"j.{c.strip()}" for c in _JOB_COLUMNS.split(","))),
+    }
+
+    def compose(text: str) -> sql.Composed:
+        return sql.SQL(text.strip()).format(**names)
+
+    return Statements(
+        schema=schema,
+        channel=f"trioq_{schema}",
+        insert=compose(_INSERT),
+        insert_many=compose(_INSERT_MANY),
+        reserve_ids=compose(_RESERVE_IDS),
+        copy_jobs=compose(_COPY_JOBS),
+        live_twins=compose(_LIVE_TWINS),
+        notify=sql.SQL(_NOTIFY).format(),
+        claim=compose(_CLAIM),
+        heartbeat=compose(_HEARTBEAT),
+        complete=compose(_COMPLETE),
+        complete_keep=compose(_COMPLETE_KEEP),
+        fail=compose(_FAIL),
+        release=compose(_RELEASE),
+        cancel_running=compose(_CANCEL_RUNNING),
+        cancel=compose(_CANCEL),
+        sweep=compose(_SWEEP),
+        dead_list=compose(_DEAD_LIST),
+        dead_retry=compose(_DEAD_RETRY),
+        dead_purge=compose(_DEAD_PURGE),
+    )

@@ -1,0 +1,7 @@
+"""trioq.retry: how long a failed job waits before its next attempt."""
+
+from ._retry import Constant as Constant
+from ._retry import Exponential as Exponential
+from ._retry import Linear as Linear
+from ._retry import RetryPolicy as RetryPolicy
+from ._retry import Sidekiq as Sidekiq
