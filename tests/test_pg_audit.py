@@ -42,7 +42,6 @@ KNOWN = {
     ("_copy_async", "AsyncQueuedLibpqWriter.__init__"): "unused writer",
     ("_copy_async", "AsyncQueuedLibpqWriter.write"): "unused writer",
     ("_copy_async", "AsyncQueuedLibpqWriter.finish"): "unused writer",
-    ("_copy_async", "AsyncQueuedLibpqWriter.worker"): "unused writer",
 }
 
 ASYNC_MODULES = (

@@ -107,9 +107,7 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         for attempt in attempts:
             with trio.move_on_after(timeout) as scope:
                 try:
-                    conn: Self = await wait_conn_gen(
-                        cls._connect_gen(make_conninfo("", **attempt))
-                    )
+                    conn: Self = await wait_conn_gen(cls._connect_gen(make_conninfo("", **attempt)))
                 except e.Error as ex:
                     errors.append(_first_line(str(ex)))
                     continue
@@ -123,9 +121,7 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             return conn
         raise ConnectError(f"cannot connect to {describe_target(params)}: {'; '.join(errors)}")
 
-    async def wait(
-        self, gen: PQGen[RV], interval: float = 0.0, timeout: float | None = None
-    ) -> RV:
+    async def wait(self, gen: PQGen[RV], interval: float = 0.0, timeout: float | None = None) -> RV:
         """Run ``gen`` on this connection's socket.
 
         If the calling task is cancelled while the server is executing a
