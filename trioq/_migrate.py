@@ -48,7 +48,7 @@ class MigrationResult:
 def migrations() -> tuple[Migration, ...]:
     """Every migration shipped with this trioq, in version order."""
     found: list[Migration] = []
-    for entry in importlib.resources.files("trioq.migrations").iterdir():
+    for entry in (importlib.resources.files("trioq") / "migrations").iterdir():
         match = _FILE_RE.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))

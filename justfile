@@ -1,0 +1,42 @@
+# trioq development recipes. `just --list` shows them with these comments.
+
+venv := ".venv"
+py := venv / "bin/python"
+
+# List the recipes
+default:
+    @just --list
+
+# Create the virtualenv and install trioq with its test dependencies
+install:
+    python3 -m venv {{venv}}
+    {{venv}}/bin/pip install -e '.[test]'
+
+# Run the whole test suite (starts its own throwaway Postgres)
+test *args:
+    {{venv}}/bin/pytest {{args}}
+
+# Lint and type-check: ruff on everything, mypy --strict on the package
+check:
+    {{venv}}/bin/ruff check trioq tests stress
+    {{venv}}/bin/mypy --strict trioq
+
+# Everything CI runs, exactly as CI runs it
+ci:
+    bash .ci/run
+
+# Benchmark trioq.pg against psycopg on asyncio and sync psycopg (prints numbers)
+bench *args:
+    {{py}} stress/bench_pg.py {{args}}
+
+# Load test against Postgres (embedded by default); see docs/benchmarks.md
+stress *args:
+    {{venv}}/bin/trioq stress {{args}}
+
+# List the documentation pages
+docs:
+    @ls docs/*.md
+
+# Long run of the queue's Hypothesis state machine (5,000 machines of up to 100 steps)
+prove:
+    TRIOQ_HYPOTHESIS=long {{venv}}/bin/pytest tests/test_queue_state_machine.py -x

@@ -1,0 +1,141 @@
+"""The ``trioq`` command line.
+
+Exit codes: 0 success; 1 an error, explained on stderr in one line (no
+traceback); 2 a usage error (from argparse); 3 ``trioq db status``: not running.
+Every command honours ``--dsn``, then ``TRIOQ_DSN``, then ``DATABASE_URL``, and
+uses the embedded Postgres when none is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from . import __version__
+from ._cli_db import add_db_parser
+from ._cli_demo import demo
+from ._embedded import EmbeddedPostgresError
+from ._migrate import migrate
+from ._pg import connect
+from ._pg_errors import ConnectError
+from ._schema import SchemaError
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+
+#: Errors that are the user's to fix: printed as one line, no traceback.
+_EXPECTED_ERRORS = (ConnectError, SchemaError, EmbeddedPostgresError, ValueError)
+
+
+def _database_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dsn",
+        help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded Postgres)",
+    )
+    common.add_argument("--schema", default="trioq", help="trioq's schema (default: trioq)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trioq",
+        description="A Postgres-backed job queue and worker runtime for trio.",
+        epilog="examples:\n  trioq demo\n  trioq migrate --dsn postgresql://app@db/app\n"
+        "  trioq db start",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"trioq {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _database_options()
+    _add(
+        commands,
+        "migrate",
+        _migrate,
+        common,
+        help="create or upgrade trioq's tables (idempotent, safe to run concurrently)",
+        example="trioq migrate\n  trioq migrate --dsn postgresql://app@db/app --schema jobs",
+    )
+    _add(
+        commands,
+        "demo",
+        demo,
+        common,
+        help="start the embedded Postgres (unless a DSN is set), migrate, and show the status",
+        example="trioq demo\n  trioq demo --json",
+    )
+    add_db_parser(commands)
+    return parser
+
+
+def _add(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    common: argparse.ArgumentParser,
+    *,
+    help: str,
+    example: str,
+) -> None:
+    sub = commands.add_parser(
+        name,
+        parents=[common],
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.set_defaults(handler=handler)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from ._dsn import database
+
+    with database(args.dsn) as dsn:
+        result = trio.run(_migrate_async, dsn, args.schema)
+    if args.json:
+        print(json.dumps({**_asdict(result), "applied": list(result.applied)}))
+    elif result.applied:
+        applied = ", ".join(str(v) for v in result.applied)
+        print(
+            f"schema {result.schema!r}: version {result.previous_version} -> "
+            f"{result.version} (applied {applied})"
+        )
+    else:
+        print(f"schema {result.schema!r} is up to date at version {result.version}")
+    return EXIT_OK
+
+
+async def _migrate_async(dsn: str, schema: str) -> Any:
+    async with await connect(dsn, autocommit=True) as conn:
+        return await migrate(conn, schema)
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(obj)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except _EXPECTED_ERRORS as ex:
+        print(f"trioq: error: {ex}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
