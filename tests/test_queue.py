@@ -175,7 +175,7 @@ async def test_heartbeat_extends_and_reports_lost(dsn: str) -> None:
         stolen = await Q.claim(conn, "default", owner="w2", limit=1, lease=LEASE)
         beat = await Q.heartbeat(conn, owner="w1", leases=leases, lease=LEASE)
         assert beat.extended == set()
-        assert beat.lost == set(ids)
+        assert beat.lost == set(leases)
         # The stale lease can no longer write anything.
         assert await Q.complete_many(conn, owner="w1", leases=leases) == set()
         assert await Q.release_many(conn, owner="w1", leases=leases) == set()
@@ -183,7 +183,7 @@ async def test_heartbeat_extends_and_reports_lost(dsn: str) -> None:
         assert fail.retried == fail.dead == set()
         assert await state_of(conn, stolen[0].id) == ("running", 2)
         ok = await Q.heartbeat(conn, owner="w2", leases=[Lease(stolen[0].id, 2)], lease=LEASE)
-        assert ok.extended == {stolen[0].id}
+        assert ok.extended == {Lease(stolen[0].id, 2)}
 
 
 async def test_fail_retries_then_dies_with_traceback(dsn: str) -> None:
@@ -278,7 +278,7 @@ async def test_cancel_available_and_running(dsn: str) -> None:
         (job,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
         assert (await Q.cancel(conn, b.job_id)).status == "requested"
         beat = await Q.heartbeat(conn, owner="w", leases=[Lease(job.id, 1)], lease=LEASE)
-        assert beat.cancel_requested == {b.job_id}
+        assert beat.cancel_requested == {Lease(b.job_id, 1)}
         assert await Q.cancel_running_many(conn, owner="w", leases=[Lease(job.id, 1)]) == {b.job_id}
         assert await state_of(conn, b.job_id) == ("cancelled", 1)
         assert (await Q.cancel(conn, b.job_id)).status == "not_found"
@@ -331,3 +331,18 @@ async def test_payload_limit_and_nothing_written(dsn: str) -> None:
             await small.enqueue_many(conn, [JobSpec(task="t"), JobSpec(task="t", args=["x" * 200])])
         cur = await conn.execute("SELECT count(*) FROM trioq.jobs")
         assert await cur.fetchone() == (0,)
+
+
+async def test_stale_owner_with_same_attempt_number_changes_nothing(dsn: str) -> None:
+    """Release refunds the attempt, so another worker can hold the same attempt number:
+    the owner in the fence is what keeps the first worker's stale lease harmless."""
+    async with migrated(dsn) as conn:
+        r = await trioq.enqueue(conn, "t")
+        (job,) = await Q.claim(conn, "default", owner="a", limit=1, lease=LEASE)
+        await Q.release_many(conn, owner="a", leases=[Lease(job.id, 1)])
+        (again,) = await Q.claim(conn, "default", owner="b", limit=1, lease=LEASE)
+        assert again.attempt == 1
+        stale = [Lease(r.job_id, 1)]
+        assert await Q.complete_many(conn, owner="a", leases=stale) == set()
+        assert (await Q.heartbeat(conn, owner="a", leases=stale, lease=LEASE)).lost == set(stale)
+        assert await state_of(conn, r.job_id) == ("running", 1)

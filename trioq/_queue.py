@@ -65,13 +65,14 @@ class Failure:
 class FailResult:
     retried: frozenset[int]
     dead: frozenset[int]
+    cancelled: frozenset[int] = frozenset()  # a cancel was requested while it ran
 
 
 @attrs.frozen(kw_only=True)
 class HeartbeatResult:
-    extended: frozenset[int]
-    lost: frozenset[int]  # not ours any more: cancel their handlers, discard their results
-    cancel_requested: frozenset[int]  # still ours, but someone asked to cancel them
+    extended: frozenset[Lease]
+    lost: frozenset[Lease]  # not ours any more: cancel their handlers, discard their results
+    cancel_requested: frozenset[Lease]  # still ours, but someone asked to cancel them
 
 
 @attrs.frozen(kw_only=True)
@@ -282,11 +283,11 @@ class Queue:
         params = {**_fence(leases), "owner": owner, "lease": lease}
         cur = await conn.execute(self.sql.heartbeat, params)
         rows = await cur.fetchall()
-        extended = frozenset(row[0] for row in rows)
+        extended = frozenset(Lease(job_id, attempt) for job_id, attempt, _ in rows)
         return HeartbeatResult(
             extended=extended,
-            lost=frozenset(lease.job_id for lease in leases) - extended,
-            cancel_requested=frozenset(row[0] for row in rows if row[1]),
+            lost=frozenset(leases) - extended,
+            cancel_requested=frozenset(Lease(j, a) for j, a, cancel in rows if cancel),
         )
 
     # -- outcomes (each one statement for any number of jobs) ----------------------------------
@@ -314,7 +315,11 @@ class Queue:
         return frozenset(row[0] for row in await cur.fetchall())
 
     async def fail_many(self, conn: Conn, *, owner: str, failures: Sequence[Failure]) -> FailResult:
-        """Record failed attempts: retry after each one's delay, or move to dead_jobs."""
+        """Record failed attempts: retry after each one's delay, or move to dead_jobs.
+
+        Fatal failures and last attempts die; a job whose cancellation was
+        requested while it ran is cancelled rather than retried.
+        """
         if not failures:
             return FailResult(retried=frozenset(), dead=frozenset())
         params = {
@@ -330,12 +335,16 @@ class Queue:
         return FailResult(
             retried=frozenset(r[0] for r in rows if r[1] == "retry"),
             dead=frozenset(r[0] for r in rows if r[1] == "dead"),
+            cancelled=frozenset(r[0] for r in rows if r[1] == "cancelled"),
         )
 
     async def release_many(
         self, conn: Conn, *, owner: str, leases: Sequence[Lease]
     ) -> frozenset[int]:
-        """Give jobs back unfinished (we aborted them): available now, attempt refunded."""
+        """Give jobs back unfinished (we aborted them): available now, attempt refunded.
+
+        A job whose cancellation was requested meanwhile becomes cancelled instead.
+        """
         return await self._fenced(conn, self.sql.release, owner, leases)
 
     async def cancel_running_many(

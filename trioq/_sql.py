@@ -91,7 +91,7 @@ _HEARTBEAT = """
 UPDATE {jobs} j SET lease_expires_at = {now} + %(lease)s
   FROM unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS f(id, attempt)
  WHERE {fence}
-RETURNING j.id, j.cancel_requested
+RETURNING j.id, j.attempt, j.cancel_requested
 """
 
 _COMPLETE = """
@@ -134,19 +134,25 @@ WITH f AS (
     RETURNING id
 ), retried AS (
     UPDATE {jobs} j
-       SET state = 'available', run_at = {now} + t.delay, last_error = t.error,
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+           finished_at = CASE WHEN j.cancel_requested THEN {now} END,
+           run_at = {now} + t.delay, last_error = t.error,
            lease_owner = NULL, lease_expires_at = NULL
       FROM target t
      WHERE j.id = t.id AND NOT t.dies
-    RETURNING j.id
+    RETURNING j.id, j.state
 )
-SELECT id, 'dead' FROM buried UNION ALL SELECT id, 'retry' FROM retried
+SELECT id, 'dead' FROM buried
+UNION ALL SELECT id, CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'retry' END FROM retried
 """
 
-# Aborted by us (shutdown): back to available with the attempt refunded.
+# Aborted by us (shutdown): back to available with the attempt refunded
+# (or cancelled, if a cancel was requested meanwhile).
 _RELEASE = """
 UPDATE {jobs} j
-   SET state = 'available', attempt = j.attempt - 1, run_at = {now},
+   SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+       finished_at = CASE WHEN j.cancel_requested THEN {now} END,
+       attempt = j.attempt - 1, run_at = {now},
        lease_owner = NULL, lease_expires_at = NULL
   FROM unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS f(id, attempt)
  WHERE {fence}
