@@ -29,6 +29,10 @@ ci:
 bench *args:
     {{py}} stress/bench_pg.py {{args}}
 
+# Benchmark the queue API: enqueue_many, claim+complete at batch 1/10/100 vs pgbench
+bench-queue *args:
+    {{py}} stress/bench_queue.py {{args}}
+
 # Load test against Postgres (embedded by default); see docs/benchmarks.md
 stress *args:
     {{venv}}/bin/trioq stress {{args}}

@@ -81,7 +81,13 @@ async def test_claim_order_priority_run_at_id(dsn: str) -> None:
         future = await trioq.enqueue(conn, "t", delay=60)
         jobs = await Q.claim(conn, "default", owner="w", limit=10, lease=LEASE)
         assert [j.id for j in jobs] == [b.job_id, c.job_id, d.job_id, a.job_id]
+        assert await state_of(conn, future.job_id) == ("scheduled", 0)
+        assert await Q.next_due(conn) == dt.timedelta(seconds=60)
+        await set_clock(conn, T0 + dt.timedelta(seconds=59))
+        assert await Q.promote_due(conn) == []
         await set_clock(conn, T0 + dt.timedelta(seconds=61))
+        assert await Q.promote_due(conn) == ["default"]
+        assert await Q.next_due(conn) is None
         jobs = await Q.claim(conn, "default", owner="w", limit=10, lease=LEASE)
         assert [j.id for j in jobs] == [future.job_id]
 
@@ -149,9 +155,13 @@ async def test_enqueue_many_mixed_with_duplicates_in_order(dsn: str) -> None:
         assert results[1].job_id == first.job_id
         assert results[3].job_id == results[2].job_id
         cur = await conn.execute(
-            "SELECT args, run_at FROM trioq.jobs WHERE id = %s", (results[4].job_id,)
+            "SELECT args, run_at, state FROM trioq.jobs WHERE id = %s", (results[4].job_id,)
         )
-        assert await cur.fetchone() == ({"s": "tab\there \\ back"}, T0 + dt.timedelta(seconds=5))
+        assert await cur.fetchone() == (
+            {"s": "tab\there \\ back"},
+            T0 + dt.timedelta(seconds=5),
+            "scheduled",
+        )
 
 
 async def test_enqueue_many_copy_path_roundtrips_args(dsn: str) -> None:
@@ -198,8 +208,9 @@ async def test_fail_retries_then_dies_with_traceback(dsn: str) -> None:
             ],
         )
         assert res.retried == {r.job_id}
-        assert await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE) == []  # backoff
+        assert await state_of(conn, r.job_id) == ("scheduled", 1)  # backoff
         await set_clock(conn, T0 + dt.timedelta(seconds=10))
+        assert await Q.promote_due(conn) == ["default"]
         (job,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
         assert job.attempt == 2
         res = await Q.fail_many(
@@ -274,6 +285,8 @@ async def test_cancel_available_and_running(dsn: str) -> None:
         a = await trioq.enqueue(conn, "t")
         assert (await Q.cancel(conn, a.job_id)).status == "cancelled"
         assert await state_of(conn, a.job_id) == ("cancelled", 0)
+        later = await trioq.enqueue(conn, "t", delay=100)
+        assert (await Q.cancel(conn, later.job_id)).status == "cancelled"
         b = await trioq.enqueue(conn, "t")
         (job,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
         assert (await Q.cancel(conn, b.job_id)).status == "requested"

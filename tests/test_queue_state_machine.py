@@ -1,9 +1,10 @@
 """Proof of the claim semantics: a Hypothesis state machine against real Postgres.
 
-Several simulated workers enqueue, claim, heartbeat, complete, fail (retryable
-or fatal), release, crash (forget their leases and stop heartbeating), while
-time passes (the ``trioq.now`` setting, no sleeping), the sweeper runs, jobs are
-cancelled and dead jobs retried. A small model says what must be true; after
+Jobs are enqueued (due now or later) and promoted when due; several simulated
+workers claim, heartbeat, complete, fail (retryable or fatal), release, crash
+(forget their leases and stop heartbeating), while time passes (the
+``trioq.now`` setting, no sleeping), the sweeper runs, jobs are cancelled and
+dead jobs retried. A small model says what must be true; after
 every step the invariants compare the database with it:
 
 - every enqueued job is in exactly one place (available, running, done, dead,
@@ -64,7 +65,7 @@ class ModelJob:
     priority: int
     run_at: dt.datetime
     dedup_key: str | None
-    state: str = "available"  # available, running, done, dead, cancelled
+    state: str = "available"  # scheduled, available, running, done, dead, cancelled
     attempt: int = 0
     owner: str | None = None
     lease_until: dt.datetime | None = None
@@ -73,7 +74,7 @@ class ModelJob:
 
     @property
     def live(self) -> bool:
-        return self.state in ("available", "running")
+        return self.state in ("scheduled", "available", "running")
 
     def holds(self, worker: str, attempt: int) -> bool:
         return self.state == "running" and self.owner == worker and self.attempt == attempt
@@ -121,6 +122,7 @@ class QueueMachine(RuleBasedStateMachine):
             priority=spec.priority,
             run_at=self.clock + spec.delay,
             dedup_key=key,
+            state="scheduled" if spec.delay else "available",
         )
 
     def _due(self) -> list[ModelJob]:
@@ -263,7 +265,8 @@ class QueueMachine(RuleBasedStateMachine):
             elif job_id in expect_cancelled:
                 model.state = "cancelled"
             else:
-                model.state, model.run_at = "available", self.clock + dt.timedelta(seconds=delay)
+                model.state = "scheduled" if delay else "available"
+                model.run_at = self.clock + dt.timedelta(seconds=delay)
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
@@ -290,6 +293,22 @@ class QueueMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: int) -> None:
         self.clock += dt.timedelta(seconds=seconds)
         self.call(self._set_clock)
+
+    @rule()
+    def promote(self) -> None:
+        due = {
+            j.id for j in self.jobs.values() if j.state == "scheduled" and j.run_at <= self.clock
+        }
+        queues = self.call(Q.promote_due, self.conn)
+        assert queues == (["default"] if due else [])
+        for job_id in due:
+            self.jobs[job_id].state = "available"
+
+    @rule()
+    def next_due(self) -> None:
+        scheduled = [j.run_at for j in self.jobs.values() if j.state == "scheduled"]
+        expected = min(scheduled) - self.clock if scheduled else None
+        assert self.call(Q.next_due, self.conn) == expected
 
     @rule()
     def sweep(self) -> None:
@@ -319,7 +338,7 @@ class QueueMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         model = self.jobs[data.draw(st.sampled_from(sorted(self.jobs)))]
         outcome = self.call(Q.cancel, self.conn, model.id)
-        if model.state == "available":
+        if model.state in ("scheduled", "available"):
             assert outcome.status == "cancelled"
             model.state = "cancelled"
         elif model.state == "running":

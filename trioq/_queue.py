@@ -182,7 +182,7 @@ class Queue:
         if any(keys):
             inserted = await self._insert_unnest(conn, specs, ids, run_ats, keys)
         else:
-            await self._copy(conn, specs, ids, run_ats)
+            await self._copy(conn, specs, ids, run_ats, now)
             inserted = set(ids)
         results = [EnqueueResult(job_id) for job_id in ids]
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
@@ -240,11 +240,13 @@ class Queue:
         specs: Sequence[JobSpec],
         ids: Sequence[int],
         run_ats: Sequence[dt.datetime],
+        now: dt.datetime,
     ) -> None:
         """COPY in text format, rows built by hand: names are validated, args escaped."""
         lines = [
             f"{job_id}\t{s.queue}\t{s.task}\t{_copy_escape(s.args_json)}\t{s.priority}\t"
-            f"{run_at.isoformat()}\t{s.max_attempts}\n"
+            f"{run_at.isoformat()}\t{'scheduled' if run_at > now else 'available'}\t"
+            f"{s.max_attempts}\n"
             for job_id, s, run_at in zip(ids, specs, run_ats, strict=True)
         ]
         async with conn.cursor() as cur, cur.copy(self.sql.copy_jobs) as copy:
@@ -364,7 +366,7 @@ class Queue:
     # -- cancel and sweep ----------------------------------------------------------------------
 
     async def cancel(self, conn: Conn, job_id: int) -> CancelOutcome:
-        """Cancel an available job at once; flag a running one for the runtime to stop."""
+        """Cancel a scheduled or available job at once; flag a running one for the runtime."""
         cur = await conn.execute(self.sql.cancel, {"id": job_id})
         row = await cur.fetchone()
         assert row is not None
@@ -387,6 +389,24 @@ class Queue:
             dead=frozenset(by_kind["dead"]),
             cancelled=frozenset(by_kind["cancelled"]),
         )
+
+    # -- scheduled jobs ------------------------------------------------------------------------
+
+    async def promote_due(self, conn: Conn, *, limit: int = 1000, notify: bool = True) -> list[str]:
+        """Make up to ``limit`` due scheduled jobs available; the queues that got work.
+
+        Safe to run from many processes at once (SKIP LOCKED). With ``notify``,
+        one notification per queue that got work wakes the workers.
+        """
+        params = {"limit": limit, "notify": notify, "channel": self.sql.channel}
+        cur = await conn.execute(self.sql.promote, params)
+        return sorted(row[0] for row in await cur.fetchall())
+
+    async def next_due(self, conn: Conn) -> dt.timedelta | None:
+        """How long until the earliest scheduled job is due (negative if overdue), or None."""
+        cur = await conn.execute(self.sql.next_due)
+        row = await cur.fetchone()
+        return None if row is None else row[0]
 
     # -- dead letters --------------------------------------------------------------------------
 

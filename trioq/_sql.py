@@ -23,7 +23,7 @@ __all__ = ["NOW", "Statements", "statements"]
 #: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
 NOW = "coalesce(nullif(current_setting('trioq.now', true), '')::timestamptz, now())"
 
-_LIVE = "('available', 'running')"
+_LIVE = "('scheduled', 'available', 'running')"
 
 # Columns a worker needs of a claimed job, in `JobRow` order.
 _JOB_COLUMNS = (
@@ -31,10 +31,14 @@ _JOB_COLUMNS = (
 )
 
 _INSERT = """
-WITH ins AS (
-    INSERT INTO {jobs} (queue, task, args, priority, run_at, max_attempts, dedup_key)
-    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s, {now} + %(delay)s), %(max_attempts)s, %(dedup_key)s)
+WITH v AS (
+    SELECT coalesce(%(run_at)s, {now} + %(delay)s) AS run_at
+), ins AS (
+    INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts, dedup_key)
+    SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, v.run_at,
+           CASE WHEN v.run_at > {now} THEN 'scheduled' ELSE 'available' END,
+           %(max_attempts)s, %(dedup_key)s
+      FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue
 )
@@ -43,8 +47,8 @@ SELECT id, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue)::text END FRO
 
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
 _INSERT_MANY = """
-INSERT INTO {jobs} (id, queue, task, args, priority, run_at, max_attempts, dedup_key)
-SELECT i, q, t, a::jsonb, p, r, m, k
+INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, dedup_key)
+SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m, k
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
               %(dedup_keys)s::text[]) AS u(i, q, t, a, p, r, m, k)
@@ -58,7 +62,7 @@ SELECT {now}, array_agg(nextval(pg_get_serial_sequence(%(jobs)s, 'id')))
 """
 
 _COPY_JOBS = """
-COPY {jobs} (id, queue, task, args, priority, run_at, max_attempts) FROM STDIN
+COPY {jobs} (id, queue, task, args, priority, run_at, state, max_attempts) FROM STDIN
 """
 
 _LIVE_TWINS = """
@@ -134,7 +138,9 @@ WITH f AS (
     RETURNING id
 ), retried AS (
     UPDATE {jobs} j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN t.delay > interval '0' THEN 'scheduled'
+                        ELSE 'available' END,
            finished_at = CASE WHEN j.cancel_requested THEN {now} END,
            run_at = {now} + t.delay, last_error = t.error,
            lease_owner = NULL, lease_expires_at = NULL
@@ -171,7 +177,7 @@ RETURNING j.id
 _CANCEL = """
 WITH now_cancelled AS (
     UPDATE {jobs} SET state = 'cancelled', finished_at = {now}
-     WHERE id = %(id)s AND state = 'available'
+     WHERE id = %(id)s AND state IN ('scheduled', 'available')
     RETURNING id
 ), flagged AS (
     UPDATE {jobs} SET cancel_requested = true
@@ -179,6 +185,26 @@ WITH now_cancelled AS (
     RETURNING id
 )
 SELECT (SELECT count(*) FROM now_cancelled), (SELECT count(*) FROM flagged)
+"""
+
+# Due scheduled jobs become available; the queues that got work are returned (to notify).
+_PROMOTE = """
+WITH due AS (
+    SELECT id FROM {jobs}
+     WHERE state = 'scheduled' AND run_at <= {now}
+     ORDER BY run_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE {jobs} j SET state = 'available' FROM due WHERE j.id = due.id
+    RETURNING j.queue
+)
+SELECT queue, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue)::text END
+  FROM (SELECT DISTINCT queue FROM promoted) AS q
+"""
+
+_NEXT_DUE = """
+SELECT min(run_at) - {now} FROM {jobs} WHERE state = 'scheduled'
 """
 
 # Expired leases: back to available (the attempt stays spent), or dead on the last attempt.
@@ -279,6 +305,8 @@ class Statements:
     cancel_running: sql.Composed
     cancel: sql.Composed
     sweep: sql.Composed
+    promote: sql.Composed
+    next_due: sql.Composed
     dead_list: sql.Composed
     dead_retry: sql.Composed
     dead_purge: sql.Composed
@@ -317,6 +345,8 @@ def statements(schema: str) -> Statements:
         cancel_running=compose(_CANCEL_RUNNING),
         cancel=compose(_CANCEL),
         sweep=compose(_SWEEP),
+        promote=compose(_PROMOTE),
+        next_due=compose(_NEXT_DUE),
         dead_list=compose(_DEAD_LIST),
         dead_retry=compose(_DEAD_RETRY),
         dead_purge=compose(_DEAD_PURGE),

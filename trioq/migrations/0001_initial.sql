@@ -7,7 +7,7 @@ CREATE TABLE jobs (
     task             text        NOT NULL,
     args             jsonb       NOT NULL DEFAULT '{}'::jsonb,
     state            text        NOT NULL DEFAULT 'available'
-                     CHECK (state IN ('available', 'running', 'done', 'cancelled')),
+                     CHECK (state IN ('scheduled', 'available', 'running', 'done', 'cancelled')),
     priority         smallint    NOT NULL DEFAULT 0,
     run_at           timestamptz NOT NULL DEFAULT now(),
     attempt          integer     NOT NULL DEFAULT 0 CHECK (attempt >= 0),
@@ -27,12 +27,16 @@ CREATE TABLE jobs (
 -- ORDER BY priority, run_at, id. Partial, so finished rows never bloat it.
 CREATE INDEX jobs_claim_idx ON jobs (queue, priority, run_at, id) WHERE state = 'available';
 
+-- The scheduler: future jobs wait as 'scheduled' and are promoted to 'available' when
+-- due, so the claim index holds only runnable jobs and the next due time is one probe.
+CREATE INDEX jobs_scheduled_idx ON jobs (run_at) WHERE state = 'scheduled';
+
 -- The sweeper: running jobs whose lease expired.
 CREATE INDEX jobs_lease_idx ON jobs (lease_expires_at) WHERE state = 'running';
 
 -- Deduplication: one live job per key, enforced by the database across processes.
 CREATE UNIQUE INDEX jobs_dedup_idx ON jobs (dedup_key)
-    WHERE dedup_key IS NOT NULL AND state IN ('available', 'running');
+    WHERE dedup_key IS NOT NULL AND state IN ('scheduled', 'available', 'running');
 
 CREATE TABLE dead_jobs (
     id           bigint      PRIMARY KEY,
