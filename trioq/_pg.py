@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import math
 from collections import deque
+from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import psycopg
@@ -34,6 +35,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import AsyncRowFactory, Row
 
 from ._pg_errors import ConnectError, describe_target
+from ._pg_wait import readable_now as _readable_now
 from ._pg_wait import wait_conn_gen, wait_gen
 
 __all__ = ["ConnectionLock", "Notifications", "TrioConnection", "connect"]
@@ -45,6 +47,9 @@ RV = TypeVar("RV")
 #: How long a cancelled query may take to acknowledge a server-side cancel
 #: before the connection is given up and closed.
 CANCEL_DRAIN_TIMEOUT = 5.0
+
+#: How long close() keeps asking the server to cancel a running statement.
+CLOSE_CANCEL_TIMEOUT = 1.0
 
 _ACTIVE = TransactionStatus.ACTIVE
 
@@ -121,6 +126,31 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             return conn
         raise ConnectError(f"cannot connect to {describe_target(params)}: {'; '.join(errors)}")
 
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        """Commit (or roll back on error), then close, even if cancelled meanwhile.
+
+        psycopg's own ``__aexit__`` skips the close when the rollback raises
+        ``trio.Cancelled`` (not an ``Exception``), leaking the connection.
+        """
+        if self.closed:
+            return
+        try:
+            if exc_type is None:
+                await self.commit()
+            else:
+                try:
+                    await self.rollback()
+                except Exception as ex:
+                    logger.warning("error ignored in rollback on %s: %s", self, ex)
+        finally:
+            if not getattr(self, "_pool", None):
+                self._close_now()
+
     async def wait(self, gen: PQGen[RV], interval: float = 0.0, timeout: float | None = None) -> RV:
         """Run ``gen`` on this connection's socket.
 
@@ -166,18 +196,34 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         """Close the connection; a statement still running is cancelled first.
 
         Safe to call from another task while a query waits: that task gets
-        ``trio.ClosedResourceError`` and the server stops the statement.
+        ``QueryCanceled`` or ``trio.ClosedResourceError``, and the server stops
+        the statement.
         """
         if self.closed:
             return
         if self.pgconn.transaction_status == _ACTIVE:
-            with trio.move_on_after(1.0, shield=True):
-                try:
-                    await self.cancel_safe(timeout=1.0)
-                except e.Error as ex:
-                    logger.debug("cancel before close failed: %s", ex)
+            await self._cancel_before_close()
         self._close_now()
         await trio.lowlevel.checkpoint()
+
+    async def _cancel_before_close(self) -> None:
+        """Cancel until the server answers (shielded, bounded by `CLOSE_CANCEL_TIMEOUT`).
+
+        A cancel that reaches the backend before it has read the statement is
+        ignored by the server, so one request is not always enough.
+        """
+        with trio.move_on_after(CLOSE_CANCEL_TIMEOUT, shield=True):
+            while self.pgconn.transaction_status == _ACTIVE:
+                try:
+                    await self.cancel_safe(timeout=CLOSE_CANCEL_TIMEOUT)
+                except e.Error as ex:
+                    logger.debug("cancel before close failed: %s", ex)
+                    return
+                with trio.move_on_after(0.1):
+                    # Another task owns the socket's reads: we can only look, not wait.
+                    while not _readable_now(self.pgconn.socket):  # noqa: ASYNC110
+                        await trio.sleep(0.005)
+                    return
 
     def _close_now(self) -> None:
         if self._closed:

@@ -42,6 +42,11 @@ def _poll_now(fileno: int, wait: int) -> int:
     return ready
 
 
+def readable_now(fileno: int) -> bool:
+    """True if ``fileno`` has data (or EOF) to read right now."""
+    return bool(_poll_now(fileno, _WAIT_R))
+
+
 async def _wait_both(fileno: int) -> int:
     """Wait until ``fileno`` is readable or writable (libpq flushing while reading)."""
     ready = _poll_now(fileno, Wait.RW)
