@@ -1,0 +1,440 @@
+"""Cron entries, and the tick firer the worker runtime's scheduler calls.
+
+A `CronEntry` is a schedule (croniter syntax, read in an IANA timezone) and the
+job to enqueue at each of its ticks. `fire_due` enqueues each due tick exactly
+once across any number of processes: the tick's ``cron_ticks`` row is inserted
+(``ON CONFLICT DO NOTHING``) in the same transaction as its job, so whichever
+process inserts the row enqueues the job and every other one sees the conflict.
+`next_fire_time` tells the scheduler how long it may sleep. Both take ``now``
+from the caller (the database clock), so tests move time without sleeping.
+
+Ticks are wall-clock times in the entry's zone, mapped to instants:
+
+- a wall time that happens twice (clocks go back) fires at its first occurrence;
+- a wall time that never happens (clocks jump forward) fires at the jump, the
+  first instant after the gap; several such ticks become one.
+
+The policies (first sight, ``skip``, ``run_once``) are in `_decide` and
+``docs/cron.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import re
+import zoneinfo
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import attrs
+import psycopg
+from croniter import CroniterBadDateError, croniter
+from psycopg import sql
+
+from ._job import (
+    DEFAULT_MAX_ATTEMPTS,
+    JSONValue,
+    _args,
+    _max_attempts,
+    _priority,
+    _queue_name,
+    _task_name,
+    encode_args,
+)
+from ._queue import PayloadTooLargeError, Queue
+from ._schema import qualified
+from ._sql import NOW
+
+__all__ = [
+    "DEFAULT_MISFIRE_GRACE",
+    "TICK_RETENTION",
+    "CronEntry",
+    "Fired",
+    "Misfire",
+    "fire_due",
+    "next_fire_time",
+]
+
+Conn = psycopg.AsyncConnection[Any]
+Misfire = Literal["skip", "run_once"]
+Validator = Any  # attrs validators: (instance, attribute, value) -> None
+
+UTC = dt.UTC
+#: How late a tick may be fired under ``misfire="skip"`` before it counts as missed.
+DEFAULT_MISFIRE_GRACE = dt.timedelta(minutes=1)
+#: Tick rows older than this (by ``fired_at``) are pruned, except each entry's latest.
+TICK_RETENTION = dt.timedelta(days=1)
+
+_POLICIES: tuple[Misfire, ...] = ("skip", "run_once")
+_ALIASES = frozenset(
+    {"@midnight", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually"}
+)
+# Jenkins-style hashed ('H') and random ('R') fields: R differs in every process.
+_HASHED_FIELD = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
+_SECOND = dt.timedelta(seconds=1)
+_PROBE = dt.datetime(2000, 1, 1)  # validation: a schedule must match after this
+
+logger = logging.getLogger("trioq.cron")
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def _in_entry(validator: Validator) -> Validator:
+    """A field validator whose errors start with the entry's name."""
+
+    def check(inst: CronEntry, attribute: attrs.Attribute[Any], value: Any) -> None:
+        try:
+            validator(inst, attribute, value)
+        except TypeError as ex:
+            raise TypeError(f"cron entry {inst.name!r}: {ex}") from None
+        except ValueError as ex:
+            raise ValueError(f"cron entry {inst.name!r}: {ex}") from None
+
+    return check
+
+
+def _name(inst: CronEntry, attribute: attrs.Attribute[str], value: str) -> None:
+    try:
+        _task_name(inst, attribute, value)
+    except ValueError as ex:
+        raise ValueError(f"cron entry {ex}") from None
+
+
+def _schedule(inst: CronEntry, _attribute: attrs.Attribute[str], value: str) -> None:
+    where = f"cron entry {inst.name!r}: schedule {value!r}"
+    if not isinstance(value, str):
+        raise TypeError(f"{where} must be a string")
+    fields = value.split()
+    if value.lower() not in _ALIASES:
+        if len(fields) not in (5, 6):
+            raise ValueError(
+                f"{where} is invalid: use 5 fields (minute hour day-of-month month "
+                "day-of-week), a 6th for seconds, or an alias such as '@daily'"
+            )
+        if any(_HASHED_FIELD.match(field) for field in fields):
+            raise ValueError(
+                f"{where} is invalid: hashed ('H') and random ('R') fields are not supported "
+                "(every process must compute the same ticks)"
+            )
+    try:
+        croniter(value, _PROBE, ret_type=dt.datetime).get_next()
+    except CroniterBadDateError:
+        raise ValueError(f"{where} never matches a date") from None
+    except (ValueError, TypeError, KeyError, IndexError) as ex:
+        raise ValueError(f"{where} is invalid: {ex}") from None
+
+
+def _json_args(_inst: object, _attribute: attrs.Attribute[Any], value: JSONValue) -> None:
+    encode_args(value)
+
+
+def _misfire(inst: CronEntry, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in _POLICIES:
+        raise ValueError(
+            f"cron entry {inst.name!r}: {attribute.name} must be 'skip' or 'run_once', "
+            f"got {value!r}"
+        )
+
+
+def _to_grace(value: dt.timedelta | float) -> dt.timedelta:
+    if isinstance(value, dt.timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"misfire_grace must be a timedelta or seconds, got {value!r}")
+    return dt.timedelta(seconds=value)
+
+
+def _positive(inst: CronEntry, attribute: attrs.Attribute[Any], value: dt.timedelta) -> None:
+    if value <= dt.timedelta(0):
+        raise ValueError(
+            f"cron entry {inst.name!r}: {attribute.name} must be positive, got {value}"
+        )
+
+
+def _zone(name: str) -> dt.tzinfo:
+    return UTC if name == "UTC" else zoneinfo.ZoneInfo(name)
+
+
+def _timezone(inst: CronEntry, attribute: attrs.Attribute[str], value: str) -> None:
+    try:
+        _zone(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as ex:
+        raise ValueError(
+            f"cron entry {inst.name!r}: {attribute.name} {value!r} is not a known IANA zone "
+            f"name such as 'UTC' or 'Europe/Paris' ({ex})"
+        ) from None
+
+
+# -- entries ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class CronEntry:
+    """A job to enqueue at every tick of ``schedule``, validated at construction."""
+
+    #: Unique among the entries: the key of its rows in ``cron_ticks``.
+    name: str = attrs.field(validator=_name)
+    #: croniter syntax: 5 fields, a 6th (last) for seconds, or an alias such as ``@daily``.
+    schedule: str = attrs.field(validator=_schedule)
+    task: str = attrs.field(validator=_in_entry(_task_name))
+    args: JSONValue = attrs.field(default=None, converter=_args, validator=_in_entry(_json_args))
+    queue: str = attrs.field(default="default", validator=_in_entry(_queue_name))
+    priority: int = attrs.field(default=0, validator=_in_entry(_priority))
+    max_attempts: int = attrs.field(
+        default=DEFAULT_MAX_ATTEMPTS, validator=_in_entry(_max_attempts)
+    )
+    #: After downtime: drop the missed ticks (``skip``) or run one job for them (``run_once``).
+    misfire: Misfire = attrs.field(default="skip", validator=_misfire)
+    #: Under ``skip``, a tick fired later than this after its time counts as missed.
+    misfire_grace: dt.timedelta = attrs.field(
+        default=DEFAULT_MISFIRE_GRACE, converter=_to_grace, validator=_positive
+    )
+    #: The IANA zone the schedule's wall-clock times are read in.
+    timezone: str = attrs.field(default="UTC", validator=_timezone)
+
+    @property
+    def zone(self) -> dt.tzinfo:
+        return _zone(self.timezone)
+
+    def next_tick(self, after: dt.datetime) -> dt.datetime | None:
+        """The first tick strictly after ``after`` (aware), in UTC; None if there is none."""
+        zone = self.zone
+        wall, repeated = _wall(_check_aware("after", after), zone)
+        # In the second pass of a repeated interval its wall times are spent: resume at its end.
+        start = _repeat_end(wall, after, zone) - _SECOND if repeated else wall
+        ticks = croniter(self.schedule, start, ret_type=dt.datetime)
+        try:
+            while (tick := _instant(ticks.get_next(), zone)) <= after:
+                pass  # defensive: the mapping is monotonic, so this loop runs once
+        except CroniterBadDateError:
+            return None
+        return tick
+
+    def latest_tick(self, at: dt.datetime) -> dt.datetime | None:
+        """The last tick at or before ``at`` (aware), in UTC; None if there is none."""
+        zone = self.zone
+        wall, repeated = _wall(_check_aware("at", at), zone)
+        # In the second pass of a repeated interval, its wall times all fired in the first.
+        bound = _repeat_end(wall, at, zone) if repeated else wall + _SECOND
+        try:
+            previous = croniter(self.schedule, bound, ret_type=dt.datetime).get_prev()
+        except CroniterBadDateError:
+            return None
+        return _instant(previous, zone)
+
+
+@attrs.frozen(kw_only=True)
+class Fired:
+    """A tick this call of `fire_due` enqueued: the entry, the tick (UTC), and the job."""
+
+    name: str
+    tick: dt.datetime
+    job_id: int
+
+
+# -- wall clock <-> instants --------------------------------------------------------------------
+
+
+def _check_aware(what: str, value: dt.datetime) -> dt.datetime:
+    if not isinstance(value, dt.datetime) or value.utcoffset() is None:
+        raise ValueError(f"{what} must be an aware datetime, got {value!r}")
+    return value
+
+
+def _wall(instant: dt.datetime, zone: dt.tzinfo) -> tuple[dt.datetime, bool]:
+    """The naive wall time of ``instant`` in ``zone`` (to the second), and whether it is
+    the second pass of a repeated interval (clocks went back)."""
+    local = instant.astimezone(zone)
+    return local.replace(tzinfo=None, microsecond=0, fold=0), bool(local.fold)
+
+
+def _instant(wall: dt.datetime, zone: dt.tzinfo) -> dt.datetime:
+    """The instant a wall-clock tick fires: the first occurrence of a repeated wall time,
+    the jump itself for a wall time skipped by clocks moving forward."""
+    first = wall.replace(tzinfo=zone).astimezone(UTC)  # fold=0: first occurrence, or past a gap
+    if first.astimezone(zone).replace(tzinfo=None) == wall:
+        return first
+    return _transition(wall.replace(tzinfo=zone, fold=1).astimezone(UTC), first, zone)
+
+
+def _transition(before: dt.datetime, after: dt.datetime, zone: dt.tzinfo) -> dt.datetime:
+    """The first whole second in (before, after] already at ``after``'s UTC offset."""
+    target = after.astimezone(zone).utcoffset()
+    lo, hi = int(before.timestamp()), int(after.timestamp())
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if dt.datetime.fromtimestamp(mid, zone).utcoffset() == target:
+            hi = mid
+        else:
+            lo = mid
+    return dt.datetime.fromtimestamp(hi, UTC)
+
+
+def _repeat_end(wall: dt.datetime, instant: dt.datetime, zone: dt.tzinfo) -> dt.datetime:
+    """Where the repeated interval ends, in wall time, for ``instant`` in its second pass."""
+    first_pass = wall.replace(tzinfo=zone)
+    start = _transition(first_pass.astimezone(UTC), instant.replace(microsecond=0), zone)
+    start_wall = start.astimezone(zone).replace(tzinfo=None, fold=0)
+    return start_wall + (_offset(first_pass) - _offset(instant.astimezone(zone)))
+
+
+def _offset(local: dt.datetime) -> dt.timedelta:
+    offset = local.utcoffset()
+    assert offset is not None
+    return offset
+
+
+# -- SQL ----------------------------------------------------------------------------------------
+
+_LAST_TICKS = """
+SELECT name, max(tick) FROM {ticks} WHERE name = ANY(%(names)s::text[]) GROUP BY name
+"""
+
+# Claims the tick: only the transaction that inserts the row goes on to enqueue. The same
+# statement prunes the entry's old rows (never its latest), so the table stays small.
+_RECORD_TICK = """
+WITH claimed AS (
+    INSERT INTO {ticks} (name, tick, fired_at) VALUES (%(name)s, %(tick)s, {now})
+    ON CONFLICT (name, tick) DO NOTHING
+    RETURNING tick
+), pruned AS (
+    DELETE FROM {ticks}
+     WHERE name = %(name)s AND tick < %(tick)s AND fired_at < {now} - %(keep)s
+       AND EXISTS (SELECT 1 FROM claimed)
+)
+SELECT tick FROM claimed
+"""
+
+_SET_JOB = """
+UPDATE {ticks} SET job_id = %(job_id)s WHERE name = %(name)s AND tick = %(tick)s
+"""
+
+
+@attrs.frozen
+class _Statements:
+    last_ticks: sql.Composed
+    record_tick: sql.Composed
+    set_job: sql.Composed
+
+
+@functools.cache
+def _statements(schema: str) -> _Statements:
+    names = {"ticks": qualified(schema, "cron_ticks"), "now": sql.SQL(NOW)}
+
+    def compose(text: str) -> sql.Composed:
+        return sql.SQL(text.strip()).format(**names)
+
+    return _Statements(
+        last_ticks=compose(_LAST_TICKS),
+        record_tick=compose(_RECORD_TICK),
+        set_job=compose(_SET_JOB),
+    )
+
+
+# -- firing -------------------------------------------------------------------------------------
+
+
+def next_fire_time(entries: Iterable[CronEntry], now: dt.datetime) -> dt.datetime | None:
+    """The earliest tick of any entry strictly after ``now`` (UTC), or None."""
+    _check_aware("now", now)
+    ticks = [tick for entry in entries if (tick := entry.next_tick(now)) is not None]
+    return min(ticks, default=None)
+
+
+async def fire_due(
+    conn: Conn, queue: Queue, entries: Iterable[CronEntry], *, now: dt.datetime
+) -> list[Fired]:
+    """Enqueue the due tick of each entry, once across all processes; return those fired here.
+
+    ``now`` is the database clock (``SELECT`` `trioq._sql.NOW`). Each tick is
+    decided in its own ``conn.transaction()`` (a savepoint if the caller has a
+    transaction open): its ``cron_ticks`` row is inserted and, only if this
+    call inserted it, the job is enqueued and its id stored in the row.
+    """
+    _check_aware("now", now)
+    checked = _checked(entries, queue)
+    if not checked:
+        return []
+    st = _statements(queue.schema)
+    async with conn.transaction():
+        cur = await conn.execute(st.last_ticks, {"names": [e.name for e in checked]})
+        last: dict[str, dt.datetime] = dict(await cur.fetchall())
+    fired: list[Fired] = []
+    for entry in checked:
+        decision = _decide(entry, last.get(entry.name), now)
+        if decision is None:
+            continue
+        tick, fire = decision
+        if fire:
+            if (job := await _fire(conn, queue, st, entry, tick)) is not None:
+                fired.append(job)
+        elif await _record(conn, st, entry.name, tick) and entry.name in last:
+            logger.info(
+                "cron entry %r: tick %s missed by %s (misfire_grace %s): skipped",
+                entry.name, tick.isoformat(), now - tick, entry.misfire_grace,
+            )  # fmt: skip
+    return fired
+
+
+def _checked(entries: Iterable[CronEntry], queue: Queue) -> list[CronEntry]:
+    """The entries in name order (one lock order for every process), checked before any SQL."""
+    checked = sorted(entries, key=lambda e: e.name)
+    names = [e.name for e in checked]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"cron entry names must be unique, repeated: {duplicates}")
+    for entry in checked:
+        size = len(encode_args(entry.args).encode())
+        if size > queue.max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"cron entry {entry.name!r}: args are {size} bytes of JSON, over the limit of "
+                f"{queue.max_payload_bytes} (Queue.max_payload_bytes)"
+            )
+    return checked
+
+
+def _decide(
+    entry: CronEntry, last: dt.datetime | None, now: dt.datetime
+) -> tuple[dt.datetime, bool] | None:
+    """What ``entry`` does at ``now`` given its last recorded tick: nothing (None), or
+    ``(tick, True)`` to fire ``tick``, or ``(tick, False)`` to record it without a job.
+
+    Only the latest tick at or before ``now`` is ever considered: any older unrecorded
+    ticks are dropped, under both policies.
+    """
+    latest = entry.latest_tick(now)
+    if last is None:
+        return latest or now, False  # first sight: a baseline, the past never fires
+    if latest is None or latest <= last:
+        return None  # nothing new since the last recorded tick
+    if entry.misfire == "run_once" or now - latest <= entry.misfire_grace:
+        return latest, True
+    return latest, False  # skip: missed by more than the grace
+
+
+async def _record(conn: Conn, st: _Statements, name: str, tick: dt.datetime) -> bool:
+    """Insert the tick's row; False if some process already recorded this tick."""
+    params = {"name": name, "tick": tick, "keep": TICK_RETENTION}
+    cur = await conn.execute(st.record_tick, params)
+    return await cur.fetchone() is not None
+
+
+async def _fire(
+    conn: Conn, queue: Queue, st: _Statements, entry: CronEntry, tick: dt.datetime
+) -> Fired | None:
+    async with conn.transaction():
+        if not await _record(conn, st, entry.name, tick):
+            return None
+        result = await queue.enqueue(
+            conn, entry.task, entry.args, queue=entry.queue, priority=entry.priority,
+            max_attempts=entry.max_attempts, dedup_key=_dedup_key(entry.name, tick),
+        )  # fmt: skip
+        params = {"job_id": result.job_id, "name": entry.name, "tick": tick}
+        await conn.execute(st.set_job, params)
+    return Fired(name=entry.name, tick=tick, job_id=result.job_id)
+
+
+def _dedup_key(name: str, tick: dt.datetime) -> str:
+    return f"cron:{name}@{tick.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
