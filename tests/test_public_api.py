@@ -9,6 +9,17 @@ import trioq.pg
 
 TOP_LEVEL = {
     "CancelOutcome",
+    "Config",
+    "CronEntry",
+    "FatalError",
+    "JobContext",
+    "LeaseLostError",
+    "QueueConfig",
+    "Registry",
+    "Runtime",
+    "RuntimeStatistics",
+    "Snooze",
+    "Task",
     "ConnectError",
     "DeadFilter",
     "DeadJob",
@@ -36,6 +47,7 @@ TOP_LEVEL = {
     "migrate",
     "pg",
     "retry",
+    "serve",
 }
 
 PG = {

@@ -19,6 +19,7 @@ import trio
 from . import __version__
 from ._cli_db import add_db_parser
 from ._cli_demo import demo
+from ._cli_serve import add_serve_parser
 from ._embedded import EmbeddedPostgresError
 from ._migrate import migrate
 from ._pg import connect
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the embedded Postgres (unless a DSN is set), migrate, and show the status",
         example="trioq demo\n  trioq demo --json",
     )
+    add_serve_parser(commands, common)
     add_db_parser(commands)
     return parser
 

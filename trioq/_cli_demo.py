@@ -1,27 +1,35 @@
 """``trioq demo``: the README's first command.
 
 Starts the embedded Postgres (unless a DSN is configured), migrates trioq's
-schema, and prints what is there. Later it will also run a worker and show
-jobs flowing through it.
+schema, enqueues a few jobs of the example app (`trioq.examples.hello`), runs
+a worker until they are all done, and prints what happened.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+import time
 from typing import Any
 
 import attrs
 import trio
 from psycopg import sql
 
+from ._config import Config, QueueConfig
 from ._dsn import configured_dsn, database
+from ._job import JobSpec
 from ._migrate import migrate
 from ._pg import connect
 from ._pg_errors import redact_dsn
+from ._queue import Queue
 from ._schema import qualified
 
 __all__ = ["DemoReport", "demo"]
+
+DEMO_TIMEOUT = 60.0
 
 
 @attrs.frozen(kw_only=True)
@@ -31,52 +39,108 @@ class DemoReport:
     server_version: str
     schema: str
     schema_version: int
-    applied: tuple[int, ...]
-    jobs: int
-    dead_jobs: int
+    enqueued: int
+    completed: int
+    dead: int
+    seconds: float
 
 
 def demo(args: argparse.Namespace) -> int:
     embedded = configured_dsn(args.dsn) is None
-    with database(args.dsn) as dsn:
-        report = trio.run(_demo, dsn, args.schema, embedded)
+    # With --json, stdout carries only the report: the example handlers' prints go to stderr.
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with database(args.dsn) as dsn, quiet:
+        report = trio.run(_demo, dsn, args.schema, embedded, not args.json)
     if args.json:
-        print(json.dumps({**attrs.asdict(report), "applied": list(report.applied)}))
+        print(json.dumps(attrs.asdict(report)))
     else:
         print(_describe(report))
-    return 0
+    return 0 if report.completed + report.dead == report.enqueued else 1
 
 
-async def _demo(dsn: str, schema: str, embedded: bool) -> DemoReport:
+def _jobs() -> list[JobSpec]:
+    names = ["ada", "grace", "barbara", "frances", "hedy", "radia", "katherine", "margaret"]
+    return (
+        [JobSpec(task="greet", args={"name": n}) for n in names]
+        + [JobSpec(task="flaky", args={"chance": 0.5}) for _ in range(4)]
+        + [JobSpec(task="crunch", args={"n": 10_000 * (i + 1)}) for i in range(4)]
+    )
+
+
+async def _demo(dsn: str, schema: str, embedded: bool, verbose: bool) -> DemoReport:
+    from .examples.hello import tasks
+
     async with await connect(dsn, autocommit=True) as conn:
         result = await migrate(conn, schema)
+        queue = Queue(schema=schema)
+        before_dead = await _count(conn, schema, "dead_jobs")
+        if verbose:
+            print(f"trioq {schema!r} schema at version {result.version} on {redact_dsn(dsn)}")
+        start = time.monotonic()
+        enqueued = await queue.enqueue_many(conn, _jobs())
+        ids = [r.job_id for r in enqueued]
+        if verbose:
+            print(f"enqueued {len(ids)} jobs; a worker with 4 slots runs them:")
+        config = Config(
+            dsn=dsn, registry=tasks, schema=schema, queues={"default": QueueConfig(concurrency=4)},
+            poll_interval=0.5,
+        )  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            runtime = await nursery.start(_serve, config)
+            with trio.move_on_after(DEMO_TIMEOUT):
+                await _wait_until_settled(conn, schema, ids)
+            runtime.stop()
+        dead = await _count(conn, schema, "dead_jobs") - before_dead
+        live = await _live(conn, schema, ids)
         return DemoReport(
             database=redact_dsn(dsn),
             embedded=embedded,
             server_version=str(conn.info.parameter_status("server_version")),
             schema=schema,
             schema_version=result.version,
-            applied=result.applied,
-            jobs=await _count(conn, schema, "jobs"),
-            dead_jobs=await _count(conn, schema, "dead_jobs"),
+            enqueued=len(ids),
+            completed=len(ids) - dead - live,
+            dead=dead,
+            seconds=round(time.monotonic() - start, 3),
         )
 
 
+async def _serve(config: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    from ._serve import serve
+
+    await serve(config, task_status=task_status)
+
+
+async def _wait_until_settled(conn: Any, schema: str, ids: list[int]) -> None:
+    """Poll (this is a demo, not a test) until none of our jobs is waiting or running."""
+    while await _live(conn, schema, ids):  # noqa: ASYNC110 - the database cannot tell us
+        await trio.sleep(0.05)
+
+
+async def _live(conn: Any, schema: str, ids: list[int]) -> int:
+    query = sql.SQL(
+        "SELECT count(*) FROM {} WHERE id = ANY(%s)"
+        " AND state IN ('scheduled', 'available', 'running')"
+    ).format(qualified(schema, "jobs"))
+    cur = await conn.execute(query, (ids,))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 async def _count(conn: Any, schema: str, table: str) -> int:
-    query = sql.SQL("SELECT count(*) FROM {}").format(qualified(schema, table))
-    cur = await conn.execute(query)
+    cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(qualified(schema, table)))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 
 
 def _describe(report: DemoReport) -> str:
     where = "embedded Postgres" if report.embedded else "Postgres"
-    applied = ", ".join(map(str, report.applied)) or "none, already current"
     return "\n".join(
         [
-            f"trioq is ready on {where} {report.server_version}",
-            f"  database: {report.database}",
-            f"  schema:   {report.schema} (version {report.schema_version}; applied: {applied})",
-            f"  jobs:     {report.jobs} waiting or running, {report.dead_jobs} dead",
+            f"done: {report.completed} of {report.enqueued} jobs completed, {report.dead} dead, "
+            f"in {report.seconds:.2f} s",
+            f"  database: {where} {report.server_version} at {report.database}",
+            f"  schema:   {report.schema} (version {report.schema_version})",
+            "  next: trioq serve --app trioq.examples.hello:tasks  (see docs/getting-started.md)",
         ]
     )

@@ -341,13 +341,28 @@ class Queue:
         )
 
     async def release_many(
-        self, conn: Conn, *, owner: str, leases: Sequence[Lease]
+        self,
+        conn: Conn,
+        *,
+        owner: str,
+        leases: Sequence[Lease],
+        delays: Sequence[dt.timedelta] | None = None,
     ) -> frozenset[int]:
-        """Give jobs back unfinished (we aborted them): available now, attempt refunded.
+        """Give jobs back unfinished, attempt refunded: available now, or after ``delays``.
 
-        A job whose cancellation was requested meanwhile becomes cancelled instead.
+        Used when the runtime aborts a job (shutdown) or a handler snoozes. A job
+        whose cancellation was requested meanwhile becomes cancelled instead.
         """
-        return await self._fenced(conn, self.sql.release, owner, leases)
+        if not leases:
+            return frozenset()
+        zero = dt.timedelta(0)
+        params = {
+            **_fence(leases),
+            "owner": owner,
+            "delays": list(delays) if delays is not None else [zero] * len(leases),
+        }
+        cur = await conn.execute(self.sql.release, params)
+        return frozenset(row[0] for row in await cur.fetchall())
 
     async def cancel_running_many(
         self, conn: Conn, *, owner: str, leases: Sequence[Lease]

@@ -152,15 +152,18 @@ SELECT id, 'dead' FROM buried
 UNION ALL SELECT id, CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'retry' END FROM retried
 """
 
-# Aborted by us (shutdown): back to available with the attempt refunded
-# (or cancelled, if a cancel was requested meanwhile).
+# Aborted by us (shutdown) or snoozed: back to available (or scheduled, after a delay) with
+# the attempt refunded; cancelled instead if a cancel was requested meanwhile.
 _RELEASE = """
 UPDATE {jobs} j
-   SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+   SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                    WHEN f.delay > interval '0' THEN 'scheduled'
+                    ELSE 'available' END,
        finished_at = CASE WHEN j.cancel_requested THEN {now} END,
-       attempt = j.attempt - 1, run_at = {now},
+       attempt = j.attempt - 1, run_at = {now} + f.delay,
        lease_owner = NULL, lease_expires_at = NULL
-  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS f(id, attempt)
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(delays)s::interval[])
+       AS f(id, attempt, delay)
  WHERE {fence}
 RETURNING j.id
 """

@@ -1,0 +1,366 @@
+"""The worker runtime against real Postgres: jobs flow, fail, time out, get cancelled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+import trioq
+from trioq.retry import Constant
+
+FAST = {"lease": 1.5, "heartbeat_interval": 0.3, "poll_interval": 0.2, "sweep_interval": 0.3}
+
+
+@asynccontextmanager
+async def serving(dsn: str, registry: trioq.Registry, **options: Any) -> AsyncIterator[Any]:
+    """A migrated database, a connection to it, and a running runtime."""
+    config = trioq.Config(dsn=dsn, registry=registry, **{**FAST, **options})
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trio.open_nursery() as nursery:
+            runtime = await nursery.start(trioq.serve, config)
+            try:
+                yield conn, runtime
+            finally:
+                runtime.stop(grace=False)
+
+
+async def rows(conn: Any, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    cur = await conn.execute(query, params)
+    return await cur.fetchall()
+
+
+class Counter:
+    """Counts calls and lets a test wait for a number of them, without sleeping."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+        self._changed = trio.Event()
+
+    def hit(self, value: Any = None) -> None:
+        self.calls.append(value)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for(self, n: int, timeout: float = 10) -> None:
+        with trio.fail_after(timeout):
+            while len(self.calls) < n:
+                await self._changed.wait()
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 10) -> None:
+    """Poll the database state a test cannot be told about (bounded)."""
+    with trio.fail_after(timeout):
+        while not await predicate():  # noqa: ASYNC110 - the database cannot tell us
+            await trio.sleep(0.02)
+
+
+async def test_jobs_flow_through_a_worker(dsn: str) -> None:
+    tasks = trioq.Registry()
+    seen = Counter()
+
+    @tasks.task(queue="q")
+    async def add(job: trioq.JobContext, a: int, b: int) -> None:
+        assert job.queue == "q" and job.attempt == 1
+        seen.hit(a + b)
+
+    async with serving(dsn, tasks, queues={"q": trioq.QueueConfig(concurrency=5)}) as (conn, rt):
+        await trioq.enqueue_many(
+            conn, [trioq.JobSpec(task="add", queue="q", args={"a": i, "b": 1}) for i in range(50)]
+        )
+        await seen.wait_for(50)
+
+        async def drained() -> bool:
+            return await rows(conn, "SELECT count(*) FROM trioq.jobs") == [(0,)]
+
+        await wait_until(drained)
+        assert sorted(seen.calls) == list(range(1, 51))
+        assert rt.statistics().claimed == 50
+
+
+async def test_enqueue_from_task_handle_and_sync_handler(dsn: str) -> None:
+    tasks = trioq.Registry()
+    seen = Counter()
+    main_thread = trio.lowlevel.current_trio_token()
+
+    @tasks.task
+    def blocking(job: trioq.JobContext, n: int) -> None:
+        trio.from_thread.run_sync(seen.hit, n, trio_token=main_thread)
+
+    async with serving(dsn, tasks) as (conn, _):
+        await blocking.enqueue(conn, n=7)
+        await seen.wait_for(1)
+        assert seen.calls == [7]
+
+
+async def test_retry_then_success_and_fatal_goes_dead(dsn: str) -> None:
+    tasks = trioq.Registry()
+    attempts = Counter()
+
+    @tasks.task(retry=Constant(seconds=0), max_attempts=3)
+    async def flaky(job: trioq.JobContext) -> None:
+        attempts.hit(job.attempt)
+        if job.attempt < 2:
+            raise RuntimeError("not yet")
+
+    @tasks.task(max_attempts=5)
+    async def doomed(job: trioq.JobContext) -> None:
+        raise trioq.FatalError("bad input")
+
+    async with serving(dsn, tasks) as (conn, _):
+        await flaky.enqueue(conn)
+        r = await doomed.enqueue(conn)
+        await attempts.wait_for(2)
+        assert attempts.calls == [1, 2]
+
+        async def buried() -> bool:
+            return bool(await rows(conn, "SELECT 1 FROM trioq.dead_jobs WHERE id = %s", r.job_id))
+
+        await wait_until(buried)
+        dead = await trioq.Queue().dead_list(conn)
+        assert [(d.task, d.reason, d.attempt) for d in dead] == [("doomed", "fatal error", 1)]
+        assert dead[0].last_error == "FatalError: bad input"
+        assert dead[0].traceback and "bad input" in dead[0].traceback
+
+
+async def test_timeout_is_a_failure(dsn: str) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task(timeout=0.1, max_attempts=1)
+    async def slow(job: trioq.JobContext) -> None:
+        await trio.sleep_forever()
+
+    async with serving(dsn, tasks) as (conn, _):
+        await slow.enqueue(conn)
+
+        async def dead() -> bool:
+            return bool(await rows(conn, "SELECT 1 FROM trioq.dead_jobs"))
+
+        await wait_until(dead)
+        (d,) = await trioq.Queue().dead_list(conn)
+        assert d.last_error == "timeout: handler ran over 0.1 s"
+
+
+async def test_unknown_task_is_kept_and_explained(dsn: str) -> None:
+    async with serving(dsn, trioq.Registry(), queues=["default"]) as (conn, _):
+        r = await trioq.enqueue(conn, "nobody_knows", max_attempts=1)
+
+        async def dead() -> bool:
+            return bool(await rows(conn, "SELECT 1 FROM trioq.dead_jobs WHERE id = %s", r.job_id))
+
+        await wait_until(dead)
+        (d,) = await trioq.Queue().dead_list(conn)
+        assert "unknown task 'nobody_knows'" in (d.last_error or "")
+
+
+async def test_snooze_refunds_the_attempt(dsn: str) -> None:
+    tasks = trioq.Registry()
+    seen = Counter()
+
+    @tasks.task
+    async def later(job: trioq.JobContext) -> None:
+        seen.hit(job.attempt)
+        if len(seen.calls) == 1:
+            job.snooze(0.2)
+
+    async with serving(dsn, tasks) as (conn, _):
+        start = time.monotonic()
+        await later.enqueue(conn)
+        await seen.wait_for(2)
+        assert seen.calls == [1, 1]
+        assert time.monotonic() - start >= 0.2
+
+
+async def test_cancel_a_running_job(dsn: str) -> None:
+    tasks = trioq.Registry()
+    started = Counter()
+
+    @tasks.task
+    async def forever(job: trioq.JobContext) -> None:
+        started.hit()
+        await trio.sleep_forever()
+
+    async with serving(dsn, tasks) as (conn, _):
+        r = await forever.enqueue(conn)
+        await started.wait_for(1)
+        assert (await trioq.Queue().cancel(conn, r.job_id)).status == "requested"
+
+        async def cancelled() -> bool:
+            found = await rows(conn, "SELECT state FROM trioq.jobs WHERE id = %s", r.job_id)
+            return found == [("cancelled",)]
+
+        await wait_until(cancelled)
+
+
+async def test_lost_lease_cancels_the_handler_and_discards_its_result(dsn: str) -> None:
+    tasks = trioq.Registry()
+    started = Counter()
+    stopped = Counter()
+
+    @tasks.task
+    async def hold(job: trioq.JobContext) -> None:
+        started.hit()
+        try:
+            await trio.sleep_forever()
+        finally:
+            stopped.hit()
+
+    async with serving(dsn, tasks) as (conn, _):
+        r = await hold.enqueue(conn)
+        await started.wait_for(1)
+        # Another worker reclaimed it (as the sweeper + a claim would).
+        await conn.execute(
+            "UPDATE trioq.jobs SET lease_owner = 'someone-else', attempt = 2 WHERE id = %s",
+            (r.job_id,),
+        )
+        await stopped.wait_for(1)
+        assert await rows(
+            conn, "SELECT state, lease_owner FROM trioq.jobs WHERE id = %s", r.job_id
+        ) == [("running", "someone-else")]
+
+
+async def test_exactly_once_effects_in_the_jobs_transaction(dsn: str) -> None:
+    tasks = trioq.Registry()
+    done = Counter()
+
+    @tasks.task
+    async def credit(job: trioq.JobContext, account: int) -> None:
+        async with job.transaction() as tx:
+            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, account))
+        done.hit()
+
+    async with serving(dsn, tasks) as (conn, _):
+        await conn.execute("CREATE TABLE ledger (job_id bigint PRIMARY KEY, account int)")
+        r = await credit.enqueue(conn, account=5)
+        await done.wait_for(1)
+        assert await rows(conn, "SELECT * FROM ledger") == [(r.job_id, 5)]
+        assert await rows(conn, "SELECT count(*) FROM trioq.jobs") == [(0,)]
+
+
+async def test_graceful_stop_leaves_nothing_running(dsn: str) -> None:
+    tasks = trioq.Registry()
+    started = Counter()
+
+    @tasks.task
+    async def long(job: trioq.JobContext) -> None:
+        started.hit()
+        await trio.sleep_forever()
+
+    config = trioq.Config(
+        dsn=dsn,
+        registry=tasks,
+        shutdown_grace=0.2,
+        queues={"default": trioq.QueueConfig(concurrency=100)},
+        **FAST,
+    )
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await trioq.enqueue_many(conn, [trioq.JobSpec(task="long") for _ in range(100)])
+        async with trio.open_nursery() as nursery:
+            runtime = await nursery.start(trioq.serve, config)
+            await started.wait_for(100)
+            runtime.stop()
+        assert await rows(
+            conn, "SELECT state, attempt, count(*) FROM trioq.jobs GROUP BY 1, 2"
+        ) == [("available", 0, 100)]
+
+
+async def test_listener_survives_its_backend_being_killed(dsn: str) -> None:
+    tasks = trioq.Registry()
+    seen = Counter()
+
+    @tasks.task
+    async def ping(job: trioq.JobContext) -> None:
+        seen.hit()
+
+    # Polling is slow here on purpose: only notifications (or the reconnect's wake-up) are fast.
+    async with serving(dsn, tasks, poll_interval=60) as (conn, _):
+        await ping.enqueue(conn)
+        await seen.wait_for(1)
+        killed = await rows(
+            conn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()",
+        )
+        assert killed == [(True,)]
+        await ping.enqueue(conn)
+        await seen.wait_for(2, timeout=5)
+
+
+async def test_scheduled_job_runs_when_due(dsn: str) -> None:
+    tasks = trioq.Registry()
+    seen = Counter()
+
+    @tasks.task
+    async def tick(job: trioq.JobContext) -> None:
+        seen.hit(time.monotonic())
+
+    async with serving(dsn, tasks, poll_interval=60) as (conn, _):
+        start = time.monotonic()
+        await tick.enqueue(conn, delay=0.3)
+        await seen.wait_for(1)
+        assert seen.calls[0] - start >= 0.3
+
+
+async def test_unmigrated_database_is_refused(dsn: str) -> None:
+    config = trioq.Config(dsn=dsn, registry=trioq.Registry())
+    with pytest.raises(trioq.SchemaMissingError, match="trioq migrate"):
+        await trioq.serve(config)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"heartbeat_interval": 20, "lease": 30}, "heartbeat_interval"),
+        ({"lease": -1}, "lease must be a positive number"),
+        ({"queues": {"bad name": trioq.QueueConfig()}}, "queue name"),
+        ({"shutdown_grace": -1}, "shutdown_grace must not be negative"),
+        ({"schema": "Bad"}, "schema name"),
+        ({"registry": object()}, "registry must be a trioq.Registry"),
+    ],
+)
+def test_config_errors_name_the_field(options: dict[str, Any], message: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=message):
+        trioq.Config(**{"registry": trioq.Registry(), **options})
+
+
+def test_registry_validates() -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task
+    async def one(job: trioq.JobContext) -> None: ...
+
+    with pytest.raises(ValueError, match="already registered"):
+        tasks.task(name="one")(one.fn)
+    with pytest.raises(ValueError, match="timeout"):
+        tasks.task(name="two", timeout=0)(one.fn)
+    with pytest.raises(ValueError, match="queue"):
+        tasks.task(name="three", queue="no spaces")(one.fn)
+    assert attrs.evolve(tasks.get("one"), queue="q").queue == "q"  # type: ignore[misc]
+
+
+async def test_cron_entry_fires_through_the_runtime(dsn: str) -> None:
+    tasks = trioq.Registry()
+    seen = Counter()
+
+    @tasks.task
+    async def beat(job: trioq.JobContext, n: int) -> None:
+        seen.hit(n)
+
+    entry = trioq.CronEntry(name="every-second", schedule="* * * * * *", task="beat", args={"n": 1})
+    async with serving(dsn, tasks, cron=[entry]) as (conn, _):
+        await seen.wait_for(2, timeout=10)
+        ticks = await rows(conn, "SELECT count(*) FROM trioq.cron_ticks WHERE job_id IS NOT NULL")
+        assert ticks[0][0] >= 2
+
+
+def test_cron_args_over_the_payload_limit_are_refused() -> None:
+    entry = trioq.CronEntry(name="big", schedule="* * * * *", task="t", args={"x": "y" * 100})
+    with pytest.raises(ValueError, match="cron entry 'big'.*max_payload_bytes"):
+        trioq.Config(registry=trioq.Registry(), cron=[entry], max_payload_bytes=50)

@@ -1,0 +1,131 @@
+"""Runtime configuration: frozen, validated at construction, errors name the field."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ._cron import CronEntry
+from ._job import QUEUE_NAME_RE, encode_args
+from ._queue import DEFAULT_MAX_PAYLOAD
+from ._registry import Registry
+from ._schema import validate_schema_name
+
+__all__ = ["Config", "QueueConfig"]
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+
+
+def _seconds(value: float | dt.timedelta) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else value
+
+
+@attrs.frozen(kw_only=True)
+class QueueConfig:
+    """How one queue is served by this process."""
+
+    concurrency: int = attrs.field(default=10, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.concurrency, int):
+            raise ValueError(f"concurrency must be an int, got {self.concurrency!r}")
+
+
+def _queues(value: Mapping[str, QueueConfig] | Sequence[str] | None) -> dict[str, QueueConfig]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    return {name: QueueConfig() for name in value}
+
+
+def _check_queues(_inst: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
+    for name, cfg in value.items():
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+            raise ValueError(f"{attribute.name}: queue name {name!r} is invalid")
+        if not isinstance(cfg, QueueConfig):
+            raise TypeError(f"{attribute.name}[{name!r}] must be a QueueConfig, got {cfg!r}")
+
+
+def _registry(_inst: object, attribute: attrs.Attribute[Any], value: Registry) -> None:
+    if not isinstance(value, Registry):
+        raise TypeError(f"{attribute.name} must be a trioq.Registry, got {value!r}")
+
+
+def _schema(_inst: object, _attribute: attrs.Attribute[Any], value: str) -> None:
+    validate_schema_name(value)
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """Everything `trioq.serve` needs. Intervals are seconds (or timedeltas)."""
+
+    registry: Registry = attrs.field(validator=_registry)
+    #: None: ``TRIOQ_DSN`` / ``DATABASE_URL``, else the embedded Postgres.
+    dsn: str | None = None
+    schema: str = attrs.field(default="trioq", validator=_schema)
+    #: Queues this process serves; default: every queue a registered task uses.
+    queues: dict[str, QueueConfig] = attrs.field(
+        factory=dict, converter=_queues, validator=_check_queues
+    )
+    lease: float = attrs.field(default=30.0, converter=_seconds, validator=_positive)
+    heartbeat_interval: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
+    #: Fallback polling when no notification arrives (notifications are only a hint).
+    poll_interval: float = attrs.field(default=2.0, converter=_seconds, validator=_positive)
+    sweep_interval: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
+    shutdown_grace: float = attrs.field(default=30.0, converter=_seconds, validator=_non_negative)
+    cron: tuple[CronEntry, ...] = attrs.field(default=(), converter=tuple)
+    #: Threads for sync handlers (shared by all queues).
+    sync_threads: int = attrs.field(default=10, validator=_positive)
+    #: Connections for claims, outcomes and maintenance (LISTEN has its own).
+    pool_size: int = attrs.field(default=8, validator=_positive)
+    max_payload_bytes: int = attrs.field(default=DEFAULT_MAX_PAYLOAD, validator=_positive)
+    #: Install SIGINT/SIGTERM handlers (main thread only): first = graceful, second = now.
+    handle_signals: bool = False
+    worker_id: str = attrs.field(factory=_default_worker_id)
+
+    def __attrs_post_init__(self) -> None:
+        if self.heartbeat_interval * 3 > self.lease:
+            raise ValueError(
+                f"heartbeat_interval ({self.heartbeat_interval} s) must be at most a third of "
+                f"the lease ({self.lease} s), so a lease survives a missed heartbeat"
+            )
+        for entry in self.cron:
+            if not isinstance(entry, CronEntry):
+                raise TypeError(f"cron entries must be trioq.CronEntry, got {entry!r}")
+        names = [entry.name for entry in self.cron]
+        if len(names) != len(set(names)):
+            raise ValueError(f"cron entry names must be unique, got {names}")
+        for entry in self.cron:
+            size = len(encode_args(entry.args).encode())
+            if size > self.max_payload_bytes:
+                raise ValueError(
+                    f"cron entry {entry.name!r}: args are {size} bytes of JSON, over "
+                    f"max_payload_bytes ({self.max_payload_bytes})"
+                )
+
+    def served_queues(self) -> dict[str, QueueConfig]:
+        """The queues to serve: the configured ones, else those of registered tasks."""
+        if self.queues:
+            return dict(self.queues)
+        return {name: QueueConfig() for name in self.registry.queues()} or {
+            "default": QueueConfig()
+        }

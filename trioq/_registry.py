@@ -1,0 +1,187 @@
+"""Tasks: named handlers with their queue, timeout, attempts and retry policy.
+
+A `Registry` collects tasks with a decorator::
+
+    tasks = trioq.Registry()
+
+    @tasks.task(queue="email", max_attempts=5, timeout=30)
+    async def send_welcome(job: trioq.JobContext, user_id: int) -> None: ...
+
+Async handlers run in the trio loop; sync handlers run in a worker thread
+(bounded by ``Config.sync_threads``). A handler is called with the job context
+and the job's args as keyword arguments (args that are not a JSON object are
+passed as one positional argument).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, overload
+
+import attrs
+import psycopg
+
+from ._job import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_ATTEMPTS_LIMIT,
+    QUEUE_NAME_RE,
+    TASK_NAME_RE,
+    EnqueueResult,
+    JSONValue,
+)
+from ._retry import RetryPolicy, Sidekiq
+
+__all__ = ["Registry", "Task"]
+
+Handler = Callable[..., Any]
+
+
+def _check_name(value: str) -> None:
+    if not isinstance(value, str) or not TASK_NAME_RE.match(value):
+        raise ValueError(
+            f"task name {value!r} is invalid: use up to 200 letters, digits, '_', '.', ':' "
+            "or '-', starting with a letter or '_'"
+        )
+
+
+def _check_queue(value: str) -> None:
+    if not isinstance(value, str) or not QUEUE_NAME_RE.match(value):
+        raise ValueError(
+            f"queue {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':', '-'"
+        )
+
+
+def _check_timeout(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"timeout must be positive seconds or None, got {value!r}")
+
+
+def _check_attempts(value: int) -> None:
+    if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+        raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class Task:
+    """A registered handler. Calling it calls the handler (handy in tests)."""
+
+    name: str
+    fn: Handler = attrs.field(repr=False)
+    queue: str = "default"
+    timeout: float | None = None  # seconds; None: no limit beyond the lease heartbeats
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry: RetryPolicy = attrs.field(factory=Sidekiq)
+    keep_result: bool = False  # keep the row as 'done' with the handler's JSON result
+
+    def __attrs_post_init__(self) -> None:
+        _check_name(self.name)
+        _check_queue(self.queue)
+        _check_timeout(self.timeout)
+        _check_attempts(self.max_attempts)
+        if not callable(self.fn):
+            raise TypeError(f"task {self.name!r}: handler must be callable, got {self.fn!r}")
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    async def enqueue(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        args: JSONValue = None,
+        *,
+        priority: int = 0,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | float | None = None,
+        dedup_key: str | None = None,
+        unique: bool = False,
+        **kwargs: Any,
+    ) -> EnqueueResult:
+        """Enqueue this task on its queue: ``await send.enqueue(conn, user_id=1)``."""
+        from ._enqueue import DEFAULT_QUEUE
+
+        if kwargs and args is not None:
+            raise TypeError("give args or keyword arguments, not both")
+        return await DEFAULT_QUEUE.enqueue(
+            conn, self.name, kwargs or args, queue=self.queue, priority=priority, run_at=run_at,
+            delay=delay, max_attempts=self.max_attempts, dedup_key=dedup_key, unique=unique,
+        )  # fmt: skip
+
+
+class Registry:
+    """A set of tasks by name. Build it at import time; the runtime reads it."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    @overload
+    def task(self, fn: Handler, /) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        timeout: float | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retry: RetryPolicy | None = None,
+        keep_result: bool = False,
+    ) -> Callable[[Handler], Task]: ...
+
+    def task(
+        self,
+        fn: Handler | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        timeout: float | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retry: RetryPolicy | None = None,
+        keep_result: bool = False,
+    ) -> Task | Callable[[Handler], Task]:
+        """Register a handler: ``@tasks.task`` or ``@tasks.task(queue=..., ...)``."""
+
+        def register(handler: Handler) -> Task:
+            task = Task(
+                name=name or handler.__name__,
+                fn=handler,
+                queue=queue,
+                timeout=timeout,
+                max_attempts=max_attempts,
+                retry=retry or Sidekiq(),
+                keep_result=keep_result,
+            )
+            self.add(task)
+            return task
+
+        return register if fn is None else register(fn)
+
+    def add(self, task: Task) -> None:
+        if task.name in self._tasks:
+            raise ValueError(f"task {task.name!r} is already registered")
+        self._tasks[task.name] = task
+
+    def get(self, name: str) -> Task | None:
+        return self._tasks.get(name)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks.values())
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def queues(self) -> Mapping[str, list[str]]:
+        """Queue name -> names of the tasks that run there."""
+        out: dict[str, list[str]] = {}
+        for task in self._tasks.values():
+            out.setdefault(task.queue, []).append(task.name)
+        return out

@@ -1,0 +1,1 @@
+"""Small example apps; ``trioq serve --app trioq.examples.hello:tasks`` runs one."""
