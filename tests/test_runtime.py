@@ -362,5 +362,5 @@ async def test_cron_entry_fires_through_the_runtime(dsn: str) -> None:
 
 def test_cron_args_over_the_payload_limit_are_refused() -> None:
     entry = trioq.CronEntry(name="big", schedule="* * * * *", task="t", args={"x": "y" * 100})
-    with pytest.raises(ValueError, match="cron entry 'big'.*max_payload_bytes"):
+    with pytest.raises(ValueError, match=r"cron entry 'big'.*max_payload_bytes"):
         trioq.Config(registry=trioq.Registry(), cron=[entry], max_payload_bytes=50)
