@@ -67,6 +67,12 @@ class JobContext:
             return await self._runtime.queue.enqueue(conn, task, args, **options)
 
     @asynccontextmanager
+    async def connection(self) -> AsyncIterator[TrioConnection[Any]]:
+        """A pooled connection (autocommit) for work that is not the job's outcome."""
+        async with self._runtime.pool.connection() as conn:
+            yield conn
+
+    @asynccontextmanager
     async def transaction(self) -> AsyncIterator[TrioConnection[Any]]:
         """A transaction that also completes this job: exactly-once effects.
 

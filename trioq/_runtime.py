@@ -289,6 +289,8 @@ class Runtime:
     def _written(self, batch: Sequence[Outcome]) -> None:
         for outcome in batch:
             self._held.pop(outcome.lease, None)
+        if any(o.kind is Kind.FAIL or (o.kind is Kind.RELEASE and o.delay) for o in batch):
+            self._scheduler_wakeup.set()  # a retry or snooze may now be the next job due
 
     # -- maintenance ----------------------------------------------------------------------------
 
