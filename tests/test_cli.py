@@ -82,3 +82,61 @@ def test_bad_schema_name_is_rejected(dsn: str) -> None:
 
 def test_usage_error_exit_code() -> None:
     assert trioq("no-such-command").returncode == 2
+
+
+def test_enqueue_status_cancel_roundtrip(dsn: str) -> None:
+    assert trioq("migrate", "--dsn", dsn).returncode == 0
+    first = trioq("enqueue", "greet", "--args", '{"name": "ada"}', "--dsn", dsn, "--json")
+    assert first.returncode == 0, first.stderr
+    job = json.loads(first.stdout)
+    assert job["duplicate"] is False
+    keyed = ["enqueue", "greet", "--dedup-key", "k", "--dsn", dsn, "--json"]
+    assert json.loads(trioq(*keyed).stdout)["duplicate"] is False
+    assert json.loads(trioq(*keyed).stdout)["duplicate"] is True
+    later = trioq("enqueue", "greet", "--delay", "600", "--queue", "later", "--dsn", dsn)
+    assert later.stdout.startswith("enqueued job")
+    status = json.loads(trioq("status", "--dsn", dsn, "--json").stdout)
+    depth = {q["queue"]: (q["available"], q["scheduled"]) for q in status["queues"]}
+    assert depth == {"default": (2, 0), "later": (0, 1)}
+    assert "default" in trioq("status", "--dsn", dsn).stdout
+    cancelled = trioq("cancel", str(job["job_id"]), "--dsn", dsn)
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
+    gone = trioq("cancel", str(job["job_id"]), "--dsn", dsn)
+    assert gone.returncode == 4
+
+
+def test_enqueue_bad_input_is_one_line(dsn: str) -> None:
+    assert trioq("migrate", "--dsn", dsn).returncode == 0
+    for args, message in [
+        (["--args", "not json"], "--args is not JSON"),
+        (["--priority", "500"], "priority must be between"),
+        (["--delay", "-1"], "delay must not be negative"),
+        (["--queue", "bad queue"], "queue 'bad queue' is invalid"),
+    ]:
+        out = trioq("enqueue", "t", *args, "--dsn", dsn)
+        assert out.returncode == 1, (args, out.stdout)
+        assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_dead_list_retry_purge(dsn: str) -> None:
+    assert trioq("migrate", "--dsn", dsn).returncode == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO trioq.dead_jobs (id, queue, task, args, priority, attempt, max_attempts,"
+            " reason, last_error, enqueued_at) VALUES"
+            " (101, 'email', 'send', '{}', 0, 3, 3, 'attempts exhausted', 'boom', now()),"
+            " (102, 'sms', 'send', '{}', 0, 1, 1, 'fatal error', 'bad', now()),"
+            " (103, 'sms', 'text', '{}', 0, 1, 1, 'fatal error', 'bad', now() - interval '1 day')"
+        )
+    listed = json.loads(trioq("dead", "list", "--queue", "sms", "--dsn", dsn, "--json").stdout)
+    assert [d["id"] for d in listed] == [102, 103]
+    assert "attempts exhausted: boom" in trioq("dead", "list", "--dsn", dsn).stdout
+    retried = json.loads(trioq("dead", "retry", "--id", "101", "--dsn", dsn, "--json").stdout)
+    assert retried == {"retried": [101]}
+    purged = trioq("dead", "purge", "--task", "text", "--dsn", dsn, "--json")
+    assert json.loads(purged.stdout) == {"purged": [103]}
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT id, state, attempt FROM trioq.jobs").fetchall() == [
+            (101, "available", 0)
+        ]
+        assert conn.execute("SELECT id FROM trioq.dead_jobs").fetchall() == [(102,)]

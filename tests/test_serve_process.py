@@ -207,3 +207,35 @@ def test_demo_runs_on_the_embedded_postgres() -> None:
             check=False,
         )
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_processes_flag_runs_supervised_workers(dsn: str) -> None:
+    _setup(dsn)
+    env = _env(dsn, grace="0.5")
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trioq._cli",
+            "serve",
+            "--app",
+            "serve_app:config",
+            "--processes",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _enqueue(dsn, 40, first_seconds=600)
+        # Both children take jobs (20 slots each).
+        _wait_for(dsn, "SELECT count(DISTINCT pid) FROM runs", [(2,)])
+        out = _stop(parent)
+        assert parent.returncode == 0, out
+        assert _query(dsn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'") == [(0,)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.communicate(timeout=30)

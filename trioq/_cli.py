@@ -14,16 +14,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 import trio
 
 from . import __version__
 from ._cli_db import add_db_parser
 from ._cli_demo import demo
+from ._cli_ops import add_ops_parsers
 from ._cli_serve import add_serve_parser
 from ._embedded import EmbeddedPostgresError
 from ._migrate import migrate
 from ._pg import connect
-from ._pg_errors import ConnectError
 from ._schema import SchemaError
 
 __all__ = ["main"]
@@ -32,7 +33,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 
 #: Errors that are the user's to fix: printed as one line, no traceback.
-_EXPECTED_ERRORS = (ConnectError, SchemaError, EmbeddedPostgresError, ValueError)
+_EXPECTED_ERRORS = (psycopg.Error, SchemaError, EmbeddedPostgresError, ValueError)
 
 
 def _database_options() -> argparse.ArgumentParser:
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         example="trioq demo\n  trioq demo --json",
     )
     add_serve_parser(commands, common)
+    add_ops_parsers(commands, common)
     add_db_parser(commands)
     return parser
 

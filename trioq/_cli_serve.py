@@ -16,6 +16,7 @@ from ._embedded import EmbeddedPostgres
 from ._migrate import migrate
 from ._pg import connect
 from ._registry import Registry
+from ._supervisor import supervise
 
 __all__ = ["add_serve_parser", "load_app"]
 
@@ -51,6 +52,9 @@ def add_serve_parser(
     sub.add_argument("--queues", help="comma-separated queues to serve (default: the app's)")
     sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")
     sub.add_argument("--migrate", action="store_true", help="run `trioq migrate` first")
+    sub.add_argument(
+        "--processes", type=int, default=1, help="worker processes (one per core; default 1)"
+    )
     sub.set_defaults(handler=_serve)
 
 
@@ -85,14 +89,38 @@ def _config(args: argparse.Namespace, dsn: str) -> Config:
 def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sys.path.insert(0, "")  # --app modules from the current directory, like python -m
+    if args.processes < 1:
+        raise ValueError(f"--processes must be at least 1, got {args.processes}")
     dsn = configured_dsn(args.dsn)
     if dsn is not None:
-        trio.run(_run, _config(args, dsn), args.migrate)
-        return 0
+        return _serve_on(args, dsn, args.migrate)
     with EmbeddedPostgres.from_env().running() as status:
         # The embedded database is trioq's own: keep its schema current without asking.
-        trio.run(_run, _config(args, status.dsn), True)
-    return 0
+        return _serve_on(args, status.dsn, True)
+
+
+def _serve_on(args: argparse.Namespace, dsn: str, run_migrations: bool) -> int:
+    config = _config(args, dsn)
+    if args.processes == 1:
+        trio.run(_run, config, run_migrations)
+        return 0
+    if run_migrations:
+        trio.run(_migrate, dsn, config.schema)
+    return trio.run(supervise, _child_argv(args, dsn), args.processes)
+
+
+def _child_argv(args: argparse.Namespace, dsn: str) -> list[str]:
+    argv = ["serve", "--app", args.app, "--dsn", dsn, "--schema", args.schema]
+    if args.queues:
+        argv += ["--queues", args.queues]
+    if args.concurrency:
+        argv += ["--concurrency", str(args.concurrency)]
+    return argv
+
+
+async def _migrate(dsn: str, schema: str) -> None:
+    async with await connect(dsn, autocommit=True) as conn:
+        await migrate(conn, schema)
 
 
 async def _run(config: Config, run_migrations: bool) -> None:
@@ -100,6 +128,5 @@ async def _run(config: Config, run_migrations: bool) -> None:
 
     if run_migrations:
         assert config.dsn is not None
-        async with await connect(config.dsn, autocommit=True) as conn:
-            await migrate(conn, config.schema)
+        await _migrate(config.dsn, config.schema)
     await serve(config)

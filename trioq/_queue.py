@@ -29,7 +29,9 @@ __all__ = [
     "Lease",
     "PayloadTooLargeError",
     "Queue",
+    "QueueStatus",
     "SweepResult",
+    "WorkerLeases",
 ]
 
 Conn = psycopg.AsyncConnection[Any]
@@ -80,6 +82,23 @@ class SweepResult:
     returned: frozenset[int]  # back to available (the attempt stays spent)
     dead: frozenset[int]  # lease expired on the last attempt
     cancelled: frozenset[int]  # lease expired while a cancel was requested
+
+
+@attrs.frozen(kw_only=True)
+class QueueStatus:
+    queue: str
+    available: int
+    scheduled: int
+    running: int
+    dead: int
+    oldest_wait_seconds: float | None  # how long the oldest due job has waited
+
+
+@attrs.frozen(kw_only=True)
+class WorkerLeases:
+    worker: str
+    running: int
+    next_expiry_seconds: float  # negative: a lease already expired (a crashed worker)
 
 
 @attrs.frozen
@@ -422,6 +441,29 @@ class Queue:
         cur = await conn.execute(self.sql.next_due)
         row = await cur.fetchone()
         return None if row is None else row[0]
+
+    # -- status --------------------------------------------------------------------------------
+
+    async def status(self, conn: Conn) -> tuple[list[QueueStatus], list[WorkerLeases]]:
+        """Per queue counts and the oldest wait; live leases per worker."""
+        cur = await conn.execute(self.sql.status_queues)
+        queues = [
+            QueueStatus(
+                queue=q,
+                available=a,
+                scheduled=s,
+                running=r,
+                dead=d,
+                oldest_wait_seconds=None if w is None else float(w),
+            )
+            for q, a, s, r, d, w in await cur.fetchall()
+        ]
+        cur = await conn.execute(self.sql.status_leases)
+        leases = [
+            WorkerLeases(worker=w, running=n, next_expiry_seconds=e.total_seconds())
+            for w, n, e in await cur.fetchall()
+        ]
+        return queues, leases
 
     # -- dead letters --------------------------------------------------------------------------
 

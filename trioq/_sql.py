@@ -249,6 +249,31 @@ UNION ALL SELECT id, 'cancelled' FROM cancelled
 UNION ALL SELECT id, 'available' FROM returned
 """
 
+# Per queue: how many jobs in each live state, dead, and how long the oldest due one waits.
+_STATUS_QUEUES = """
+WITH live AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'available') AS available,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           extract(epoch FROM {now} - min(run_at) FILTER (WHERE state = 'available'))
+               AS oldest_wait
+      FROM {jobs} WHERE state IN {live} GROUP BY queue
+), dead AS (
+    SELECT queue, count(*) AS dead FROM {dead} GROUP BY queue
+)
+SELECT coalesce(l.queue, d.queue), coalesce(l.available, 0), coalesce(l.scheduled, 0),
+       coalesce(l.running, 0), coalesce(d.dead, 0), l.oldest_wait
+  FROM live l FULL JOIN dead d ON d.queue = l.queue
+ ORDER BY 1
+"""
+
+# Live leases per worker.
+_STATUS_LEASES = """
+SELECT lease_owner, count(*), min(lease_expires_at) - {now}
+  FROM {jobs} WHERE state = 'running' GROUP BY lease_owner ORDER BY lease_owner
+"""
+
 _DEAD_LIST = """
 SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, reason,
        last_error, traceback, enqueued_at, died_at
@@ -310,6 +335,8 @@ class Statements:
     sweep: sql.Composed
     promote: sql.Composed
     next_due: sql.Composed
+    status_queues: sql.Composed
+    status_leases: sql.Composed
     dead_list: sql.Composed
     dead_retry: sql.Composed
     dead_purge: sql.Composed
@@ -350,6 +377,8 @@ def statements(schema: str) -> Statements:
         sweep=compose(_SWEEP),
         promote=compose(_PROMOTE),
         next_due=compose(_NEXT_DUE),
+        status_queues=compose(_STATUS_QUEUES),
+        status_leases=compose(_STATUS_LEASES),
         dead_list=compose(_DEAD_LIST),
         dead_retry=compose(_DEAD_RETRY),
         dead_purge=compose(_DEAD_PURGE),

@@ -1,0 +1,227 @@
+"""Operator commands: ``trioq enqueue``, ``status``, ``cancel``, ``dead list|retry|purge``.
+
+Each runs one short trio program against the configured database (the
+embedded one when no DSN is set) and prints text, or JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ._dead import DeadFilter
+from ._dsn import database
+from ._pg import connect
+from ._queue import Queue
+
+__all__ = ["add_ops_parsers"]
+
+EXIT_OK, EXIT_ERROR, EXIT_NOT_FOUND = 0, 1, 4
+
+Action = Callable[[Any, Queue, argparse.Namespace], Awaitable[tuple[int, Any, str]]]
+
+
+def add_ops_parsers(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    _enqueue_parser(commands, common)
+    _command(
+        commands, common, "status", _status,
+        help="show queues, their depths and live leases",
+        example="trioq status\n  trioq status --json",
+    )  # fmt: skip
+    cancel = _command(
+        commands, common, "cancel", _cancel,
+        help="cancel a job by id",
+        example="trioq cancel 42   # exit code 4 if no such live job",
+    )  # fmt: skip
+    cancel.add_argument("job_id", type=int)
+    _dead_parser(commands, common)
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+    name: str,
+    action: Action,
+    *,
+    help: str,
+    example: str,
+    extra: argparse.ArgumentParser | None = None,
+) -> argparse.ArgumentParser:
+    sub = commands.add_parser(
+        name,
+        parents=[common] if extra is None else [common, extra],
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.set_defaults(handler=lambda args: _run(action, args))
+    return sub
+
+
+def _run(action: Action, args: argparse.Namespace) -> int:
+    with database(args.dsn) as dsn:
+        code, payload, text = trio.run(_with_conn, dsn, action, args)
+    print(json.dumps(payload, default=str) if args.json else text)
+    return code
+
+
+async def _with_conn(dsn: str, action: Action, args: argparse.Namespace) -> tuple[int, Any, str]:
+    async with await connect(dsn, autocommit=True) as conn:
+        return await action(conn, Queue(schema=args.schema), args)
+
+
+# -- enqueue ------------------------------------------------------------------------------------
+
+
+def _enqueue_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    sub = _command(
+        commands, common, "enqueue", _enqueue,
+        help="enqueue one job",
+        example="trioq enqueue greet --args '{\"name\": \"ada\"}' --queue default --delay 10",
+    )  # fmt: skip
+    sub.add_argument("task")
+    sub.add_argument("--args", default="{}", help="JSON args (default {})")
+    sub.add_argument("--queue", default="default")
+    sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
+    sub.add_argument("--delay", type=float, help="seconds from now")
+    sub.add_argument("--max-attempts", type=int, default=25)
+    sub.add_argument("--dedup-key", help="skip if a live job has this key")
+
+
+async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    try:
+        payload = json.loads(args.args)
+    except json.JSONDecodeError as ex:
+        raise ValueError(f"--args is not JSON: {ex}") from None
+    result = await queue.enqueue(
+        conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
+        max_attempts=args.max_attempts, dedup_key=args.dedup_key,
+    )  # fmt: skip
+    text = (
+        f"duplicate of live job {result.job_id}" if result.duplicate
+        else f"enqueued job {result.job_id}"
+    )  # fmt: skip
+    return EXIT_OK, attrs.asdict(result), text
+
+
+# -- status and cancel --------------------------------------------------------------------------
+
+
+async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    queues, leases = await queue.status(conn)
+    payload = {
+        "queues": [attrs.asdict(q) for q in queues],
+        "workers": [attrs.asdict(w) for w in leases],
+    }
+    lines = [f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"]
+    for q in queues:
+        oldest = "-" if q.oldest_wait_seconds is None else f"{q.oldest_wait_seconds:.1f}s"
+        lines.append(
+            f"{q.queue:<20} {q.available:>9} {q.scheduled:>9} {q.running:>7} {q.dead:>6}  {oldest}"
+        )
+    if not queues:
+        lines.append("(no jobs)")
+    lines.append("")
+    lines.append(f"{'worker':<40} {'running':>7}  next lease expiry")
+    for w in leases:
+        expiry = f"in {w.next_expiry_seconds:.1f}s" if w.next_expiry_seconds >= 0 else "EXPIRED"
+        lines.append(f"{w.worker:<40} {w.running:>7}  {expiry}")
+    if not leases:
+        lines.append("(no live leases)")
+    return EXIT_OK, payload, "\n".join(lines)
+
+
+async def _cancel(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    outcome = await queue.cancel(conn, args.job_id)
+    text = {
+        "cancelled": f"job {args.job_id} cancelled",
+        "requested": f"job {args.job_id} is running: its worker will stop it",
+        "not_found": f"job {args.job_id}: no such scheduled, available or running job",
+    }[outcome.status]
+    code = EXIT_NOT_FOUND if outcome.status == "not_found" else EXIT_OK
+    return code, {"job_id": args.job_id, "status": outcome.status}, text
+
+
+# -- dead letters -------------------------------------------------------------------------------
+
+
+def _dead_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    dead = commands.add_parser(
+        "dead",
+        help="list, retry or purge dead jobs",
+        description="List, retry or purge dead jobs (filters combine with AND).",
+        epilog="examples:\n  trioq dead list --queue email\n  trioq dead retry --id 42 --id 43\n"
+        "  trioq dead purge --task send_welcome --older-than 7d",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subs = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND")
+    filters = argparse.ArgumentParser(add_help=False)
+    filters.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
+    filters.add_argument("--queue")
+    filters.add_argument("--task")
+    for name, action, help, example in (
+        ("list", _dead_list, "list dead jobs", "trioq dead list --queue email --limit 20"),
+        ("retry", _dead_retry, "move dead jobs back to available with fresh attempts",
+         "trioq dead retry --task send_welcome"),
+        ("purge", _dead_purge, "delete dead jobs", "trioq dead purge --older-than 30d"),
+    ):  # fmt: skip
+        _command(subs, common, name, action, help=help, example=example, extra=filters)
+    subs.choices["list"].add_argument("--limit", type=int, default=100)
+    subs.choices["purge"].add_argument("--older-than", help="e.g. 90s, 30m, 12h, 7d")
+
+
+def _filter(args: argparse.Namespace) -> DeadFilter:
+    return DeadFilter(ids=args.ids, queue=args.queue, task=args.task)
+
+
+async def _dead_list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    dead = await queue.dead_list(conn, _filter(args), limit=args.limit)
+    lines = [
+        f"{d.id:>8}  {d.queue:<12} {d.task:<24} attempts {d.attempt}/{d.max_attempts}  "
+        f"{d.reason}: {(d.last_error or '').splitlines()[0] if d.last_error else ''}"
+        for d in dead
+    ] or ["(no dead jobs)"]
+    return EXIT_OK, [attrs.asdict(d) for d in dead], "\n".join(lines)
+
+
+async def _dead_retry(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    ids = await queue.dead_retry(conn, _filter(args))
+    return EXIT_OK, {"retried": ids}, f"retried {len(ids)} dead jobs" + _ids(ids)
+
+
+async def _dead_purge(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    before = None
+    if args.older_than:
+        before = dt.datetime.now(dt.UTC) - _duration(args.older_than)
+    ids = await queue.dead_purge(conn, _filter(args), before=before)
+    return EXIT_OK, {"purged": ids}, f"purged {len(ids)} dead jobs" + _ids(ids)
+
+
+def _ids(ids: list[int]) -> str:
+    shown = ", ".join(map(str, ids[:20]))
+    return f": {shown}{', ...' if len(ids) > 20 else ''}" if ids else ""
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> dt.timedelta:
+    unit = text[-1:]
+    try:
+        amount = float(text[:-1]) if unit in _UNITS else float(text)
+    except ValueError:
+        raise ValueError(f"--older-than {text!r}: use a number with s, m, h or d") from None
+    return dt.timedelta(seconds=amount * _UNITS.get(unit, 1))
