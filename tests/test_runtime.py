@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -318,9 +319,12 @@ async def test_unmigrated_database_is_refused(dsn: str) -> None:
     ("options", "message"),
     [
         ({"heartbeat_interval": 20, "lease": 30}, "heartbeat_interval"),
-        ({"lease": -1}, "lease must be a positive number"),
+        ({"lease": -1}, "lease must be a positive finite number"),
+        ({"lease": float("inf")}, "lease must be a positive finite number"),
+        ({"pool_size": 2.5}, "pool_size must be a positive int"),
+        ({"queues": {"q": trioq.QueueConfig(concurrency=1)}, "sync_threads": 0}, "sync_threads"),
         ({"queues": {"bad name": trioq.QueueConfig()}}, "queue name"),
-        ({"shutdown_grace": -1}, "shutdown_grace must not be negative"),
+        ({"shutdown_grace": -1}, "shutdown_grace must be a finite number, not negative"),
         ({"schema": "Bad"}, "schema name"),
         ({"registry": object()}, "registry must be a trioq.Registry"),
     ],
@@ -342,6 +346,14 @@ def test_registry_validates() -> None:
         tasks.task(name="two", timeout=0)(one.fn)
     with pytest.raises(ValueError, match="queue"):
         tasks.task(name="three", queue="no spaces")(one.fn)
+    with pytest.raises(TypeError, match="retry must be a retry policy"):
+        tasks.task(name="four", retry=5)(one.fn)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="task name must not be empty"):
+        tasks.task(name="")
+    with pytest.raises(TypeError, match="must decorate a callable"):
+        tasks.task(5)  # type: ignore[call-overload]
+    assert tasks.task(name="five", timeout=dt.timedelta(seconds=2))(one.fn).timeout == 2.0
+    assert trioq.Config(registry=tasks, queues="email").queues == {"email": trioq.QueueConfig()}
     assert attrs.evolve(tasks.get("one"), queue="q").queue == "q"  # type: ignore[misc]
 
 
@@ -364,3 +376,79 @@ def test_cron_args_over_the_payload_limit_are_refused() -> None:
     entry = trioq.CronEntry(name="big", schedule="* * * * *", task="t", args={"x": "y" * 100})
     with pytest.raises(ValueError, match=r"cron entry 'big'.*max_payload_bytes"):
         trioq.Config(registry=trioq.Registry(), cron=[entry], max_payload_bytes=50)
+
+
+async def test_a_backlog_drains_without_waiting_for_polls(dsn: str) -> None:
+    """A full claim means more may wait: the fetcher claims again at once, not after a poll."""
+    tasks = trioq.Registry()
+    seen = Counter()
+
+    @tasks.task
+    async def quick(job: trioq.JobContext) -> None:
+        seen.hit()
+
+    async with serving(
+        dsn, tasks, poll_interval=60, queues={"default": trioq.QueueConfig(concurrency=5)}
+    ) as (conn, _):
+        await trioq.enqueue_many(conn, [trioq.JobSpec(task="quick") for _ in range(300)])
+        await seen.wait_for(300, timeout=20)
+
+
+async def test_keep_result_stores_json_and_rejects_the_rest(dsn: str) -> None:
+    tasks = trioq.Registry()
+    done = Counter()
+
+    @tasks.task(keep_result=True, max_attempts=3)
+    async def compute(job: trioq.JobContext, x: int) -> Any:
+        done.hit()
+        return {"square": x * x} if x >= 0 else object()
+
+    async with serving(dsn, tasks) as (conn, _):
+        good = await compute.enqueue(conn, x=7)
+        bad = await compute.enqueue(conn, x=-1)
+
+        async def settled() -> bool:
+            found = await rows(conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'done'")
+            dead = await rows(conn, "SELECT count(*) FROM trioq.dead_jobs")
+            return found == [(1,)] and dead == [(1,)]
+
+        await wait_until(settled)
+        assert await rows(conn, "SELECT result FROM trioq.jobs WHERE id = %s", good.job_id) == [
+            ({"square": 49},)
+        ]
+        (d,) = await trioq.Queue().dead_list(conn)
+        assert d.id == bad.job_id and "is not JSON" in (d.last_error or "")
+        assert len(done.calls) == 2  # a result that is not JSON is fatal: no retries
+
+
+async def test_work_after_the_jobs_transaction_is_not_cancelled(dsn: str) -> None:
+    tasks = trioq.Registry()
+    finished = Counter()
+
+    @tasks.task
+    async def two_phase(job: trioq.JobContext) -> None:
+        async with job.transaction() as tx:
+            await tx.execute("SELECT 1")
+        await trio.sleep(1.0)  # > 3 heartbeats: must not be taken for a lost lease
+        finished.hit()
+
+    async with serving(dsn, tasks) as (conn, _):
+        await two_phase.enqueue(conn)
+        await finished.wait_for(1)
+        assert await rows(conn, "SELECT count(*) FROM trioq.jobs") == [(0,)]
+
+
+async def test_handlers_holding_connections_cannot_starve_heartbeats(dsn: str) -> None:
+    tasks = trioq.Registry()
+    done = Counter()
+
+    @tasks.task
+    async def hog(job: trioq.JobContext) -> None:
+        async with job.connection() as c:
+            await c.execute("SELECT pg_sleep(2.5)")  # longer than the 1.5 s lease
+        done.hit(job.attempt)
+
+    async with serving(dsn, tasks, pool_size=2, app_pool_size=4) as (conn, _):
+        await trioq.enqueue_many(conn, [trioq.JobSpec(task="hog") for _ in range(4)])
+        await done.wait_for(4, timeout=20)
+        assert done.calls == [1, 1, 1, 1]  # no lease was lost, so nothing ran twice

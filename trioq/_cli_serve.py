@@ -72,8 +72,7 @@ def load_app(spec: str) -> Config | Registry:
     return app
 
 
-def _config(args: argparse.Namespace, dsn: str) -> Config:
-    app = load_app(args.app)
+def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Config:
     config = app if isinstance(app, Config) else Config(registry=app, schema=args.schema)
     queues = (
         [q.strip() for q in args.queues.split(",") if q.strip()]
@@ -91,16 +90,20 @@ def _serve(args: argparse.Namespace) -> int:
     sys.path.insert(0, "")  # --app modules from the current directory, like python -m
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
-    dsn = configured_dsn(args.dsn)
+    app = load_app(args.app)
+    # --dsn, then the app's Config.dsn, then TRIOQ_DSN / DATABASE_URL, then embedded.
+    dsn = args.dsn or (app.dsn if isinstance(app, Config) else None) or configured_dsn(None)
     if dsn is not None:
-        return _serve_on(args, dsn, args.migrate)
+        return _serve_on(args, app, dsn, args.migrate)
     with EmbeddedPostgres.from_env().running() as status:
         # The embedded database is trioq's own: keep its schema current without asking.
-        return _serve_on(args, status.dsn, True)
+        return _serve_on(args, app, status.dsn, True)
 
 
-def _serve_on(args: argparse.Namespace, dsn: str, run_migrations: bool) -> int:
-    config = _config(args, dsn)
+def _serve_on(
+    args: argparse.Namespace, app: Config | Registry, dsn: str, run_migrations: bool
+) -> int:
+    config = _config(args, app, dsn)
     if args.processes == 1:
         trio.run(_run, config, run_migrations)
         return 0

@@ -72,7 +72,7 @@ class Completer:
         while True:
             try:
                 await self._write(batch)
-            except psycopg.OperationalError as ex:
+            except psycopg.Error as ex:
                 logger.warning("writing %d job outcomes failed, retrying: %s", len(batch), ex)
                 await trio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)

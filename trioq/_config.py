@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import socket
 import uuid
@@ -20,14 +21,23 @@ from ._schema import validate_schema_name
 __all__ = ["Config", "QueueConfig"]
 
 
+def _number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
 def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+    if not _number(value) or not value > 0:
+        raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
+
+
+def _positive_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
 
 
 def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+    if not _number(value) or value < 0:
+        raise ValueError(f"{attribute.name} must be a finite number, not negative, got {value!r}")
 
 
 def _seconds(value: float | dt.timedelta) -> float:
@@ -38,16 +48,16 @@ def _seconds(value: float | dt.timedelta) -> float:
 class QueueConfig:
     """How one queue is served by this process."""
 
-    concurrency: int = attrs.field(default=10, validator=_positive)
-
-    def __attrs_post_init__(self) -> None:
-        if not isinstance(self.concurrency, int):
-            raise ValueError(f"concurrency must be an int, got {self.concurrency!r}")
+    concurrency: int = attrs.field(default=10, validator=_positive_int)
 
 
-def _queues(value: Mapping[str, QueueConfig] | Sequence[str] | None) -> dict[str, QueueConfig]:
+def _queues(
+    value: Mapping[str, QueueConfig] | Sequence[str] | str | None,
+) -> dict[str, QueueConfig]:
     if value is None:
         return {}
+    if isinstance(value, str):
+        return {value: QueueConfig()}
     if isinstance(value, Mapping):
         return dict(value)
     return {name: QueueConfig() for name in value}
@@ -94,12 +104,17 @@ class Config:
     shutdown_grace: float = attrs.field(default=30.0, converter=_seconds, validator=_non_negative)
     cron: tuple[CronEntry, ...] = attrs.field(default=(), converter=tuple)
     #: Threads for sync handlers (shared by all queues).
-    sync_threads: int = attrs.field(default=10, validator=_positive)
-    #: Connections for claims, outcomes and maintenance (LISTEN has its own).
-    pool_size: int = attrs.field(default=8, validator=_positive)
-    max_payload_bytes: int = attrs.field(default=DEFAULT_MAX_PAYLOAD, validator=_positive)
+    sync_threads: int = attrs.field(default=10, validator=_positive_int)
+    #: Connections for claims, outcomes, heartbeats and maintenance (LISTEN has its own).
+    pool_size: int = attrs.field(default=8, validator=_positive_int)
+    #: Connections for handlers: ``job.connection()``, ``job.transaction()``, ``job.enqueue()``.
+    #: Separate, so handlers holding connections can never starve the heartbeat.
+    app_pool_size: int = attrs.field(default=10, validator=_positive_int)
+    max_payload_bytes: int = attrs.field(default=DEFAULT_MAX_PAYLOAD, validator=_positive_int)
     #: Install SIGINT/SIGTERM handlers (main thread only): first = graceful, second = now.
     handle_signals: bool = False
+    #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
+    #: running `serve` its own Config (``attrs.evolve(config, worker_id=...)``).
     worker_id: str = attrs.field(factory=_default_worker_id)
 
     def __attrs_post_init__(self) -> None:

@@ -63,13 +63,13 @@ class JobContext:
 
     async def enqueue(self, task: str, args: JSONValue = None, **options: Any) -> EnqueueResult:
         """Enqueue another job (committed at once, independently of this job)."""
-        async with self._runtime.pool.connection() as conn:
+        async with self._runtime.app_pool.connection() as conn:
             return await self._runtime.queue.enqueue(conn, task, args, **options)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[TrioConnection[Any]]:
         """A pooled connection (autocommit) for work that is not the job's outcome."""
-        async with self._runtime.pool.connection() as conn:
+        async with self._runtime.app_pool.connection() as conn:
             yield conn
 
     @asynccontextmanager
@@ -83,7 +83,7 @@ class JobContext:
         the job runs twice.
         """
         runtime = self._runtime
-        async with runtime.pool.connection() as conn, conn.transaction():
+        async with runtime.app_pool.connection() as conn, conn.transaction():
             yield conn
             done = await runtime.queue.complete_many(
                 conn, owner=runtime.config.worker_id, leases=[self.lease]
@@ -91,3 +91,4 @@ class JobContext:
             if self.lease.job_id not in done:
                 raise LeaseLostError(f"job {self.id} attempt {self.attempt}: lease lost")
         self.completed_in_transaction = True
+        runtime.forget(self.lease)

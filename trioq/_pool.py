@@ -121,8 +121,10 @@ class Pool:
     async def aclose(self) -> None:
         """Close idle connections now; those in use are closed when returned."""
         self._closed = True
-        while self._idle:
-            await self._idle.popleft().close()
+        idle, self._idle = self._idle, deque()
+        with trio.move_on_after(RESET_TIMEOUT, shield=True):
+            for conn in idle:
+                await conn.close()
 
     def statistics(self) -> PoolStatistics:
         idle = len(self._idle)
@@ -150,7 +152,12 @@ class Pool:
         """The most recently used idle connection that is still alive."""
         while self._idle:
             conn = self._idle.pop()
-            if await _is_alive(conn):
+            try:
+                alive = await _is_alive(conn)
+            except BaseException:
+                self._idle.append(conn)  # cancelled while checking: it is still ours
+                raise
+            if alive:
                 return conn
             await self._discard(conn)
         return None

@@ -19,7 +19,7 @@ import psycopg
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._job import DEFAULT_MAX_ATTEMPTS, EnqueueResult, Job, JobSpec, JSONValue, encode_args
 from ._schema import validate_schema_name
-from ._sql import Statements, statements
+from ._sql import SCHEDULED_PAYLOAD, Statements, statements
 
 __all__ = [
     "CancelOutcome",
@@ -188,7 +188,8 @@ class Queue:
 
         Jobs without dedup keys go through COPY; a batch with dedup keys uses
         one ``INSERT ... SELECT FROM unnest`` with ``ON CONFLICT DO NOTHING``.
-        One notification per distinct queue, whatever the batch size.
+        One notification per distinct queue (and one ``@scheduled`` for jobs due
+        later), whatever the batch size.
         """
         specs = list(jobs)
         if not specs:
@@ -213,8 +214,14 @@ class Queue:
                     raise RuntimeError(f"dedup key {keys[i]!r}: conflict with a job that finished")
                 results[i] = EnqueueResult(twin, duplicate=True)
         if notify:
-            queues = sorted({spec.queue for i, spec in enumerate(specs) if ids[i] in inserted})
-            await conn.execute(self.sql.notify, {"channel": self.sql.channel, "queues": queues})
+            payloads = sorted(
+                {
+                    spec.queue if run_at <= now else SCHEDULED_PAYLOAD
+                    for spec, run_at, job_id in zip(specs, run_ats, ids, strict=True)
+                    if job_id in inserted
+                }
+            )
+            await conn.execute(self.sql.notify, {"channel": self.sql.channel, "queues": payloads})
         return results
 
     def _check_payload(self, spec: JobSpec) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, overload
 
@@ -53,14 +54,33 @@ def _check_queue(value: str) -> None:
         )
 
 
+def _timeout(value: float | dt.timedelta | None) -> float | None:
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return value
+
+
 def _check_timeout(value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"timeout must be positive seconds or None, got {value!r}")
+    ok = value is None or (
+        not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
+    )
+    if not ok:
+        raise ValueError(f"timeout must be positive seconds, a timedelta or None, got {value!r}")
 
 
 def _check_attempts(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"max_attempts must be an int, got {value!r}")
     if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
         raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}")
+
+
+def _check_retry(value: object) -> None:
+    if not callable(getattr(value, "delay", None)):
+        raise TypeError(
+            f"retry must be a retry policy (trioq.retry.Sidekiq, Constant, Linear, Exponential "
+            f"or any object with delay(attempt) -> timedelta), got {value!r}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -70,18 +90,19 @@ class Task:
     name: str
     fn: Handler = attrs.field(repr=False)
     queue: str = "default"
-    timeout: float | None = None  # seconds; None: no limit beyond the lease heartbeats
+    timeout: float | None = attrs.field(default=None, converter=_timeout)  # seconds; None: none
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry: RetryPolicy = attrs.field(factory=Sidekiq)
     keep_result: bool = False  # keep the row as 'done' with the handler's JSON result
 
     def __attrs_post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"task {self.name!r}: handler must be callable, got {self.fn!r}")
         _check_name(self.name)
         _check_queue(self.queue)
         _check_timeout(self.timeout)
         _check_attempts(self.max_attempts)
-        if not callable(self.fn):
-            raise TypeError(f"task {self.name!r}: handler must be callable, got {self.fn!r}")
+        _check_retry(self.retry)
 
     @property
     def is_async(self) -> bool:
@@ -130,7 +151,7 @@ class Registry:
         *,
         name: str | None = None,
         queue: str = "default",
-        timeout: float | None = None,
+        timeout: float | dt.timedelta | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry: RetryPolicy | None = None,
         keep_result: bool = False,
@@ -143,16 +164,21 @@ class Registry:
         *,
         name: str | None = None,
         queue: str = "default",
-        timeout: float | None = None,
+        timeout: float | dt.timedelta | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry: RetryPolicy | None = None,
         keep_result: bool = False,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler: ``@tasks.task`` or ``@tasks.task(queue=..., ...)``."""
 
+        if name is not None and not name:
+            raise ValueError("task name must not be empty (omit name= to use the function's)")
+
         def register(handler: Handler) -> Task:
+            if not callable(handler):
+                raise TypeError(f"@task must decorate a callable, got {handler!r}")
             task = Task(
-                name=name or handler.__name__,
+                name=handler.__name__ if name is None else name,
                 fn=handler,
                 queue=queue,
                 timeout=timeout,

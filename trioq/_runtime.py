@@ -40,7 +40,7 @@ from ._config import Config, QueueConfig
 from ._context import JobContext
 from ._cron import fire_due, next_fire_time
 from ._exceptions import FatalError, LeaseLostError, Snooze
-from ._job import Job
+from ._job import Job, encode_args
 from ._migrate import latest_version
 from ._outcome import Kind, Outcome
 from ._pg import connect
@@ -48,7 +48,7 @@ from ._pool import Pool
 from ._queue import Failure, Lease, Queue
 from ._registry import Task
 from ._schema import check_schema
-from ._sql import NOW
+from ._sql import NOW, SCHEDULED_PAYLOAD
 from ._wakeup import Wakeup
 
 __all__ = ["Runtime", "RuntimeStatistics"]
@@ -107,7 +107,12 @@ class Runtime:
         self.config = config
         self.dsn = dsn
         self.queue = Queue(schema=config.schema, max_payload_bytes=config.max_payload_bytes)
+        #: Claims, outcomes, heartbeats and maintenance: never starved by handlers.
         self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs={"autocommit": True})
+        #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``).
+        self.app_pool = Pool(
+            dsn, max_size=config.app_pool_size, connect_kwargs={"autocommit": True}
+        )
         self._queues = {
             name: _QueueState(name, cfg) for name, cfg in config.served_queues().items()
         }
@@ -148,7 +153,7 @@ class Runtime:
     async def run(
         self, *, task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        async with self.pool:
+        async with self.pool, self.app_pool:
             await self._check_schema()
             async with trio.open_nursery() as services:
                 await services.start(self._listen)
@@ -207,15 +212,15 @@ class Runtime:
             if state.free <= 0:
                 await state.slot_freed.wait()
                 continue
+            wanted = state.free
             try:
-                claimed = await self._claim(state)
-            except psycopg.OperationalError as ex:
+                claimed = await self._claim(state, wanted)
+            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
                 logger.warning("claiming from queue %r failed: %s", state.name, ex)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX)
                 continue
             backoff = RECONNECT_MIN
-            wanted = state.free
             for job in claimed:
                 state.active += 1
                 running = _Running(job)
@@ -225,10 +230,10 @@ class Runtime:
                 with trio.move_on_after(self.config.poll_interval):
                     await state.wakeup.wait()
 
-    async def _claim(self, state: _QueueState) -> list[Job]:
+    async def _claim(self, state: _QueueState, limit: int) -> list[Job]:
         async with self.pool.connection() as conn:
             claimed = await self.queue.claim(
-                conn, state.name, owner=self.config.worker_id, limit=state.free,
+                conn, state.name, owner=self.config.worker_id, limit=limit,
                 lease=dt.timedelta(seconds=self.config.lease),
             )  # fmt: skip
         self._claimed += len(claimed)
@@ -270,6 +275,11 @@ class Runtime:
         if deadline.cancelled_caught:
             return _failure(task, lease, f"timeout: handler ran over {task.timeout} s", None)
         if task.keep_result:
+            try:
+                encode_args(result)
+            except ValueError as ex:
+                error = f"result of task {task.name!r} is not JSON: {ex}"
+                return _failure(task, lease, error, None, fatal=True)
             return Outcome(kind=Kind.KEEP, lease=lease, result=result)
         return Outcome(kind=Kind.COMPLETE, lease=lease)
 
@@ -285,6 +295,10 @@ class Runtime:
         return await trio.to_thread.run_sync(
             call, limiter=self._sync_limiter, abandon_on_cancel=True
         )
+
+    def forget(self, lease: Lease) -> None:
+        """The job's outcome is already written (``job.transaction()``): stop heartbeating it."""
+        self._held.pop(lease, None)
 
     def _written(self, batch: Sequence[Outcome]) -> None:
         for outcome in batch:
@@ -318,11 +332,12 @@ class Runtime:
             await trio.sleep(backoff)
             backoff = min(backoff * 2, RECONNECT_MAX)
 
-    def _wake(self, queue: str) -> None:
-        state = self._queues.get(queue)
-        if state is not None:
+    def _wake(self, payload: str) -> None:
+        """A notification: a queue got due work, or (``@scheduled``) a job for later."""
+        if payload == SCHEDULED_PAYLOAD:
+            self._scheduler_wakeup.set()
+        elif (state := self._queues.get(payload)) is not None:
             state.wakeup.set()
-        self._scheduler_wakeup.set()
 
     def _wake_all(self) -> None:
         for state in self._queues.values():
@@ -341,7 +356,7 @@ class Runtime:
                     beat = await self.queue.heartbeat(
                         conn, owner=self.config.worker_id, leases=leases, lease=lease
                     )
-            except psycopg.OperationalError as ex:
+            except Exception as ex:  # Cancelled is not an Exception
                 logger.warning("heartbeat failed: %s", ex)
                 continue
             for lost in beat.lost:
@@ -360,7 +375,7 @@ class Runtime:
                     swept = await self.queue.sweep(conn)
                 if swept.returned:
                     self._wake_all()
-            except psycopg.OperationalError as ex:
+            except Exception as ex:  # Cancelled is not an Exception
                 logger.warning("sweep failed: %s", ex)
             await trio.sleep(self.config.sweep_interval)
 
@@ -371,7 +386,7 @@ class Runtime:
             except psycopg.OperationalError as ex:
                 logger.warning("scheduler failed: %s", ex)
                 sleep = self.config.poll_interval
-            except Exception:  # a bad cron entry must not stop the workers (Cancelled passes)
+            except Exception:  # e.g. a bad cron entry: must not stop the workers
                 logger.exception("scheduler failed")
                 sleep = self.config.poll_interval
             with trio.move_on_after(sleep):

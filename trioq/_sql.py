@@ -18,12 +18,16 @@ from psycopg import sql
 
 from ._schema import qualified
 
-__all__ = ["NOW", "Statements", "statements"]
+__all__ = ["NOW", "SCHEDULED_PAYLOAD", "Statements", "statements"]
 
 #: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
 NOW = "coalesce(nullif(current_setting('trioq.now', true), '')::timestamptz, now())"
 
 _LIVE = "('scheduled', 'available', 'running')"
+
+#: Notification payload for a job enqueued for later: wakes schedulers, not fetchers.
+#: (Queue names cannot contain '@'.)
+SCHEDULED_PAYLOAD = "@scheduled"
 
 # Columns a worker needs of a claimed job, in `JobRow` order.
 _JOB_COLUMNS = (
@@ -40,9 +44,12 @@ WITH v AS (
            %(max_attempts)s, %(dedup_key)s
       FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
-    RETURNING id, queue
+    RETURNING id, queue, state
 )
-SELECT id, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue)::text END FROM ins
+SELECT id, CASE WHEN %(notify)s THEN pg_notify(
+           %(channel)s, CASE WHEN state = 'scheduled' THEN '@scheduled' ELSE queue END)::text
+       END
+  FROM ins
 """
 
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
