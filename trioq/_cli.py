@@ -22,6 +22,7 @@ from ._cli_db import add_db_parser
 from ._cli_demo import demo
 from ._cli_ops import add_ops_parsers
 from ._cli_serve import add_serve_parser
+from ._cli_stress import add_stress_parser
 from ._embedded import EmbeddedPostgresError
 from ._migrate import migrate
 from ._pg import connect
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         example="trioq demo\n  trioq demo --json",
     )
     add_serve_parser(commands, common)
+    add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
     add_db_parser(commands)
     return parser

@@ -1,0 +1,160 @@
+"""``trioq stress``: a load test against Postgres with exactly-once verification."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import psycopg
+import trio
+
+from ._dsn import configured_dsn
+from ._embedded import EmbeddedPostgres, EmbeddedPostgresError
+from ._schema import SchemaError
+from ._stress import MODES, StressError, StressOptions, Target, run_stress
+from ._stress_report import StressReport, render
+
+__all__ = ["add_stress_parser"]
+
+#: Errors that are the user's to fix (or the environment's): one line on stderr, exit 1.
+_EXPECTED = (StressError, psycopg.OperationalError, SchemaError, EmbeddedPostgresError, ValueError)
+
+_EPILOG = """\
+examples:
+  trioq stress                                    # 20,000 jobs, 2 workers x 50 slots
+  trioq stress --jobs 2000 --kill-every 1 --json report.json
+  trioq stress --mode steady --rate 2000 --duration 30 --work-ms 5
+  trioq stress --dsn postgresql://app@db/app --terminate-every 2 --quiet --json -
+
+The run uses its own schema (--schema, default trioq_stress), emptied at the start:
+never the application's jobs. With no DSN (--dsn, $TRIOQ_DSN, $DATABASE_URL) it runs on
+the embedded Postgres. Chaos flags make the lease 2 s, heartbeat 0.5 s and sweep 0.5 s
+unless --lease/--heartbeat/--sweep say otherwise.
+
+exit codes: 0 verified; 1 error (no report); 2 usage; 4 verification failed (lost,
+duplicate, dead or unexplained jobs); 5 the queue did not drain within --timeout.
+See docs/stress.md.
+"""
+
+
+def add_stress_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Register ``trioq stress``.
+
+    ``common`` is not a parent here: stress has its own ``--schema`` default and its
+    ``--json`` takes a file, so only ``--dsn`` is shared (re-declared alike).
+    """
+    del common
+    sub = commands.add_parser(
+        "stress",
+        help="load-test Postgres with real workers: throughput, latency, exactly-once check",
+        description="Enqueue jobs, run them in real worker processes, measure throughput, "
+        "pickup latency and CPU, and verify that every job completed exactly once.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.add_argument(
+        "--dsn", help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded one)"
+    )
+    sub.add_argument("--schema", default="trioq_stress", help="the run's own schema (emptied)")
+    _workload_flags(sub)
+    _chaos_flags(sub)
+    sub.add_argument("--timeout", type=float, default=600.0, help="drain timeout, s (600)")
+    sub.add_argument("--json", metavar="FILE", help="write the JSON report to FILE (- = stdout)")
+    sub.add_argument("--quiet", action="store_true", help="no live progress line on stderr")
+    sub.set_defaults(handler=_stress, parser=sub)
+
+
+def _workload_flags(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--mode", choices=MODES, default="burn-down", help="(burn-down)")
+    sub.add_argument("--jobs", type=int, default=20_000, help="burn-down backlog (20000)")
+    sub.add_argument("--rate", type=float, help="steady: jobs enqueued per second")
+    sub.add_argument("--duration", type=float, help="steady: seconds of production")
+    sub.add_argument("--processes", type=int, default=2, help="worker processes (2)")
+    sub.add_argument("--concurrency", type=int, default=50, help="job slots per process (50)")
+    sub.add_argument("--pool-size", type=int, default=8, help="runtime connections per process (8)")
+    sub.add_argument(
+        "--app-pool-size", type=int, default=10,
+        help="handler connections per process (10): each job's transaction holds one",
+    )  # fmt: skip
+    sub.add_argument("--work-ms", type=float, default=0.0, help="synthetic work per job, ms (0)")
+    sub.add_argument("--payload-bytes", type=int, default=0, help="padding in each job's args")
+
+
+def _chaos_flags(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--kill-every", type=float, metavar="S", help="SIGKILL a worker every S s")
+    sub.add_argument(
+        "--terminate-every", type=float, metavar="S",
+        help="pg_terminate_backend the workers' connections every S s",
+    )  # fmt: skip
+    sub.add_argument(
+        "--restart-postgres-at", type=float, metavar="S",
+        help="stop and start the embedded Postgres S s into the run",
+    )  # fmt: skip
+    sub.add_argument("--lease", type=float, help="job lease, s (30; 2 with chaos)")
+    sub.add_argument("--heartbeat", type=float, help="heartbeat interval, s (5; 0.5 with chaos)")
+    sub.add_argument("--sweep", type=float, help="sweep interval, s (5; 0.5 with chaos)")
+
+
+def _options(args: argparse.Namespace) -> StressOptions:
+    try:
+        return StressOptions(
+            mode=args.mode, jobs=args.jobs, processes=args.processes,
+            concurrency=args.concurrency, rate=args.rate, duration=args.duration,
+            work_ms=args.work_ms, payload_bytes=args.payload_bytes, schema=args.schema,
+            timeout=args.timeout, kill_every=args.kill_every,
+            terminate_every=args.terminate_every, restart_postgres_at=args.restart_postgres_at,
+            lease=args.lease, heartbeat=args.heartbeat, sweep=args.sweep,
+            pool_size=args.pool_size, app_pool_size=args.app_pool_size, quiet=args.quiet,
+        )  # fmt: skip
+    except ValueError as ex:
+        args.parser.error(str(ex))  # exits with 2
+        raise
+
+
+def _stress(args: argparse.Namespace) -> int:
+    options = _options(args)
+    try:
+        report = _run(options, args.dsn)
+    except BaseException as ex:  # trio wraps errors of concurrent tasks in exception groups
+        leaves = _leaves(ex)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            raise KeyboardInterrupt from None  # `trioq` exits with 130
+        if not all(isinstance(leaf, _EXPECTED) for leaf in leaves):
+            raise
+        print(f"trioq: error: {leaves[0]}", file=sys.stderr)
+        return 1
+    _output(report, args.json)
+    return report.exit_code
+
+
+def _leaves(ex: BaseException) -> list[BaseException]:
+    if isinstance(ex, BaseExceptionGroup):
+        return [leaf for inner in ex.exceptions for leaf in _leaves(inner)]
+    return [ex]
+
+
+def _run(options: StressOptions, cli_dsn: str | None) -> StressReport:
+    dsn = configured_dsn(cli_dsn)
+    if dsn is not None:
+        return trio.run(run_stress, options, Target(dsn=dsn))
+    embedded = EmbeddedPostgres.from_env()
+    owned = not embedded.status().running
+    with embedded.running() as status:  # main thread, before trio.run
+        target = Target(dsn=status.dsn, embedded=embedded, owned=owned)
+        return trio.run(run_stress, options, target)
+
+
+def _output(report: StressReport, json_file: str | None) -> None:
+    data: dict[str, Any] = report.to_json()
+    text = json.dumps(data, indent=2, default=str)
+    if json_file == "-":
+        print(text)
+        return
+    print(render(report))
+    if json_file:
+        with open(json_file, "w") as f:
+            f.write(text + "\n")
