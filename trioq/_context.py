@@ -90,5 +90,8 @@ class JobContext:
             )
             if self.lease.job_id not in done:
                 raise LeaseLostError(f"job {self.id} attempt {self.attempt}: lease lost")
+            # Stop heartbeating before COMMIT: a heartbeat racing the commit would find
+            # the row gone and take the lease for lost. (If COMMIT fails, the lease
+            # simply expires and the sweeper returns the job.)
+            runtime.forget(self.lease)
         self.completed_in_transaction = True
-        runtime.forget(self.lease)
