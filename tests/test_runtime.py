@@ -452,3 +452,57 @@ async def test_handlers_holding_connections_cannot_starve_heartbeats(dsn: str) -
         await trioq.enqueue_many(conn, [trioq.JobSpec(task="hog") for _ in range(4)])
         await done.wait_for(4, timeout=20)
         assert done.calls == [1, 1, 1, 1]  # no lease was lost, so nothing ran twice
+
+
+async def test_a_broken_retry_policy_does_not_kill_the_worker(dsn: str) -> None:
+    class Broken:
+        def delay(self, attempt: int) -> dt.timedelta:
+            raise RuntimeError("policy bug")
+
+    class Huge:
+        def delay(self, attempt: int) -> dt.timedelta:
+            return dt.timedelta.max
+
+    tasks = trioq.Registry()
+    seen = Counter()
+
+    @tasks.task(retry=Broken())
+    async def broken(job: trioq.JobContext) -> None:
+        raise RuntimeError("fails")
+
+    @tasks.task(retry=Huge())
+    async def huge(job: trioq.JobContext) -> None:
+        raise RuntimeError("fails")
+
+    @tasks.task
+    async def fine(job: trioq.JobContext) -> None:
+        seen.hit()
+
+    async with serving(dsn, tasks) as (conn, _):
+        a = await broken.enqueue(conn)
+        b = await huge.enqueue(conn)
+
+        async def both_rescheduled() -> bool:
+            found = await rows(
+                conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'scheduled' AND attempt = 1"
+            )
+            return found == [(2,)]
+
+        await wait_until(both_rescheduled)
+        (delay,) = await rows(
+            conn,
+            "SELECT run_at - now() < interval '366 days' FROM trioq.jobs WHERE id = %s",
+            b.job_id,
+        )
+        assert delay == (True,)  # capped
+        assert a.job_id != b.job_id
+        await fine.enqueue(conn)
+        await seen.wait_for(1)  # the worker is alive
+
+
+def test_retry_policies_refuse_infinite_numbers() -> None:
+    with pytest.raises(ValueError, match="seconds must be a finite number"):
+        Constant(seconds=float("inf"))
+    with pytest.raises(ValueError, match="factor must be a finite number of at least 1"):
+        trioq.retry.Exponential(factor=float("nan"))
+    assert trioq.retry.Exponential(base=1e300, factor=1e10, cap=60).delay(50).total_seconds() == 60

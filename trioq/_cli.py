@@ -136,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.handler(args)
     except _EXPECTED_ERRORS as ex:
-        print(f"trioq: error: {ex}", file=sys.stderr)
+        lines = str(ex).strip().splitlines() or [type(ex).__name__]
+        print(f"trioq: error: {lines[0]}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

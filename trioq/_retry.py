@@ -9,6 +9,7 @@ Sidekiq use: ``attempt**4 + 15 + random(0..29) * (attempt + 1)`` seconds.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import random
 from typing import Protocol
 
@@ -22,13 +23,13 @@ class RetryPolicy(Protocol):
 
 
 def _non_negative(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value}")
+    if not (isinstance(value, int | float) and math.isfinite(value)) or value < 0:
+        raise ValueError(f"{attribute.name} must be a finite number, not negative, got {value}")
 
 
 def _at_least_one(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be at least 1, got {value}")
+    if not (isinstance(value, int | float) and math.isfinite(value)) or value < 1:
+        raise ValueError(f"{attribute.name} must be a finite number of at least 1, got {value}")
 
 
 @attrs.frozen(kw_only=True)
@@ -72,4 +73,8 @@ class Exponential:
 
     def delay(self, attempt: int) -> dt.timedelta:
         exponent = min(attempt - 1, 64)  # beyond this the cap wins anyway
-        return dt.timedelta(seconds=min(self.cap, self.base * self.factor**exponent))
+        try:
+            seconds = min(self.cap, self.base * self.factor**exponent)
+        except OverflowError:
+            seconds = self.cap
+        return dt.timedelta(seconds=seconds)

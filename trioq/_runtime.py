@@ -47,6 +47,7 @@ from ._pg import connect
 from ._pool import Pool
 from ._queue import Failure, Lease, Queue
 from ._registry import Task
+from ._retry import Sidekiq
 from ._schema import check_schema
 from ._sql import NOW, SCHEDULED_PAYLOAD
 from ._wakeup import Wakeup
@@ -58,6 +59,8 @@ logger = logging.getLogger("trioq.runtime")
 RECONNECT_MIN, RECONNECT_MAX = 0.05, 5.0
 #: Bound on the shielded cleanup at shutdown (flushing outcomes).
 FLUSH_TIMEOUT = 10.0
+#: Longest a retry may be put off, whatever the policy says (Postgres timestamps are finite).
+MAX_RETRY_DELAY = dt.timedelta(days=365)
 #: Longest the scheduler sleeps without a reason to wake.
 SCHEDULER_MAX_SLEEP = 5.0
 
@@ -80,6 +83,7 @@ class _Running:
     job: Job
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     reason: str | None = None  # "lost", "cancel" or "shutdown"
+    finished: bool = False  # the handler returned; only its outcome is left to write
 
     def abort(self, reason: str) -> None:
         if self.reason is None:
@@ -258,6 +262,7 @@ class Runtime:
         outcome: Outcome | None = None
         with running.scope:
             outcome = await self._call(task, ctx, lease)
+        running.finished = True
         if running.reason == "lost" or ctx.completed_in_transaction:
             return Outcome(kind=Kind.NOTHING, lease=lease)
         if outcome is not None:
@@ -360,10 +365,12 @@ class Runtime:
                 logger.warning("heartbeat failed: %s", ex)
                 continue
             for lost in beat.lost:
-                running = self._held.pop(lost, None)
-                if running is not None:
-                    logger.warning("job %d lost its lease: cancelling its handler", lost.job_id)
-                    running.abort("lost")
+                running = self._held.get(lost)
+                if running is None or running.finished:
+                    continue  # its outcome was written while the heartbeat ran
+                del self._held[lost]
+                logger.warning("job %d lost its lease: cancelling its handler", lost.job_id)
+                running.abort("lost")
             for wanted in beat.cancel_requested:
                 if (running := self._held.get(wanted)) is not None:
                     running.abort("cancel")
@@ -437,10 +444,22 @@ def _describe(ex: BaseException) -> str:
 def _failure(
     task: Task, lease: Lease, error: str, tb: str | None, *, fatal: bool = False
 ) -> Outcome:
-    failure = Failure(
-        lease=lease, error=error, traceback=tb, fatal=fatal, delay=task.retry.delay(lease.attempt)
-    )
+    delay = _retry_delay(task, lease.attempt)
+    failure = Failure(lease=lease, error=error, traceback=tb, fatal=fatal, delay=delay)
     return Outcome(kind=Kind.FAIL, lease=lease, failure=failure)
+
+
+def _retry_delay(task: Task, attempt: int) -> dt.timedelta:
+    """The task's retry delay, kept within [0, MAX_RETRY_DELAY]; a broken policy falls back."""
+    try:
+        delay = task.retry.delay(attempt)
+        seconds = delay.total_seconds()
+    except Exception:
+        logger.exception("retry policy of task %r failed: using the default", task.name)
+        return Sidekiq().delay(attempt)
+    if not seconds >= 0:  # also catches NaN
+        return dt.timedelta(0)
+    return min(delay, MAX_RETRY_DELAY)
 
 
 def _unknown_task(job: Job, registry: Any, lease: Lease) -> Outcome:
@@ -452,7 +471,5 @@ def _unknown_task(job: Job, registry: Any, lease: Lease) -> Outcome:
     known = ", ".join(sorted(t.name for t in registry)) or "none"
     error = f"unknown task {job.task!r}: no handler registered in this worker (known: {known})"
     logger.error("job %d: %s", job.id, error)
-    from ._retry import Sidekiq
-
     failure = Failure(lease=lease, error=error, delay=Sidekiq().delay(lease.attempt))
     return Outcome(kind=Kind.FAIL, lease=lease, failure=failure)

@@ -7,7 +7,10 @@ until they are stopped (each is a complete worker on its own).
 The parent starts the children, forwards SIGINT/SIGTERM to them (the first
 signal asks for a graceful stop, a second one skips the grace), restarts a
 child that dies unexpectedly (after a short backoff), and exits with the worst
-child exit code once all have stopped.
+child exit code once all have stopped. Children run in their own sessions, so
+a terminal's Ctrl-C reaches them once, through the parent; under systemd use
+``KillMode=mixed`` so SIGTERM goes to the parent only (the default
+``control-group`` would deliver it twice, skipping the grace).
 """
 
 from __future__ import annotations
@@ -48,7 +51,11 @@ async def _keep_running(
     codes: list[int],
 ) -> None:
     while True:
-        proc = await trio.lowlevel.open_process([sys.executable, "-m", "trioq._cli", *argv])
+        # Own session: a terminal's Ctrl-C reaches only the parent, which forwards it
+        # once (a child seeing it twice would skip the grace).
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "trioq._cli", *argv], start_new_session=True
+        )
         children.append(proc)
         logger.info("worker %d started (pid %d)", index, proc.pid)
         try:
