@@ -31,8 +31,11 @@ CREATE INDEX jobs_claim_idx ON jobs (queue, priority, run_at, id) WHERE state = 
 -- due, so the claim index holds only runnable jobs and the next due time is one probe.
 CREATE INDEX jobs_scheduled_idx ON jobs (run_at) WHERE state = 'scheduled';
 
--- The sweeper: running jobs whose lease expired.
-CREATE INDEX jobs_lease_idx ON jobs (lease_expires_at) WHERE state = 'running';
+-- The sweeper: running jobs whose lease expired. The predicate is deliberately not
+-- "state = 'running'": the fenced writes (WHERE id = .. AND state = 'running') would
+-- then match it, and with statistics taken while few jobs ran the planner picks this
+-- index over the primary key and scans every running job.
+CREATE INDEX jobs_lease_idx ON jobs (lease_expires_at) WHERE lease_expires_at IS NOT NULL;
 
 -- Deduplication: one live job per key, enforced by the database across processes.
 CREATE UNIQUE INDEX jobs_dedup_idx ON jobs (dedup_key)
