@@ -1,0 +1,382 @@
+"""Query plans of the hot statements on a big table: no sequential scan on jobs.
+
+The database gets a realistic weight before anything is explained: 1,000,000 available jobs
+in other queues, 1,000,000 finished rows (``done`` / ``cancelled``, many of them in the target
+queue, so the planner sees it as a busy queue), 1,000 running and 10,000 scheduled jobs,
+1,000,000 dead jobs, and a handful of available jobs in the target queue, enqueued through
+`Queue.enqueue_many`.
+
+The fill is server side (``INSERT ... SELECT FROM generate_series``). To keep it fast on a
+small machine the non-unique indexes are dropped first and rebuilt afterwards from their own
+``pg_get_indexdef`` text (a sorted build is several times cheaper than a million b-tree
+insertions); the test asserts the rebuilt definitions are byte for byte the migration's.
+
+Each statement is explained twice, with the parameter values a worker sends:
+
+* custom plan: the statement with its values bound client side (``psycopg.AsyncClientCursor``),
+  which is what the planner sees for the first executions of a prepared statement;
+* generic plan: ``PREPARE`` with the parameter types psycopg sends (``unknown`` for str,
+  ``int2`` for a small int, ``interval`` for a timedelta), then ``EXPLAIN EXECUTE`` under
+  ``plan_cache_mode = force_generic_plan``. psycopg prepares a statement after 5 executions
+  (``prepare_threshold``) and the server may switch to the generic plan after 5 more, so a
+  long-running worker mostly runs this one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from psycopg import sql
+from psycopg.adapt import PyFormat, Transformer
+
+import trioq
+from trioq import JobSpec, Queue
+from trioq._sql import statements
+
+pytestmark = pytest.mark.slow
+
+N_AVAILABLE = 1_000_000  # available (due) jobs in other queues
+N_SCHEDULED = 10_000  # future jobs in other queues
+N_FINISHED = 1_000_000  # done / cancelled rows, 1 in 5 of them in the target queue
+N_RUNNING = 1_000  # running jobs in other queues, half with an expired lease
+N_DEAD = 1_000_000  # rows of dead_jobs
+N_TARGET = 5  # available jobs in the target queue
+OTHER_QUEUES = 20
+TARGET = "target"
+OWNER = "worker-1:4242:0"
+LEASE = dt.timedelta(seconds=30)
+FILL_CHUNKS = 2  # parallel connections per big insert (the test machine has 2 cores)
+
+SQL = statements("trioq")
+
+# Non-unique secondary indexes (claim, lease, scheduled, dead_jobs queue...): dropped before
+# the fill, rebuilt after it. Primary keys and unique indexes stay.
+SECONDARY_INDEXES = """
+SELECT c.relname
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'trioq' AND NOT i.indisunique ORDER BY 1
+"""
+
+FILL_AVAILABLE = """
+INSERT INTO trioq.jobs (id, queue, task, args, state, priority, run_at, attempt, max_attempts,
+                        enqueued_at)
+SELECT g, 'queue_' || (g %% {queues}), 'task_' || (g %% 13), jsonb_build_object('user_id', g),
+       'available', (g %% 3) - 1, now() - interval '2 hours' + (g %% 7200) * interval '1 second',
+       0, 25, now() - interval '3 hours'
+  FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS g
+"""
+
+FILL_SCHEDULED = """
+INSERT INTO trioq.jobs (id, queue, task, state, run_at, max_attempts, enqueued_at)
+SELECT g, 'queue_' || (g %% {queues}), 'task_' || (g %% 13), 'scheduled',
+       now() + (g %% 86400) * interval '1 second', 25, now()
+  FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS g
+"""
+
+FILL_FINISHED = """
+INSERT INTO trioq.jobs (id, queue, task, args, state, priority, run_at, attempt, max_attempts,
+                        result, enqueued_at, finished_at)
+SELECT g, CASE WHEN g %% 5 = 0 THEN '{target}' ELSE 'queue_' || (g %% {queues}) END,
+       'task_' || (g %% 13), jsonb_build_object('user_id', g),
+       CASE WHEN g %% 10 = 0 THEN 'cancelled' ELSE 'done' END, 0,
+       now() - interval '1 day' + (g %% 86400) * interval '1 second',
+       1 + (g %% 3), 25, CASE WHEN g %% 2 = 0 THEN '{{"ok": true}}'::jsonb END,
+       now() - interval '2 days', now() - interval '1 hour'
+  FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS g
+"""
+
+FILL_RUNNING = """
+INSERT INTO trioq.jobs (id, queue, task, state, run_at, attempt, max_attempts, lease_owner,
+                        lease_expires_at, enqueued_at)
+SELECT g, 'queue_' || (g %% {queues}), 'task_' || (g %% 13), 'running', now(), 1, 25,
+       'worker-' || (g %% 8), now() + CASE WHEN g %% 2 = 0 THEN interval '-1 minute'
+                                           ELSE interval '1 minute' END, now()
+  FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS g
+"""
+
+FILL_DEAD = """
+INSERT INTO trioq.dead_jobs (id, queue, task, args, priority, attempt, max_attempts, reason,
+                             last_error, traceback, enqueued_at, died_at)
+SELECT g, CASE WHEN g %% 5 = 0 THEN '{target}' ELSE 'queue_' || (g %% {queues}) END,
+       'task_' || (g %% 13), jsonb_build_object('user_id', g), 0, 25, 25,
+       'attempts exhausted', 'RuntimeError: boom', 'Traceback (most recent call last): ...',
+       now() - interval '30 days', now() - interval '30 days' + (g %% 2592000) * interval '1 s'
+  FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS g
+"""
+
+INDEX_DEFS = """
+SELECT c.relname, pg_get_indexdef(i.indexrelid)
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'trioq' ORDER BY 1
+"""
+
+
+# -- the fill ----------------------------------------------------------------------------------
+
+
+def _chunks(lo: int, n: int, parts: int) -> Iterator[tuple[int, int]]:
+    step = -(-n // parts)
+    for start in range(lo, lo + n, step):
+        yield start, min(start + step - 1, lo + n - 1)
+
+
+Step = tuple[str, str, Mapping[str, Any] | None]
+
+
+async def _run_all(dsn: str, jobs: list[Step]) -> dict[str, float]:
+    """Run ``(label, statement, params)`` on as many connections at once; seconds per label."""
+    took: dict[str, float] = {}
+
+    async def run(label: str, statement: str, params: Mapping[str, Any] | None) -> None:
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            await conn.execute("SET maintenance_work_mem = '256MB'")
+            t0 = time.perf_counter()
+            await conn.execute(statement, params)
+            took[label] = max(took.get(label, 0.0), time.perf_counter() - t0)
+
+    async with trio.open_nursery() as nursery:
+        for label, statement, params in jobs:
+            nursery.start_soon(run, label, statement, params)
+    return took
+
+
+async def _fill(dsn: str, conn: Any) -> dict[str, float]:
+    """Fill the tables; returns the timings (seconds) of each step."""
+    timings: dict[str, float] = {}
+    t_all = time.perf_counter()
+    cur = await conn.execute(INDEX_DEFS)
+    defs_before = dict(await cur.fetchall())
+    cur = await conn.execute(SECONDARY_INDEXES)
+    rebuilt = [name for (name,) in await cur.fetchall()]
+    assert "jobs_claim_idx" in rebuilt and "jobs_lease_idx" in rebuilt
+    for name in rebuilt:
+        await conn.execute(sql.SQL("DROP INDEX trioq.{}").format(sql.Identifier(name)))
+
+    fmt = {"queues": OTHER_QUEUES, "target": TARGET}
+    fills: list[Step] = []
+    ranges = {
+        "available": (FILL_AVAILABLE, 1, N_AVAILABLE),
+        "finished": (FILL_FINISHED, N_AVAILABLE + 1, N_FINISHED),
+        "dead": (FILL_DEAD, 10 * N_AVAILABLE + 1, N_DEAD),
+    }
+    for label, (statement, lo, n) in ranges.items():
+        for a, b in _chunks(lo, n, FILL_CHUNKS):
+            fills.append((f"insert {label}", statement.format(**fmt), {"lo": a, "hi": b}))
+    lo = N_AVAILABLE + N_FINISHED + 1
+    for label, statement, n in (
+        ("insert running", FILL_RUNNING, N_RUNNING),
+        ("insert scheduled", FILL_SCHEDULED, N_SCHEDULED),
+    ):
+        fills.append((label, statement.format(**fmt), {"lo": lo, "hi": lo + n - 1}))
+        lo += n
+    t0 = time.perf_counter()
+    timings.update(await _run_all(dsn, fills))
+    timings["inserts (parallel, wall)"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rebuild: list[Step] = [(f"index {name}", defs_before[name], None) for name in rebuilt]
+    timings.update(await _run_all(dsn, rebuild))
+    timings["index rebuilds (parallel, wall)"] = time.perf_counter() - t0
+    cur = await conn.execute(INDEX_DEFS)
+    assert dict(await cur.fetchall()) == defs_before  # the migration's indexes, exactly
+
+    await conn.execute(
+        "SELECT setval(pg_get_serial_sequence('trioq.jobs', 'id'), max(id)) FROM trioq.jobs"
+    )
+    t0 = time.perf_counter()
+    specs = [JobSpec(task="send_email", args={"user_id": i}, queue=TARGET) for i in range(N_TARGET)]
+    await Queue().enqueue_many(conn, specs, notify=False)
+    timings["enqueue target jobs"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    await conn.execute("ANALYZE trioq.jobs, trioq.dead_jobs")
+    timings["analyze"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_all
+    return timings
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+
+def _nodes(plan: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def _describe(plan: Mapping[str, Any], depth: int = 0) -> Iterator[str]:
+    """An indented one-line-per-node rendering, for failure messages and the printout."""
+    parts = [plan["Node Type"]]
+    if "Index Name" in plan:
+        parts.append(f"using {plan['Index Name']}")
+    if "Relation Name" in plan:
+        parts.append(f"on {plan['Relation Name']} {plan.get('Alias', '')}".rstrip())
+    rows = f"(rows={plan.get('Plan Rows')}"
+    if "Actual Rows" in plan:
+        rows += f" actual={plan['Actual Rows']} time={plan['Actual Total Time']}ms"
+    parts.append(rows + ")")
+    for key in ("Index Cond", "Filter"):
+        if key in plan:
+            parts.append(f"{key}: {plan[key]}")
+    yield "  " * depth + "-> " + " ".join(parts)
+    for child in plan.get("Plans", ()):
+        yield from _describe(child, depth + 1)
+
+
+def _render(plan: Mapping[str, Any]) -> str:
+    return "\n".join(_describe(plan))
+
+
+def _assert_uses(plan: Mapping[str, Any], index: str, scan_types: tuple[str, ...]) -> None:
+    text = _render(plan)
+    nodes = list(_nodes(plan))
+    seq = [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "jobs"]
+    assert not seq, f"sequential scan on jobs:\n{text}"
+    used = [n["Node Type"] for n in nodes if n.get("Index Name") == index]
+    assert used, f"{index} not used:\n{text}"
+    assert set(used) <= set(scan_types), f"{index} used as {used}, expected {scan_types}:\n{text}"
+
+
+async def _custom_plan(conn: Any, statement: sql.Composed, params: Mapping[str, Any]) -> Any:
+    """EXPLAIN with the values bound client side, as literals."""
+    cur = psycopg.AsyncClientCursor(conn)
+    await cur.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + statement, params)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0][0]["Plan"]
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+async def _generic_plan(
+    conn: Any, name: str, statement: sql.Composed, params: Mapping[str, Any]
+) -> Any:
+    """PREPARE with the types psycopg would send, then EXPLAIN EXECUTE the generic plan."""
+    text = statement.as_string(conn)
+    order: list[str] = []
+    for found in _PLACEHOLDER.findall(text):
+        if found not in order:
+            order.append(found)
+    positional = _PLACEHOLDER.sub(lambda m: f"${order.index(m[1]) + 1}", text)
+    assert "%" not in positional.replace("%%", "")
+    values = [params[key] for key in order]
+    tx = Transformer(conn)
+    tx.dump_sequence(values, [PyFormat.AUTO] * len(values))
+    types = []
+    for oid in tx.types:
+        cur = await conn.execute("SELECT %s::regtype::text", (oid,))
+        types.append("unknown" if oid == 0 else (await cur.fetchone())[0])
+    prepare = f"PREPARE {name} ({', '.join(types)}) AS {positional.replace('%%', '%')}"
+    await conn.execute(prepare)
+    cur = psycopg.AsyncClientCursor(conn)
+    marks = ", ".join(["%s"] * len(values))
+    await cur.execute(f"EXPLAIN (FORMAT JSON) EXECUTE {name} ({marks})", values)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0][0]["Plan"]
+
+
+async def _both_plans(
+    conn: Any, name: str, statement: sql.Composed, params: Mapping[str, Any]
+) -> dict[str, Any]:
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        generic = await _generic_plan(conn, name, statement, params)
+    finally:
+        await conn.execute("RESET plan_cache_mode")
+    return {"custom": await _custom_plan(conn, statement, params), "generic": generic}
+
+
+async def _analyzed_claim(conn: Any, params: Mapping[str, Any]) -> Any:
+    """EXPLAIN (ANALYZE, BUFFERS) of a real claim, rolled back."""
+    cur = psycopg.AsyncClientCursor(conn)
+    await conn.set_autocommit(False)
+    try:
+        await cur.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + SQL.claim, params)
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0][0]
+    finally:
+        await conn.rollback()
+        await conn.set_autocommit(True)
+
+
+async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        timings = await _fill(dsn, conn)
+        print("\nfill timings (s):")
+        for label, seconds in timings.items():
+            print(f"  {label:34} {seconds:7.2f}")
+        cur = await conn.execute("SELECT state, count(*) FROM trioq.jobs GROUP BY 1 ORDER BY 1")
+        counts = dict(await cur.fetchall())
+        assert counts == {
+            "available": N_AVAILABLE + N_TARGET,
+            "cancelled": N_FINISHED // 10,
+            "done": N_FINISHED - N_FINISHED // 10,
+            "running": N_RUNNING,
+            "scheduled": N_SCHEDULED,
+        }
+
+        claim_params = {"queue": TARGET, "owner": OWNER, "limit": 10, "lease": LEASE}
+        claim = await _both_plans(conn, "trioq_claim", SQL.claim, claim_params)
+        for kind, plan in claim.items():
+            print(f"\nclaim, {kind} plan:\n{_render(plan)}")
+            _assert_uses(plan, "jobs_claim_idx", ("Index Scan", "Index Only Scan"))
+            assert not [n for n in _nodes(plan) if n["Node Type"] == "Sort"], _render(plan)
+
+        analyzed = await _analyzed_claim(conn, claim_params)
+        plan = analyzed["Plan"]
+        print(f"\nclaim, EXPLAIN ANALYZE (rolled back), {analyzed['Execution Time']:.3f} ms:")
+        print(_render(plan))
+        _assert_uses(plan, "jobs_claim_idx", ("Index Scan", "Index Only Scan"))
+        assert plan["Actual Rows"] == N_TARGET
+        buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        assert buffers < 200, f"the claim touched {buffers} buffers"
+
+        sweep = await _both_plans(conn, "trioq_sweep", SQL.sweep, {"limit": 1000})
+        for kind, plan in sweep.items():
+            print(f"\nsweep, {kind} plan:\n{_render(plan)}")
+            _assert_uses(
+                plan, "jobs_lease_idx", ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
+            )
+
+        ids = list(range(N_AVAILABLE + 1, N_AVAILABLE + 11))
+        complete_params = {"ids": ids, "attempts": [1] * len(ids), "owner": OWNER}
+        complete = await _both_plans(conn, "trioq_complete", SQL.complete, complete_params)
+        for kind, plan in complete.items():
+            print(f"\ncomplete, {kind} plan:\n{_render(plan)}")
+            _assert_uses(plan, "jobs_pkey", ("Index Scan", "Index Only Scan"))
+
+
+async def test_complete_uses_pkey_when_statistics_saw_no_running_job(dsn: str) -> None:
+    """Statistics taken while the queue was idle, then a burst: 3,000 jobs running.
+
+    Regression test: with jobs_lease_idx partial on ``state = 'running'`` the fenced
+    writes matched its predicate and the planner scanned every running job.
+    """
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await conn.execute(
+            "INSERT INTO trioq.jobs (queue, task, run_at)"
+            " SELECT 'q', 't', now() - interval '1 s' FROM generate_series(1, 20000)"
+        )
+        await conn.execute("VACUUM ANALYZE trioq.jobs")  # no job is running yet
+        jobs = await Queue().claim(conn, "q", owner=OWNER, limit=3000, lease=LEASE)
+        assert len(jobs) == 3000
+        params = {"ids": [j.id for j in jobs[:10]], "attempts": [1] * 10, "owner": OWNER}
+        plans = await _both_plans(conn, "trioq_complete", SQL.complete, params)
+        for kind, plan in plans.items():
+            print(f"\ncomplete after a burst, {kind} plan:\n{_render(plan)}")
+        for plan in plans.values():
+            _assert_uses(plan, "jobs_pkey", ("Index Scan", "Index Only Scan"))
