@@ -94,6 +94,12 @@ class Task:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry: RetryPolicy = attrs.field(factory=Sidekiq)
     keep_result: bool = False  # keep the row as 'done' with the handler's JSON result
+    #: Whether the handler is a coroutine function (run in the loop) or sync (in a thread).
+    is_async: bool = attrs.field(init=False)
+
+    @is_async.default
+    def _is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
 
     def __attrs_post_init__(self) -> None:
         if not callable(self.fn):
@@ -103,10 +109,6 @@ class Task:
         _check_timeout(self.timeout)
         _check_attempts(self.max_attempts)
         _check_retry(self.retry)
-
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-import math
 import signal
 import traceback
 from collections.abc import Sequence
@@ -81,6 +80,7 @@ class _Running:
     """A job task's handle: its cancel scope and why we cancelled it, if we did."""
 
     job: Job
+    lease: Lease
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     reason: str | None = None  # "lost", "cancel" or "shutdown"
     finished: bool = False  # the handler returned; only its outcome is left to write
@@ -227,8 +227,8 @@ class Runtime:
             backoff = RECONNECT_MIN
             for job in claimed:
                 state.active += 1
-                running = _Running(job)
-                self._held[Lease(job.id, job.attempt)] = running
+                running = _Running(job, Lease(job.id, job.attempt))
+                self._held[running.lease] = running
                 jobs.start_soon(self._run_job, state, running)
             if len(claimed) < wanted:  # the queue is drained: wait for news, or poll
                 with trio.move_on_after(self.config.poll_interval):
@@ -253,8 +253,7 @@ class Runtime:
             self._job_finished.set()
 
     async def _execute(self, running: _Running) -> Outcome:
-        job = running.job
-        lease = Lease(job.id, job.attempt)
+        job, lease = running.job, running.lease
         task = self.config.registry.get(job.task)
         if task is None:
             return _unknown_task(job, self.config.registry, lease)
@@ -273,12 +272,16 @@ class Runtime:
 
     async def _call(self, task: Task, ctx: JobContext, lease: Lease) -> Outcome:
         try:
-            with trio.move_on_after(task.timeout or math.inf) as deadline:
+            if task.timeout is None:
                 result = await self._invoke(task, ctx)
+            else:
+                with trio.move_on_after(task.timeout) as deadline:
+                    result = await self._invoke(task, ctx)
+                if deadline.cancelled_caught:
+                    error = f"timeout: handler ran over {task.timeout} s"
+                    return _failure(task, lease, error, None)
         except Exception as ex:
             return _outcome_of_error(task, ctx.job, lease, ex)
-        if deadline.cancelled_caught:
-            return _failure(task, lease, f"timeout: handler ran over {task.timeout} s", None)
         if task.keep_result:
             try:
                 encode_args(result)
@@ -290,13 +293,15 @@ class Runtime:
 
     async def _invoke(self, task: Task, ctx: JobContext) -> Any:
         args = ctx.job.args
+        if task.is_async:
+            if isinstance(args, dict):
+                return await task.fn(ctx, **args)
+            return await task.fn(ctx, args)
         call = (
             functools.partial(task.fn, ctx, **args)
             if isinstance(args, dict)
             else functools.partial(task.fn, ctx, args)
         )
-        if task.is_async:
-            return await call()
         return await trio.to_thread.run_sync(
             call, limiter=self._sync_limiter, abandon_on_cancel=True
         )
