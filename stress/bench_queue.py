@@ -22,12 +22,17 @@ Before every measurement the table is truncated and refilled server side, ``CHEC
 ``VACUUM ANALYZE`` run, and the script waits (up to ``--quiet-wait`` seconds) until the rest of
 the machine is idle; the CPU the rest of the machine used during the measurement is reported
 (``others``, in cores), because on a small box a neighbour's work skews every number.
-Repetitions (``--repeat``) interleave trioq and pgbench; the table shows medians.
+Repetitions (``--repeat``) interleave trioq and pgbench; tables show the median and the best.
 
 ``--profile`` adds (d): where ``enqueue_many``'s time goes on the COPY path (a stage-by-stage
 breakdown and the top of a cProfile), the server's raw COPY rate for the same rows (the ceiling
 for enqueue), and prototypes of fixes applied by monkeypatching `trioq._job` / `trioq._queue`
-for the duration of one measurement (nothing under ``trioq/`` is edited).
+for the duration of one measurement (nothing under ``trioq/`` is edited); and drain prototypes:
+the other lease-index predicate and a claim whose generic plan is safe, applied to the bench
+database only. Results are discussed in docs/queue-performance.md.
+
+The COPY rows of the prototypes are built for whatever column list trioq's COPY statement has
+(`copy_row_fn`), so the script follows schema changes such as the ``state`` column.
 
 Usage::
 

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psycopg
 import trio
 from psycopg import sql
@@ -83,6 +84,7 @@ from psycopg.conninfo import make_conninfo
 
 import trioq
 from trioq import Queue, Runtime
+from trioq._sql import Statements, statements
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 BENCH_DB = "trioq_bench_sched"
@@ -501,6 +503,62 @@ def pickup_breakdown(
     }
 
 
+# -- a prototype of a runtime change (monkeypatched, in-process only) ------------------------------
+
+PROTOTYPES = ("lean-claim",)
+
+
+@contextlib.contextmanager
+def lean_claim() -> Iterator[None]:
+    """Prototype of two changes to the pickup path (see docs/scheduling-latency.md).
+
+    * Each fetcher claims on a connection of its own, opened once, instead of checking one
+      out of the pool for every claim (``Semaphore.acquire``, the health check, ``putconn``).
+    * Statements are rendered to text once (``Composed.as_string``), not on every execute.
+    """
+    rendered = statements_rendered()
+
+    async def claim(self: Runtime, state: Any, limit: int) -> Any:
+        conns: dict[str, Any] = self.__dict__.setdefault("_bench_claim_conns", {})
+        conn = conns.get(state.name)
+        if conn is None or conn.closed:
+            conn = conns[state.name] = await trioq.connect(self.dsn, autocommit=True)
+        try:
+            claimed = await self.queue.claim(
+                conn, state.name, owner=self.config.worker_id, limit=limit,
+                lease=dt.timedelta(seconds=self.config.lease),
+            )  # fmt: skip
+        except psycopg.OperationalError:
+            conns.pop(state.name, None)
+            await conn.close()
+            raise
+        self._claimed += len(claimed)
+        return claimed
+
+    with patched(Runtime, "_claim", claim), patched(Queue, "sql", property(lambda q: rendered)):
+        yield
+
+
+def statements_rendered() -> Statements:
+    """trioq's statements for the schema ``trioq``, each rendered to text once."""
+    composed = statements("trioq")
+    fields = {
+        f.name: getattr(composed, f.name).as_string(None)
+        for f in attrs.fields(Statements)
+        if isinstance(getattr(composed, f.name), sql.Composable)
+    }
+    return attrs.evolve(composed, **fields)
+
+
+async def close_prototype_connections(runtime: Runtime) -> None:
+    for conn in runtime.__dict__.get("_bench_claim_conns", {}).values():
+        await conn.close()
+
+
+def prototype(name: str | None) -> contextlib.AbstractContextManager[None]:
+    return lean_claim() if name == "lean-claim" else contextlib.nullcontext()
+
+
 # -- database --------------------------------------------------------------------------------------
 
 
@@ -603,6 +661,7 @@ class Options:
     phases: tuple[str, ...]
     separate_process: bool
     trace: bool
+    prototype: str | None
     seed: int
     quiet_cores: float
     quiet_wait: float
@@ -623,6 +682,7 @@ async def worker_in_process(dsn: str, opts: Options, rec: Recorder) -> Any:
                 yield runtime
             finally:
                 runtime.stop()
+                await close_prototype_connections(runtime)
     finally:
         _Sink.fn = None
 
@@ -892,7 +952,8 @@ async def run_phase(
         measure: Callable[..., Awaitable[dict[str, Any]]] = (
             measure_scheduled if phase == "scheduled" else measure_pickup
         )
-        with tracer.installed() if tracer is not None else contextlib.nullcontext():
+        traced = tracer.installed() if tracer is not None else contextlib.nullcontext()
+        with prototype(opts.prototype), traced:
             worker = worker_process if opts.separate_process else worker_in_process
             async with worker(dsn, opts, rec) as handle:
                 await warm_up(conn, rec, handle if opts.separate_process else None)
@@ -957,6 +1018,8 @@ def print_environment(env: dict[str, Any], opts: Options) -> None:
         f"load average at start {env['loadavg_at_start'][0]:.2f}"
     )
     where = "child process (trioq serve)" if opts.separate_process else "this process"
+    if opts.prototype:
+        where += f", PROTOTYPE {opts.prototype}"
     print(
         f"worker in {where}; {opts.jobs} jobs per phase, concurrency {opts.concurrency}, "
         f"default Config otherwise (poll_interval 2 s)"
@@ -1099,6 +1162,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="run the worker as `trioq serve` in a child process",
     )
     p.add_argument("--trace", action="store_true", help="per-stage breakdown (in-process only)")
+    p.add_argument(
+        "--prototype",
+        choices=PROTOTYPES,
+        help="run the in-process worker with this runtime change (monkeypatched; see the doc)",
+    )
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument(
         "--quiet-cores",
@@ -1119,12 +1187,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         p.error("need 0 < --min-delay <= --max-delay")
     if a.trace and a.separate_process:
         p.error("--trace patches the runtime in this process: not with --separate-process")
+    if a.prototype and a.separate_process:
+        p.error("--prototype patches the runtime in this process: not with --separate-process")
     return Options(
         admin_dsn=a.dsn, jobs=a.jobs, rate=a.rate, min_delay=a.min_delay, max_delay=a.max_delay,
         burst_share=a.burst_share, burst_max=max(2, a.burst_max), idle_gap=a.idle_gap,
         pickup_autocommit=a.pickup_autocommit, floor_samples=a.floor_samples,
         concurrency=a.concurrency, repeat=a.repeat, phases=phases,
-        separate_process=a.separate_process, trace=a.trace, seed=a.seed,
+        separate_process=a.separate_process, trace=a.trace, prototype=a.prototype, seed=a.seed,
         quiet_cores=a.quiet_cores, quiet_wait=a.quiet_wait, json_path=a.json_path,
         keep_db=a.keep_db,
     )  # fmt: skip
