@@ -63,9 +63,11 @@ ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHI
 RETURNING id
 """
 
+# The sequence is looked up once (MATERIALIZED), not once per reserved id.
 _RESERVE_IDS = """
-SELECT {now}, array_agg(nextval(pg_get_serial_sequence(%(jobs)s, 'id')))
-  FROM generate_series(1, %(n)s)
+WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence(%(jobs)s, 'id') AS seq)
+SELECT {now}, array_agg(nextval(s.seq))
+  FROM s, generate_series(1, %(n)s)
 """
 
 _COPY_JOBS = """
