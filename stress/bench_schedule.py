@@ -32,6 +32,10 @@ the same ``trio.run`` as the producer (``await nursery.start(trioq.serve, config
 instead (this file is the app module); its handlers report over a UDP socket on 127.0.0.1, and
 ``perf_counter`` (CLOCK_MONOTONIC) is system-wide on Linux, so pickup latency is still one clock.
 
+``--prototype lean-claim`` (in-process only) runs the worker with a change to the runtime,
+monkeypatched for the measurement: claims on a connection of each fetcher's own, and statements
+rendered to text once (see docs/scheduling-latency.md for the A/B result).
+
 ``--trace`` (in-process only) wraps `Queue.claim`, `Queue.promote_due`, `Queue.next_due` and
 `Runtime._wake` (monkeypatching, nothing under ``trioq/`` is edited) and splits each job's latency
 into its stages: scheduler wake-up (due -> promote called), the promote statement, promote ->
@@ -50,6 +54,7 @@ Usage::
     python stress/bench_schedule.py --repeat 3 --trace
     python stress/bench_schedule.py --separate-process --json sched.json
     python stress/bench_schedule.py --phases pickup --pickup-autocommit
+    python stress/bench_schedule.py --phases pickup,floor --trace --prototype lean-claim
 """
 
 from __future__ import annotations
