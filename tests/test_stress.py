@@ -162,7 +162,7 @@ def test_embedded_postgres_restarted_mid_run_loses_nothing(tmp_path: pathlib.Pat
     try:
         out = subprocess.run(
             [sys.executable, "-m", "trioq._cli", "stress", "--jobs", "150", "--concurrency",
-             "5", "--work-ms", "20", "--restart-postgres-at", "0.5", "--quiet", "--json",
+             "5", "--work-ms", "20", "--restart-postgres-at", "0.3", "--quiet", "--json",
              str(path)],
             capture_output=True, text=True, env=env, timeout=180, check=False,
         )  # fmt: skip

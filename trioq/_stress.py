@@ -271,13 +271,21 @@ def _producer(run: _Run) -> Producer:
 
 
 async def _drained(run: _Run) -> None:
-    """Wait until everything is enqueued and a later snapshot shows an empty queue."""
+    """Wait until everything is enqueued, a scheduled restart happened, and a later
+    snapshot shows an empty queue (a drain faster than `--restart-postgres-at` would
+    otherwise end the run before the restart it asked for)."""
     assert run.monitor is not None
     if run.producer is not None:
         await run.producer.done.wait()
+    if _restart_scheduled(run):
+        await run.chaos.restart_done.wait()
     snapshot = await run.monitor.wait_newer_than(trio.current_time())
     while snapshot.live:
         snapshot = await run.monitor.wait_newer_than(snapshot.taken_at)
+
+
+def _restart_scheduled(run: _Run) -> bool:
+    return run.options.restart_postgres_at is not None and run.target.embedded is not None
 
 
 async def _fail_with(group: WorkerGroup) -> None:
@@ -294,7 +302,7 @@ def _start_chaos(run: _Run, nursery: trio.Nursery, group: WorkerGroup) -> None:
             terminate_loop, run.connect, group.prefix, options.terminate_every, run.chaos
         )
     if options.restart_postgres_at is not None:
-        if run.target.embedded is None:
+        if not _restart_scheduled(run):
             run.chaos.restart_skipped = "a DSN was given: only the embedded server is restarted"
             run.progress.message(f"--restart-postgres-at skipped: {run.chaos.restart_skipped}")
         else:

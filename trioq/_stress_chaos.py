@@ -39,6 +39,8 @@ class ChaosLog:
     terminated_connections: int = 0
     postgres_restarts: int = 0
     restart_skipped: str | None = None
+    #: Set once a scheduled restart has happened: the run does not end before it.
+    restart_done: trio.Event = attrs.field(factory=trio.Event)
     #: The last few events, as "t+SECONDS what".
     events: deque[str] = attrs.field(factory=lambda: deque(maxlen=_EVENTS))
     _t0: float = attrs.field(factory=trio.current_time)
@@ -88,4 +90,5 @@ async def restart_at(at: float, restart: Callable[[], Awaitable[None]], log: Cha
     started = trio.current_time()
     await restart()
     log.postgres_restarts += 1
+    log.restart_done.set()
     log.note(f"Postgres back after {trio.current_time() - started:.2f} s")
