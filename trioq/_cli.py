@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,9 +24,11 @@ from ._cli_demo import demo
 from ._cli_ops import add_ops_parsers
 from ._cli_serve import add_serve_parser
 from ._cli_stress import add_stress_parser
+from ._dsn import DSN_ENV_VARS
 from ._embedded import EmbeddedPostgresError
 from ._migrate import migrate
 from ._pg import connect
+from ._pg_errors import dsn_secrets, redact
 from ._schema import SchemaError
 
 __all__ = ["main"]
@@ -136,12 +139,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.handler(args)
     except _EXPECTED_ERRORS as ex:
-        lines = str(ex).strip().splitlines() or [type(ex).__name__]
-        print(f"trioq: error: {lines[0]}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(args, ex)
+    except BaseExceptionGroup as group:
+        leaf = _expected_leaf(group)
+        if leaf is None:
+            raise
+        return _fail(args, leaf)
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def _fail(args: argparse.Namespace, ex: BaseException) -> int:
+    """One line on stderr, with any password of the configured DSNs scrubbed (belt and
+    braces: the messages are built not to contain one)."""
+    lines = str(ex).strip().splitlines() or [type(ex).__name__]
+    dsns = [getattr(args, "dsn", None), *(os.environ.get(name) for name in DSN_ENV_VARS)]
+    print(f"trioq: error: {redact(lines[0], dsn_secrets(dsns))}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _expected_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The first error of a group (trio nurseries raise groups) if every one is expected."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        ex = pending.pop(0)
+        if isinstance(ex, BaseExceptionGroup):
+            pending.extend(ex.exceptions)
+        else:
+            leaves.append(ex)
+    if leaves and all(isinstance(ex, _EXPECTED_ERRORS) for ex in leaves):
+        return leaves[0]
+    return None
 
 
 if __name__ == "__main__":

@@ -13,12 +13,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import psycopg
 import trio
 
 from ._dead import DeadFilter
 from ._dsn import database
+from ._migrate import latest_version
 from ._pg import connect
 from ._queue import Queue
+from ._schema import check_schema
 
 __all__ = ["add_ops_parsers"]
 
@@ -75,8 +78,15 @@ def _run(action: Action, args: argparse.Namespace) -> int:
 
 
 async def _with_conn(dsn: str, action: Action, args: argparse.Namespace) -> tuple[int, Any, str]:
+    queue = Queue(schema=args.schema)
     async with await connect(dsn, autocommit=True) as conn:
-        return await action(conn, Queue(schema=args.schema), args)
+        try:
+            return await action(conn, queue, args)
+        except psycopg.errors.UndefinedTable:
+            # Most likely never migrated: say so (and what to run) instead of
+            # 'relation "trioq.jobs" does not exist'.
+            await check_schema(conn, queue.schema, latest_version(), writable=False)
+            raise
 
 
 # -- enqueue ------------------------------------------------------------------------------------

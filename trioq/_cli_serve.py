@@ -5,16 +5,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import attrs
 import trio
 
 from ._config import Config, QueueConfig
-from ._dsn import configured_dsn
+from ._dsn import DSN_ENV_VARS, configured_dsn
 from ._embedded import EmbeddedPostgres
 from ._migrate import migrate
 from ._pg import connect
+from ._pg_errors import dsn_secrets, redact
 from ._registry import Registry
 from ._supervisor import supervise
 
@@ -31,6 +35,13 @@ tasks use is served with --concurrency slots). SIGINT/SIGTERM stop gracefully
 (waiting up to the shutdown grace); a second signal stops at once. Exit code 0
 after a clean stop, 1 on an error.
 """
+
+
+#: How ``serve --processes N`` hands its DSN to the workers: in their environment, never
+#: on their command lines (which every local user can read in /proc/<pid>/cmdline).
+CHILD_DSN_VAR = "TRIOQ_SERVE_CHILD_DSN"
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
 class AppError(ValueError):
@@ -86,18 +97,39 @@ def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Confi
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The parent of --processes passes its choice in the environment; take it out at once.
+    from_parent = os.environ.pop(CHILD_DSN_VAR, None)
+    formatter = RedactingFormatter(LOG_FORMAT)
+    formatter.add_dsns([from_parent, args.dsn, *(os.environ.get(v) for v in DSN_ENV_VARS)])
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     sys.path.insert(0, "")  # --app modules from the current directory, like python -m
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
     app = load_app(args.app)
     # --dsn, then the app's Config.dsn, then TRIOQ_DSN / DATABASE_URL, then embedded.
-    dsn = args.dsn or (app.dsn if isinstance(app, Config) else None) or configured_dsn(None)
+    dsn = configured_dsn(from_parent or args.dsn or (app.dsn if isinstance(app, Config) else None))
+    formatter.add_dsns([dsn])
     if dsn is not None:
         return _serve_on(args, app, dsn, args.migrate)
     with EmbeddedPostgres.from_env().running() as status:
         # The embedded database is trioq's own: keep its schema current without asking.
         return _serve_on(args, app, status.dsn, True)
+
+
+class RedactingFormatter(logging.Formatter):
+    """Formats log lines (tracebacks included) with the DSNs' passwords replaced by ***."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        self._secrets: list[str] = []
+
+    def add_dsns(self, dsns: list[str | None]) -> None:
+        self._secrets = sorted({*self._secrets, *dsn_secrets(dsns)}, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record), self._secrets)
 
 
 def _serve_on(
@@ -109,11 +141,27 @@ def _serve_on(
         return 0
     if run_migrations:
         trio.run(_migrate, dsn, config.schema)
-    return trio.run(supervise, _child_argv(args, dsn), args.processes)
+    with _environment(CHILD_DSN_VAR, dsn):
+        return trio.run(supervise, _child_argv(args), args.processes)
 
 
-def _child_argv(args: argparse.Namespace, dsn: str) -> list[str]:
-    argv = ["serve", "--app", args.app, "--dsn", dsn, "--schema", args.schema]
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the block (children started in it inherit it)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """The workers' command line: no DSN (it is in their environment, `CHILD_DSN_VAR`)."""
+    argv = ["serve", "--app", args.app, "--schema", args.schema]
     if args.queues:
         argv += ["--queues", args.queues]
     if args.concurrency:

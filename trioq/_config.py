@@ -7,13 +7,14 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ._cron import CronEntry
 from ._job import QUEUE_NAME_RE, encode_args
+from ._pg_errors import check_dsn, redact_dsn
 from ._queue import DEFAULT_MAX_PAYLOAD
 from ._registry import Registry
 from ._schema import validate_schema_name
@@ -65,7 +66,7 @@ def _queues(
 
 def _check_queues(_inst: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
     for name, cfg in value.items():
-        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+        if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
             raise ValueError(f"{attribute.name}: queue name {name!r} is invalid")
         if not isinstance(cfg, QueueConfig):
             raise TypeError(f"{attribute.name}[{name!r}] must be a QueueConfig, got {cfg!r}")
@@ -80,6 +81,30 @@ def _schema(_inst: object, _attribute: attrs.Attribute[Any], value: str) -> None
     validate_schema_name(value)
 
 
+def _dsn(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None:
+        check_dsn(value, what=attribute.name)
+
+
+def _dsn_repr(value: str | None) -> str:
+    """``Config``'s repr shows where it connects, never the password."""
+    return repr(None if value is None else redact_dsn(value))
+
+
+def _cron(value: object) -> tuple[Any, ...]:
+    if isinstance(value, CronEntry):
+        return (value,)
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes | Mapping):
+        raise TypeError(
+            f"cron must be a sequence of trioq.CronEntry, got {type(value).__name__} {value!r}"
+        )
+    if not isinstance(value, Iterable):
+        raise TypeError(f"cron must be a sequence of trioq.CronEntry, got {value!r}")
+    return tuple(value)
+
+
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -90,7 +115,7 @@ class Config:
 
     registry: Registry = attrs.field(validator=_registry)
     #: None: ``TRIOQ_DSN`` / ``DATABASE_URL``, else the embedded Postgres.
-    dsn: str | None = None
+    dsn: str | None = attrs.field(default=None, validator=_dsn, repr=_dsn_repr)
     schema: str = attrs.field(default="trioq", validator=_schema)
     #: Queues this process serves; default: every queue a registered task uses.
     queues: dict[str, QueueConfig] = attrs.field(
@@ -102,7 +127,7 @@ class Config:
     poll_interval: float = attrs.field(default=2.0, converter=_seconds, validator=_positive)
     sweep_interval: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
     shutdown_grace: float = attrs.field(default=30.0, converter=_seconds, validator=_non_negative)
-    cron: tuple[CronEntry, ...] = attrs.field(default=(), converter=tuple)
+    cron: tuple[CronEntry, ...] = attrs.field(default=(), converter=_cron)
     #: Threads for sync handlers (shared by all queues).
     sync_threads: int = attrs.field(default=10, validator=_positive_int)
     #: Connections for claims, outcomes, heartbeats and maintenance (LISTEN has its own).

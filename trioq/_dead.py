@@ -74,5 +74,7 @@ async def purge_dead(
     conn: Conn, sql: Statements, where: DeadFilter, *, before: dt.datetime | None = None
 ) -> list[int]:
     """Delete matching dead jobs (optionally only those that died before ``before``)."""
+    if before is not None and before.utcoffset() is None:
+        raise ValueError(f"before {before.isoformat()} is a naive datetime: give it a time zone")
     cur = await conn.execute(sql.dead_purge, {**where.params(), "before": before})
     return sorted(row[0] for row in await cur.fetchall())

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from ._embedded import EmbeddedPostgres
+from ._pg_errors import check_dsn
 
 __all__ = ["DSN_ENV_VARS", "configured_dsn", "database"]
 
@@ -14,13 +15,17 @@ DSN_ENV_VARS = ("TRIOQ_DSN", "DATABASE_URL")
 
 
 def configured_dsn(cli_dsn: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The DSN the user asked for, or None when the embedded default applies."""
+    """The DSN the user asked for, or None when the embedded default applies.
+
+    A DSN that libpq cannot parse raises `InvalidDSNError` (a ``ValueError``)
+    naming where it came from, never quoting it (it may hold a password).
+    """
     if cli_dsn:
-        return cli_dsn
+        return check_dsn(cli_dsn)
     env = os.environ if environ is None else environ
     for name in DSN_ENV_VARS:
         if env.get(name):
-            return env[name]
+            return check_dsn(env[name], what=f"${name}")
     return None
 
 

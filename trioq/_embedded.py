@@ -56,6 +56,7 @@ from urllib.parse import quote
 
 import attrs
 import trio
+from psycopg import sql
 
 __all__ = [
     "EmbeddedPostgres",
@@ -82,7 +83,7 @@ _POLL = 0.005
 _QUIT_TIMEOUT = 5.0
 _PR_SET_PDEATHSIG = 1
 _OWNED_DEATH_SIGNAL = signal.SIGINT  # fast shutdown: roll back, checkpoint, exit
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 _VERSION = re.compile(r"\(PostgreSQL\) (\d+)([.\w]*)")
 
 _T = TypeVar("_T")
@@ -192,7 +193,7 @@ def _not_root(_inst: object, attribute: attrs.Attribute[str | None], value: str 
 
 
 def _identifier(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not _IDENTIFIER.match(value):
+    if not _IDENTIFIER.fullmatch(value):
         raise ValueError(f"{attribute.name} must match {_IDENTIFIER.pattern}, got {value!r}")
 
 
@@ -514,7 +515,8 @@ class EmbeddedPostgres:
                     "listen_addresses = ''\nunix_socket_permissions = 0700\n"
                 )
             if self.database != "postgres":
-                create = f"CREATE DATABASE {self.database};\n".encode()
+                statement = sql.SQL("CREATE DATABASE {};\n").format(sql.Identifier(self.database))
+                create = statement.as_string(None).encode()
                 cmd = [str(bin_dir / "postgres"), "--single", "-D", str(tmp), "template1"]
                 self._run_checked(account, cmd + ([] if self.durable else ["-F"]), "create", create)
             _rename_into_place(tmp, self.data_dir)

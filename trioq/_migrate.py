@@ -18,7 +18,7 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from ._schema import SchemaError, qualified, validate_schema_name
+from ._schema import SchemaError, qualified, schema_version, validate_schema_name
 
 __all__ = ["Migration", "MigrationError", "MigrationResult", "migrate", "migrations"]
 
@@ -79,7 +79,8 @@ async def migrate(
     try:
         async with conn.transaction():
             await _lock(conn, schema)
-            await _create_bookkeeping(conn, schema)
+            if await schema_version(conn, schema) is None:  # no DDL when there is nothing to do
+                await _create_bookkeeping(conn, schema)
             current = await _current_version(conn, schema)
             pending = [m for m in migrations() if current < m.version <= goal]
             for migration in pending:
@@ -88,6 +89,11 @@ async def migrate(
         raise MigrationError(
             f"the role {conn.info.user!r} may not create or change schema {schema!r} in database "
             f"{conn.info.dbname!r}: {_first_line(ex)}; nothing was changed"
+        ) from None
+    except psycopg.errors.ReadOnlySqlTransaction as ex:
+        raise MigrationError(
+            f"database {conn.info.dbname!r} is read-only (a hot standby, or "
+            f"default_transaction_read_only is on): {_first_line(ex)}; nothing was changed"
         ) from None
     return MigrationResult(
         schema=schema,
@@ -135,7 +141,7 @@ async def _apply(conn: psycopg.AsyncConnection[Any], schema: str, migration: Mig
     )
     try:
         await conn.execute(migration.sql.encode())
-    except psycopg.errors.InsufficientPrivilege:
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction):
         raise
     except psycopg.Error as ex:
         raise MigrationError(

@@ -34,7 +34,7 @@ from psycopg.conninfo import conninfo_attempts, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import AsyncRowFactory, Row
 
-from ._pg_errors import ConnectError, describe_target
+from ._pg_errors import ConnectError, check_dsn, describe_target
 from ._pg_wait import readable_now as _readable_now
 from ._pg_wait import wait_conn_gen, wait_gen
 
@@ -105,9 +105,15 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         **kwargs: Any,
     ) -> Self:
         """Connect, honouring ``connect_timeout`` and any enclosing trio deadline."""
+        check_dsn(conninfo)  # libpq's own parse error would quote the DSN, password included
         params = await cls._get_connection_params(conninfo, **kwargs)
         timeout = psycopg.conninfo.timeout_from_conninfo(params)
-        attempts = await _resolve(params)
+        try:
+            attempts = await _resolve(params)
+        except e.OperationalError as ex:  # no host name resolved
+            raise ConnectError(
+                f"cannot connect to {describe_target(params)}: {_first_line(str(ex))}"
+            ) from None
         errors: list[str] = []
         for attempt in attempts:
             with trio.move_on_after(timeout) as scope:

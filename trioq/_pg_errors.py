@@ -1,19 +1,50 @@
-"""Errors of the Postgres layer, and describing a connection target safely."""
+"""Errors of the Postgres layer, and describing a connection target safely.
+
+Nothing here ever returns a password: `describe_target` and `redact_dsn` drop it,
+`check_dsn` refuses an unparseable DSN without echoing it (libpq's own message
+quotes the whole URI, password included), and `redact` scrubs known secrets
+from text about to be printed or logged.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-__all__ = ["ConnectError", "describe_target", "redact_dsn"]
+__all__ = [
+    "ConnectError",
+    "InvalidDSNError",
+    "check_dsn",
+    "describe_target",
+    "dsn_secrets",
+    "redact",
+    "redact_dsn",
+]
+
+#: Connection parameters whose values are secrets (libpq's, and psycopg's ``sslpassword``).
+SECRET_PARAMS = ("password", "sslpassword")
+REDACTED = "***"
+
+# A double-quoted span in a libpq message: it may quote (part of) the DSN.
+_QUOTED = re.compile(r'"([^"]*)"')
+_PUNCTUATION = frozenset("=[]:/@?&'")
 
 
 class ConnectError(psycopg.OperationalError):
     """No connection could be made; the message names the target, never the password."""
+
+
+class InvalidDSNError(psycopg.ProgrammingError, ValueError):
+    """The DSN cannot be parsed; the message says why without quoting the DSN.
+
+    A ``ValueError`` (a bad argument) and, like psycopg's own parse error, a
+    ``psycopg.ProgrammingError``, so code catching either keeps working.
+    """
 
 
 def describe_target(params: Mapping[str, Any]) -> str:
@@ -41,3 +72,61 @@ def redact_dsn(dsn: str) -> str:
     except psycopg.ProgrammingError:
         return "<unparseable DSN>"
     return describe_target(params)
+
+
+def check_dsn(dsn: str, *, what: str = "DSN") -> str:
+    """Return ``dsn`` if libpq can parse it; else raise `InvalidDSNError`.
+
+    The error keeps libpq's reason but hides every quoted piece of the DSN in
+    it, so a password in a malformed URI is never echoed.
+    """
+    if not isinstance(dsn, str):
+        raise InvalidDSNError(f"{what} must be a string, got {type(dsn).__name__}")
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as ex:
+        reason = _hide_quoted(_first_line(str(ex)), dsn)
+        scheme = dsn.partition("://")[0]
+        if scheme != dsn and scheme not in ("postgresql", "postgres"):
+            reason += f"; a URI must start with postgresql:// or postgres://, not {scheme}://"
+        raise InvalidDSNError(
+            f"{what} is invalid: {reason} (the DSN is not shown: it may hold a password)"
+        ) from None
+    return dsn
+
+
+def dsn_secrets(dsns: Iterable[str | None]) -> list[str]:
+    """The passwords (and other secret parameters) in ``dsns``, longest first."""
+    found: set[str] = set()
+    for dsn in dsns:
+        if not dsn:
+            continue
+        try:
+            params = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError:
+            continue
+        found.update(str(params[k]) for k in SECRET_PARAMS if params.get(k))
+    return sorted(found, key=len, reverse=True)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each secret (and its URL-quoted form) replaced."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED).replace(quote(secret, safe=""), REDACTED)
+    return text
+
+
+def _hide_quoted(message: str, dsn: str) -> str:
+    def hide(match: re.Match[str]) -> str:
+        span = match[1]
+        if span and set(span) <= _PUNCTUATION:
+            return match[0]  # '"="' or '"]"': syntax, not content
+        return '"..."' if span and span in dsn else match[0]
+
+    return _QUOTED.sub(hide, message)
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.splitlines()[0] if text else "unparseable"

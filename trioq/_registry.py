@@ -40,7 +40,7 @@ Handler = Callable[..., Any]
 
 
 def _check_name(value: str) -> None:
-    if not isinstance(value, str) or not TASK_NAME_RE.match(value):
+    if not isinstance(value, str) or not TASK_NAME_RE.fullmatch(value):
         raise ValueError(
             f"task name {value!r} is invalid: use up to 200 letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or '_'"
@@ -48,9 +48,10 @@ def _check_name(value: str) -> None:
 
 
 def _check_queue(value: str) -> None:
-    if not isinstance(value, str) or not QUEUE_NAME_RE.match(value):
+    if not isinstance(value, str) or not QUEUE_NAME_RE.fullmatch(value):
         raise ValueError(
-            f"queue {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':', '-'"
+            f"queue {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':' or '-', "
+            "not starting with a punctuation mark"
         )
 
 

@@ -14,16 +14,19 @@ from psycopg import sql
 
 __all__ = [
     "SCHEMA_NAME_RE",
+    "DatabaseReadOnlyError",
     "SchemaError",
     "SchemaMissingError",
     "SchemaOutdatedError",
     "SchemaTooNewError",
     "check_schema",
+    "check_writable",
     "qualified",
     "validate_schema_name",
 ]
 
 #: Lower-case identifiers only: they need no quoting in psql and cannot smuggle anything.
+#: Matched with ``fullmatch``: ``match`` would also accept a trailing newline (``$``).
 SCHEMA_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -43,8 +46,12 @@ class SchemaTooNewError(SchemaError):
     """The schema was migrated by a newer trioq: upgrade trioq."""
 
 
+class DatabaseReadOnlyError(SchemaError):
+    """The database refuses writes (a hot standby, or ``default_transaction_read_only``)."""
+
+
 def validate_schema_name(schema: str) -> str:
-    if not isinstance(schema, str) or not SCHEMA_NAME_RE.match(schema):
+    if not isinstance(schema, str) or not SCHEMA_NAME_RE.fullmatch(schema):
         raise ValueError(
             f"schema name {schema!r} is invalid: use 1-63 lower-case letters, digits and "
             "underscores, not starting with a digit"
@@ -70,8 +77,16 @@ async def schema_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int
     return int(row[0]) if row else 0
 
 
-async def check_schema(conn: psycopg.AsyncConnection[Any], schema: str, expected: int) -> int:
-    """Raise unless ``schema`` is at version ``expected``; return the version."""
+async def check_schema(
+    conn: psycopg.AsyncConnection[Any], schema: str, expected: int, *, writable: bool = True
+) -> int:
+    """Raise unless ``schema`` is at version ``expected``; return the version.
+
+    With ``writable`` (the default: the worker runtime needs it), also raise
+    `DatabaseReadOnlyError` if the database refuses writes, so a worker pointed
+    at a standby or a read-only database stops at start-up with a message
+    instead of failing every claim.
+    """
     validate_schema_name(schema)
     version = await schema_version(conn, schema)
     where = f"schema {schema!r} in database {conn.info.dbname!r}"
@@ -86,4 +101,27 @@ async def check_schema(conn: psycopg.AsyncConnection[Any], schema: str, expected
             f"{where} is at version {version}, newer than this trioq knows ({expected}): "
             "upgrade trioq"
         )
+    if writable:
+        await check_writable(conn)
     return version
+
+
+async def check_writable(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Raise `DatabaseReadOnlyError` if a new transaction on ``conn`` could not write."""
+    cur = await conn.execute(
+        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::bool"
+    )
+    row = await cur.fetchone()
+    standby, read_only = (bool(row[0]), bool(row[1])) if row else (False, False)
+    if not (standby or read_only):
+        return
+    why = (
+        "it is a hot standby (pg_is_in_recovery() is true): connect to the primary"
+        if standby
+        else "transaction_read_only is on (default_transaction_read_only is set for this "
+        "database, role or session): turn it off"
+    )
+    raise DatabaseReadOnlyError(
+        f"database {conn.info.dbname!r} is read-only, and trioq workers must write "
+        f"(claims, leases, outcomes): {why}"
+    )
