@@ -22,6 +22,7 @@ from psycopg import sql
 
 from trioq._pg import connect
 from trioq._stress import StressOptions
+from trioq._stress_faults import Fault, GracefulStop, recovery, recovery_summary
 from trioq._stress_ledger import reset, statements
 from trioq._stress_load import IdRanges
 from trioq._stress_report import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, exit_code
@@ -291,6 +292,70 @@ def test_options_name_the_flag_and_pick_chaos_timings() -> None:
     assert StressOptions(kill_every=1, lease=6).timings == (6.0, 0.5, 0.5)
     with pytest.raises(ValueError, match="a third of --lease"):
         StressOptions(lease=1, heartbeat=1)
+
+
+def test_fault_options_are_checked_and_switch_to_chaos_timings() -> None:
+    with pytest.raises(ValueError, match="--starve-for and --starve-leave need --starve-at"):
+        StressOptions(starve_for=5)
+    with pytest.raises(ValueError, match="--pin-xmin-for needs --pin-xmin-at"):
+        StressOptions(pin_xmin_for=5)
+    with pytest.raises(ValueError, match="--grace must not be negative"):
+        StressOptions(grace=-1)
+    assert StressOptions(starve_at=1, processes=4).leave == 12  # 3 per worker process
+    assert StressOptions(starve_at=1, starve_leave=2).leave == 2
+    for fault in ("kill_at", "starve_at", "pin_xmin_at", "sigterm_at"):
+        assert StressOptions(**{fault: 1.0}).timings == (2.0, 0.5, 0.5), fault
+    assert StressOptions(grace=7).worker_env()["TRIOQ_STRESS_GRACE"] == "7"
+
+
+async def test_recovery_times_come_from_the_ledger(dsn: str) -> None:
+    """Completions at known database times; a kill and a window at known wall times."""
+    async with await connect(dsn, autocommit=True) as conn:
+        await reset(conn, SCHEMA)
+        ledger = statements(SCHEMA).ledger
+        # job: (enqueued at, finished at), seconds after t0 on the database clock
+        jobs = {1: (0, 1), 2: (2, 3), 3: (4, 9), 4: (5, 6), 5: (8, 8.5)}
+        cur = await conn.execute("SELECT extract(epoch FROM now())::float8")
+        t0 = (await cur.fetchone())[0]
+        for job_id, (enq, fin) in jobs.items():
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (job_id, attempt, worker_pid, started_at, finished_at,"
+                    " run_at, enqueued_at) VALUES (%(id)s, 1, 1, to_timestamp(%(f)s - 0.1),"
+                    " to_timestamp(%(f)s), to_timestamp(%(e)s), to_timestamp(%(e)s))"
+                ).format(ledger),
+                {"id": job_id, "e": t0 + enq, "f": t0 + fin},
+            )
+        offset = 100.0  # the wall clock runs 100 s behind the database here
+        kill = Fault(kind="kill", started=t0 + 4.5 - offset, ended=t0 + 4.5 - offset,
+                     detail="", held=[3, 4])  # fmt: skip
+        window = Fault(kind="starvation", started=t0 + 2.5 - offset, ended=t0 + 7 - offset,
+                       detail="")  # fmt: skip
+        faults = await recovery(conn, SCHEMA, [kill, window], offset)
+    k, w = faults
+    assert k["first_completion_s"] == pytest.approx(1.5, abs=0.01)  # job 4 at 6
+    assert k["caught_up_s"] == pytest.approx(4.5, abs=0.01)  # jobs 1-3 done by 9
+    assert (k["held"], k["held_completed"]) == (2, 2)
+    assert k["held_recovered_s"] == pytest.approx(4.5, abs=0.01)  # job 3 at 9
+    assert w["first_completion_s"] == pytest.approx(1.5, abs=0.01)  # job 5 at 8.5
+    assert w["caught_up_s"] == pytest.approx(2.0, abs=0.01)  # jobs 1-4 done by 9
+    assert (w["completed_during"], w["seconds"]) == (2, pytest.approx(4.5))  # jobs 2 and 4
+    summary = recovery_summary(faults)
+    assert summary["kill"]["count"] == 1 and summary["kill"]["held"] == [2]
+    assert summary["starvation"]["caught_up_s"] == {"median": 2.0, "max": 2.0}
+
+
+def test_a_graceful_stop_fails_the_run_on_a_bad_exit_or_a_job_left_running() -> None:
+    clean = GracefulStop(grace=5, workers=2, exit_seconds=[0.3, 0.4], exit_codes=[0, 0],
+                         running_after=0)  # fmt: skip
+    assert clean.failures() == []
+    bad = GracefulStop(grace=5, workers=2, exit_seconds=[0.3, 15.1], exit_codes=[0, -9],
+                       killed=1, running_after=3)  # fmt: skip
+    assert bad.failures() == [
+        "graceful stop: 1 workers did not exit in time",
+        "graceful stop: exit codes [0, -9]",
+        "graceful stop: 3 jobs left running",
+    ]
 
 
 def test_refuses_to_empty_a_schema_it_did_not_create(dsn: str) -> None:

@@ -27,14 +27,18 @@ examples:
   trioq stress --jobs 2000 --kill-every 1 --json report.json
   trioq stress --mode steady --rate 2000 --duration 30 --work-ms 5
   trioq stress --dsn postgresql://app@db/app --terminate-every 2 --quiet --json -
+  trioq stress --mode steady --rate 300 --duration 30 --work-ms 200 --kill-at 10
+  trioq stress --mode steady --rate 300 --duration 30 --pin-xmin-at 5 --pin-xmin-for 20
 
 The run uses its own schema (--schema, default trioq_stress), emptied at the start:
 never the application's jobs. With no DSN (--dsn, $TRIOQ_DSN, $DATABASE_URL) it runs on
 the embedded Postgres. Chaos flags make the lease 2 s, heartbeat 0.5 s and sweep 0.5 s
-unless --lease/--heartbeat/--sweep say otherwise.
+unless --lease/--heartbeat/--sweep say otherwise. Each fault's recovery time (next
+completion, caught up, a killed worker's jobs done elsewhere) is in the report.
 
 exit codes: 0 verified; 1 error (no report); 2 usage; 4 verification failed (lost,
-duplicate, dead or unexplained jobs); 5 the queue did not drain within --timeout.
+duplicate, dead or unexplained jobs, or a --sigterm-at stop that left jobs running or
+did not exit cleanly); 5 the queue did not drain within --timeout.
 See docs/stress.md.
 """
 
@@ -94,9 +98,36 @@ def _chaos_flags(sub: argparse.ArgumentParser) -> None:
         "--restart-postgres-at", type=float, metavar="S",
         help="stop and start the embedded Postgres S s into the run",
     )  # fmt: skip
+    _fault_flags(sub)
     sub.add_argument("--lease", type=float, help="job lease, s (30; 2 with chaos)")
     sub.add_argument("--heartbeat", type=float, help="heartbeat interval, s (5; 0.5 with chaos)")
     sub.add_argument("--sweep", type=float, help="sweep interval, s (5; 0.5 with chaos)")
+
+
+def _fault_flags(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--kill-at", type=float, metavar="S",
+        help="SIGKILL, once, a worker that holds running jobs S s in; restart it",
+    )  # fmt: skip
+    sub.add_argument(
+        "--starve-at", type=float, metavar="S",
+        help="S s in, idle connections take every connection slot but --starve-leave, cutting "
+        "the workers' connections (only on a server of your own)",
+    )  # fmt: skip
+    sub.add_argument("--starve-for", type=float, metavar="D", help="starve for D s (10)")
+    sub.add_argument(
+        "--starve-leave", type=int, metavar="N", help="slots left to the workers (3 per process)"
+    )
+    sub.add_argument(
+        "--pin-xmin-at", type=float, metavar="S",
+        help="S s in, an idle-in-transaction session pins the xmin horizon",
+    )  # fmt: skip
+    sub.add_argument("--pin-xmin-for", type=float, metavar="D", help="pin for D s (10)")
+    sub.add_argument(
+        "--sigterm-at", type=float, metavar="S",
+        help="S s in, SIGTERM every worker (graceful stop), time the exits, start new ones",
+    )  # fmt: skip
+    sub.add_argument("--grace", type=float, default=5.0, help="the workers' shutdown grace, s (5)")
 
 
 def _options(args: argparse.Namespace) -> StressOptions:
@@ -109,6 +140,9 @@ def _options(args: argparse.Namespace) -> StressOptions:
             terminate_every=args.terminate_every, restart_postgres_at=args.restart_postgres_at,
             lease=args.lease, heartbeat=args.heartbeat, sweep=args.sweep,
             pool_size=args.pool_size, app_pool_size=args.app_pool_size, quiet=args.quiet,
+            kill_at=args.kill_at, starve_at=args.starve_at, starve_for=args.starve_for,
+            starve_leave=args.starve_leave, pin_xmin_at=args.pin_xmin_at,
+            pin_xmin_for=args.pin_xmin_for, sigterm_at=args.sigterm_at, grace=args.grace,
         )  # fmt: skip
     except ValueError as ex:
         args.parser.error(str(ex))  # exits with 2

@@ -6,14 +6,16 @@ The run, in order::
     start P `trioq serve` workers; wait until each one's LISTEN is active
     burn-down: enqueue N jobs in one transaction  |  steady: producer at R jobs/s for S s
       |- monitor: a snapshot of the queue twice a second -> the progress line
-      |- chaos:   kill workers / terminate their connections / restart Postgres
+      |- chaos:   kill workers / terminate their connections / restart Postgres /
+      |           starve connection slots / pin the xmin horizon / SIGTERM every worker
     wait until nothing is left in the queue (bounded by --timeout)
-    stop the workers (SIGTERM, bounded); read timings from the ledger; verify
+    stop the workers (SIGTERM, bounded); read timings from the ledger; verify;
+    recovery time of each fault, from the ledger
 
 Modules: `_stress_app` (the workers' task), `_stress_ledger` (its table and timings),
 `_stress_workers` (processes), `_stress_load` (enqueueing), `_stress_monitor` and
-`_stress_progress` (watching), `_stress_chaos`, `_stress_cpu`, `_stress_verify`,
-`_stress_report`.
+`_stress_progress` (watching), `_stress_chaos` and `_stress_faults` (faults and recovery),
+`_stress_cpu`, `_stress_verify`, `_stress_report`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import functools
 import os
 import resource
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TextIO
 
@@ -35,8 +38,20 @@ from ._pg import connect as pg_connect
 from ._pg_errors import redact_dsn
 from ._queue import Queue
 from ._schema import validate_schema_name
-from ._stress_chaos import ChaosLog, kill_loop, restart_at, terminate_loop
+from ._stress_chaos import ChaosLog, kill_at, kill_loop, restart_at, terminate_loop
 from ._stress_cpu import ServerMeter, machine_busy, postmaster_of
+from ._stress_faults import (
+    GracefulStop,
+    HeldJobs,
+    Starvation,
+    XminPin,
+    graceful_stop,
+    pin_xmin,
+    recovery,
+    recovery_summary,
+    starve,
+    vacuum_after,
+)
 from ._stress_ledger import LEDGER_TABLE, reset, timings
 from ._stress_load import IdRanges, Producer, Workload, enqueue_backlog
 from ._stress_monitor import Monitor
@@ -54,6 +69,12 @@ CHAOS_TIMINGS = (2.0, 0.5, 0.5)
 READY_TIMEOUT = 60.0
 WORKER_GRACE = 5.0
 DRIVER_APP_NAME = "trioq-stress-driver"
+HOG_APP_NAME = "trioq-stress-hog"
+#: How long --starve-at and --pin-xmin-at last unless --starve-for / --pin-xmin-for say.
+FAULT_WINDOW = 10.0
+#: Connection slots --starve-at leaves per worker process unless --starve-leave says: its
+#: LISTEN, one runtime connection (claims, heartbeats, outcomes) and one for a handler.
+STARVE_LEAVE_PER_PROCESS = 3
 
 
 def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -83,6 +104,14 @@ class StressOptions:
     kill_every: float | None = attrs.field(default=None, validator=_positive)
     terminate_every: float | None = attrs.field(default=None, validator=_positive)
     restart_postgres_at: float | None = attrs.field(default=None, validator=_non_negative)
+    kill_at: float | None = attrs.field(default=None, validator=_non_negative)
+    starve_at: float | None = attrs.field(default=None, validator=_non_negative)
+    starve_for: float | None = attrs.field(default=None, validator=_positive)
+    starve_leave: int | None = attrs.field(default=None, validator=_non_negative)
+    pin_xmin_at: float | None = attrs.field(default=None, validator=_non_negative)
+    pin_xmin_for: float | None = attrs.field(default=None, validator=_positive)
+    sigterm_at: float | None = attrs.field(default=None, validator=_non_negative)
+    grace: float = attrs.field(default=WORKER_GRACE, validator=_non_negative)
     lease: float | None = attrs.field(default=None, validator=_positive)
     heartbeat: float | None = attrs.field(default=None, validator=_positive)
     sweep: float | None = attrs.field(default=None, validator=_positive)
@@ -100,12 +129,27 @@ class StressOptions:
         lease, heartbeat, _ = self.timings
         if heartbeat * 3 > lease:
             raise ValueError(f"--heartbeat ({heartbeat} s) must be at most a third of --lease")
+        if self.starve_at is None and (self.starve_for, self.starve_leave) != (None, None):
+            raise ValueError("--starve-for and --starve-leave need --starve-at")
+        if self.pin_xmin_at is None and self.pin_xmin_for is not None:
+            raise ValueError("--pin-xmin-for needs --pin-xmin-at")
 
     @property
     def chaos(self) -> bool:
         return any(
-            x is not None for x in (self.kill_every, self.terminate_every, self.restart_postgres_at)
-        )
+            x is not None
+            for x in (
+                self.kill_every, self.terminate_every, self.restart_postgres_at, self.kill_at,
+                self.starve_at, self.pin_xmin_at, self.sigterm_at,
+            )
+        )  # fmt: skip
+
+    @property
+    def leave(self) -> int:
+        """Connection slots --starve-at leaves free."""
+        if self.starve_leave is not None:
+            return self.starve_leave
+        return STARVE_LEAVE_PER_PROCESS * self.processes
 
     @property
     def timings(self) -> tuple[float, float, float]:
@@ -130,7 +174,7 @@ class StressOptions:
             "TRIOQ_STRESS_LEASE": str(lease),
             "TRIOQ_STRESS_HEARTBEAT": str(heartbeat),
             "TRIOQ_STRESS_SWEEP": str(sweep),
-            "TRIOQ_STRESS_GRACE": str(WORKER_GRACE),
+            "TRIOQ_STRESS_GRACE": str(self.grace),
         }
 
 
@@ -172,6 +216,10 @@ class _Run:
     timed_out: bool = False
     cpu: CpuStats | None = None
     started_at: float = attrs.field(factory=trio.current_time)
+    clock_offset: float = 0.0  # the database clock less the wall clock, s
+    starvation: Starvation | None = None
+    xmin_pin: XminPin | None = None
+    graceful: GracefulStop | None = None
 
 
 async def run_stress(
@@ -201,6 +249,7 @@ async def _run(run: _Run) -> StressReport:
         await _refuse_foreign_schema(conn, options.schema)
         await reset(conn, options.schema)
         database = await _database_info(conn, run.target)
+        run.clock_offset = await _clock_offset(conn)
         run.meter, run.meter_source = _server_meter(conn)
         async with open_workers(
             dsn=run.target.dsn, env=options.worker_env(), count=options.processes,
@@ -222,6 +271,12 @@ async def _report(run: _Run, database: dict[str, Any], workers: dict[str, Any]) 
         verification = await verify(
             conn, schema, run.ids, chaos=run.chaos.any, enqueue_errors=producer_errors
         )
+        faults = await recovery(conn, schema, run.chaos.faults, run.clock_offset)
+        if run.xmin_pin is not None:
+            await vacuum_after(conn, schema, run.xmin_pin)
+    if run.graceful is not None and run.graceful.failures():
+        failures = verification.failures + run.graceful.failures()
+        verification = attrs.evolve(verification, failures=failures)
     assert run.cpu is not None
     return StressReport(
         options=attrs.asdict(run.options),
@@ -231,7 +286,7 @@ async def _report(run: _Run, database: dict[str, Any], workers: dict[str, Any]) 
         drain=Rate(jobs=timing.completions, seconds=timing.drain_seconds),
         latency=timing.latency(),
         cpu=run.cpu,
-        chaos=_chaos_stats(run.chaos),
+        chaos=_chaos_stats(run, faults),
         workers=workers,
         verification=verification,
         timed_out=run.timed_out,
@@ -271,14 +326,14 @@ def _producer(run: _Run) -> Producer:
 
 
 async def _drained(run: _Run) -> None:
-    """Wait until everything is enqueued, a scheduled restart happened, and a later
+    """Wait until everything is enqueued, every one-shot fault happened, and a later
     snapshot shows an empty queue (a drain faster than `--restart-postgres-at` would
     otherwise end the run before the restart it asked for)."""
     assert run.monitor is not None
     if run.producer is not None:
         await run.producer.done.wait()
-    if _restart_scheduled(run):
-        await run.chaos.restart_done.wait()
+    for one_shot in run.chaos.one_shots:  # e.g. a restart later than the drain
+        await one_shot.wait()
     snapshot = await run.monitor.wait_newer_than(trio.current_time())
     while snapshot.live:
         snapshot = await run.monitor.wait_newer_than(snapshot.taken_at)
@@ -294,20 +349,70 @@ async def _fail_with(group: WorkerGroup) -> None:
 
 
 def _start_chaos(run: _Run, nursery: trio.Nursery, group: WorkerGroup) -> None:
-    options = run.options
+    options, chaos = run.options, run.chaos
+    held = HeldJobs(run.connect, options.schema)
     if options.kill_every is not None:
-        nursery.start_soon(kill_loop, group, options.kill_every, run.chaos)
+        nursery.start_soon(kill_loop, group, held, options.kill_every, chaos)
+    if options.kill_at is not None:
+        nursery.start_soon(kill_at, options.kill_at, group, held, chaos, chaos.one_shot())
     if options.terminate_every is not None:
         nursery.start_soon(
-            terminate_loop, run.connect, group.prefix, options.terminate_every, run.chaos
+            terminate_loop, run.connect, group.prefix, options.terminate_every, chaos
         )
     if options.restart_postgres_at is not None:
         if not _restart_scheduled(run):
-            run.chaos.restart_skipped = "a DSN was given: only the embedded server is restarted"
-            run.progress.message(f"--restart-postgres-at skipped: {run.chaos.restart_skipped}")
+            chaos.restart_skipped = "a DSN was given: only the embedded server is restarted"
+            run.progress.message(f"--restart-postgres-at skipped: {chaos.restart_skipped}")
         else:
             restart = functools.partial(_restart_postgres, run)
-            nursery.start_soon(restart_at, options.restart_postgres_at, restart, run.chaos)
+            at = options.restart_postgres_at
+            nursery.start_soon(restart_at, at, restart, chaos, chaos.one_shot())
+    _start_faults(run, nursery, group, held)
+
+
+def _start_faults(run: _Run, nursery: trio.Nursery, group: WorkerGroup, held: HeldJobs) -> None:
+    """The one-shot faults of `trioq._stress_faults`; the run waits for each to finish."""
+    options, chaos = run.options, run.chaos
+    record, note = chaos.fault, _noter(run)
+    if options.starve_at is not None:
+        run.starvation = Starvation()
+        hog = make_conninfo(run.target.dsn, application_name=HOG_APP_NAME)
+        fault = functools.partial(
+            starve, connect=run.connect, connect_hog=functools.partial(pg_connect, hog),
+            prefix=group.prefix, at=options.starve_at, hold=options.starve_for or FAULT_WINDOW,
+            leave=options.leave, result=run.starvation, record=record, note=note,
+        )  # fmt: skip
+        nursery.start_soon(_one_shot, fault, chaos.one_shot())
+    if options.pin_xmin_at is not None:
+        run.xmin_pin = XminPin()
+        fault = functools.partial(
+            pin_xmin, connect=run.connect, schema=options.schema, at=options.pin_xmin_at,
+            hold=options.pin_xmin_for or FAULT_WINDOW, result=run.xmin_pin, record=record,
+            note=note,
+        )  # fmt: skip
+        nursery.start_soon(_one_shot, fault, chaos.one_shot())
+    if options.sigterm_at is not None:
+        run.graceful = GracefulStop()
+        fault = functools.partial(
+            graceful_stop, group=group, held=held, at=options.sigterm_at, grace=options.grace,
+            result=run.graceful, record=record, note=note,
+        )  # fmt: skip
+        nursery.start_soon(_one_shot, fault, chaos.one_shot())
+
+
+async def _one_shot(fault: Callable[[], Awaitable[None]], done: trio.Event) -> None:
+    try:
+        await fault()
+    finally:
+        done.set()
+
+
+def _noter(run: _Run) -> Callable[[str], None]:
+    def note(what: str) -> None:
+        run.chaos.note(what)
+        run.progress.message(f"[{trio.current_time() - run.started_at:6.1f}s] {what}")
+
+    return note
 
 
 async def _restart_postgres(run: _Run) -> None:
@@ -409,6 +514,17 @@ async def _database_info(conn: Any, target: Target) -> dict[str, Any]:
     }
 
 
+async def _clock_offset(conn: Any) -> float:
+    """The database clock less this host's wall clock, in seconds (faults are timed on the
+    wall clock, completions on the database's)."""
+    before = time.time()
+    cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+    row = await cur.fetchone()
+    after = time.time()
+    assert row is not None
+    return float(row[0]) - (before + after) / 2
+
+
 def _server_meter(conn: Any) -> tuple[ServerMeter, str]:
     host = conn.info.host or ""
     local = host.startswith("/") or host in ("localhost", "127.0.0.1", "::1")
@@ -472,7 +588,8 @@ def _steady_stats(run: _Run) -> dict[str, Any] | None:
     }
 
 
-def _chaos_stats(chaos: ChaosLog) -> dict[str, Any]:
+def _chaos_stats(run: _Run, faults: list[dict[str, Any]]) -> dict[str, Any]:
+    chaos = run.chaos
     return {
         "kills": chaos.kills,
         "terminate_rounds": chaos.terminate_rounds,
@@ -480,7 +597,16 @@ def _chaos_stats(chaos: ChaosLog) -> dict[str, Any]:
         "postgres_restarts": chaos.postgres_restarts,
         "restart_skipped": chaos.restart_skipped,
         "events": list(chaos.events),
+        "faults": faults,
+        "recovery": recovery_summary(faults),
+        "starvation": _asdict(run.starvation),
+        "xmin_pin": _asdict(run.xmin_pin),
+        "graceful_stop": _asdict(run.graceful),
     }
+
+
+def _asdict(value: Any) -> dict[str, Any] | None:
+    return None if value is None else attrs.asdict(value)
 
 
 def _worker_stats(group: WorkerGroup) -> dict[str, Any]:

@@ -1,12 +1,17 @@
 """Chaos for `trioq stress`: kill workers, cut their connections, restart Postgres.
 
 Each loop runs until cancelled (the driver cancels them once the queue has drained) and
-counts what it did in `ChaosLog`. None of them touches the driver's own connections.
+counts what it did in `ChaosLog`, with a `Fault` per act for the recovery report. None of
+them touches the driver's own connections. A kill picks a worker that holds running jobs
+(a kill mid-batch), and records which jobs it held. One-shot faults (``--kill-at``, the
+restart, and those of `trioq._stress_faults`) register an event the run waits for.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,13 +20,19 @@ import attrs
 import psycopg
 import trio
 
-from ._stress_workers import WorkerGroup
+from ._stress_faults import Fault, HeldJobs, like_prefix
+from ._stress_workers import Worker, WorkerGroup
 
-__all__ = ["ChaosLog", "kill_loop", "restart_at", "terminate_loop"]
+__all__ = ["ChaosLog", "kill_at", "kill_loop", "restart_at", "terminate_loop"]
 
 logger = logging.getLogger("trioq.stress")
 
 _EVENTS = 20
+#: Faults kept for the recovery report (a long run with --terminate-every has many).
+MAX_FAULTS = 1000
+#: ``--kill-at`` waits up to this long for a worker that holds running jobs.
+KILL_WAIT = 30.0
+_HELD_POLL = 0.05
 
 # Every backend of our workers in this database: their pool and LISTEN connections.
 _TERMINATE = """
@@ -39,37 +50,83 @@ class ChaosLog:
     terminated_connections: int = 0
     postgres_restarts: int = 0
     restart_skipped: str | None = None
-    #: Set once a scheduled restart has happened: the run does not end before it.
-    restart_done: trio.Event = attrs.field(factory=trio.Event)
+    #: One event per one-shot fault: the run does not end before they have all happened.
+    one_shots: list[trio.Event] = attrs.field(factory=list)
     #: The last few events, as "t+SECONDS what".
     events: deque[str] = attrs.field(factory=lambda: deque(maxlen=_EVENTS))
+    #: Every act, for the recovery report (the first `MAX_FAULTS`).
+    faults: list[Fault] = attrs.field(factory=list)
     _t0: float = attrs.field(factory=trio.current_time)
 
     def note(self, what: str) -> None:
         self.events.append(f"t+{trio.current_time() - self._t0:.1f}s {what}")
 
+    def fault(self, fault: Fault) -> None:
+        if len(self.faults) < MAX_FAULTS:
+            self.faults.append(fault)
+
+    def one_shot(self) -> trio.Event:
+        """An event the run waits for before it may end."""
+        done = trio.Event()
+        self.one_shots.append(done)
+        return done
+
     @property
     def any(self) -> bool:
-        return bool(self.kills or self.terminated_connections or self.postgres_restarts)
+        return bool(
+            self.kills or self.terminated_connections or self.postgres_restarts or self.faults
+        )
 
 
-async def kill_loop(group: WorkerGroup, every: float, log: ChaosLog) -> None:
-    """SIGKILL a random worker every ``every`` seconds; its replacement starts at once."""
+async def kill_loop(group: WorkerGroup, held: HeldJobs, every: float, log: ChaosLog) -> None:
+    """SIGKILL a worker every ``every`` seconds, one holding running jobs if any does; its
+    replacement starts at once."""
     while True:
         await trio.sleep(every)
-        victim = group.kill_random()
-        if victim is not None:
-            log.kills += 1
-            log.note(f"SIGKILL worker pid {victim.pid} (slot {victim.slot})")
+        await kill_one(group, held, log, wait=0.0)
+
+
+async def kill_at(
+    at: float, group: WorkerGroup, held: HeldJobs, log: ChaosLog, done: trio.Event
+) -> None:
+    """Once, ``at`` seconds in: SIGKILL a worker mid-batch (waiting up to `KILL_WAIT` for one
+    that holds running jobs), and start its replacement."""
+    await trio.sleep(at)
+    await kill_one(group, held, log, wait=KILL_WAIT)
+    done.set()
+
+
+async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: float) -> None:
+    """SIGKILL a live worker that holds running jobs (polling up to ``wait`` s for one; then
+    any), start its replacement, and record the jobs it held."""
+    deadline = trio.current_time() + wait
+    while True:
+        holding = await held.by_pid()
+        holders = [w for w in group.live() if holding.get(w.pid)]
+        if holders or trio.current_time() >= deadline:
+            break
+        await trio.sleep(_HELD_POLL)
+    live = group.live()
+    if not live:
+        return
+    victim: Worker = random.choice(holders or live)
+    jobs = holding.get(victim.pid, [])
+    at = time.time()
+    group.kill(victim)
+    log.kills += 1
+    log.note(f"SIGKILL worker pid {victim.pid} (slot {victim.slot}) holding {len(jobs)} jobs")
+    detail = f"SIGKILL pid {victim.pid} holding {len(jobs)} running jobs"
+    log.fault(Fault(kind="kill", started=at, ended=at, detail=detail, held=jobs))
 
 
 async def terminate_loop(
     connect: Callable[[], Awaitable[Any]], prefix: str, every: float, log: ChaosLog
 ) -> None:
     """``pg_terminate_backend`` every connection of the workers every ``every`` seconds."""
-    pattern = prefix.replace("_", r"\_").replace("%", r"\%") + "%"
+    pattern = like_prefix(prefix)
     while True:
         await trio.sleep(every)
+        at = time.time()
         try:
             async with await connect() as conn:
                 cur = await conn.execute(_TERMINATE, {"pattern": pattern})
@@ -81,14 +138,21 @@ async def terminate_loop(
         log.terminate_rounds += 1
         log.terminated_connections += count
         log.note(f"terminated {count} worker connections")
+        detail = f"pg_terminate_backend of {count} worker connections"
+        log.fault(Fault(kind="terminate", started=at, ended=time.time(), detail=detail))
 
 
-async def restart_at(at: float, restart: Callable[[], Awaitable[None]], log: ChaosLog) -> None:
+async def restart_at(
+    at: float, restart: Callable[[], Awaitable[None]], log: ChaosLog, done: trio.Event
+) -> None:
     """Stop and start the Postgres server once, ``at`` seconds into the workload."""
     await trio.sleep(at)
     log.note("restarting Postgres")
-    started = trio.current_time()
+    started = time.time()
     await restart()
+    ended = time.time()
     log.postgres_restarts += 1
-    log.restart_done.set()
-    log.note(f"Postgres back after {trio.current_time() - started:.2f} s")
+    done.set()
+    log.note(f"Postgres back after {ended - started:.2f} s")
+    detail = f"stopped (fast shutdown) and started again: down {ended - started:.2f} s"
+    log.fault(Fault(kind="postgres restart", started=started, ended=ended, detail=detail))

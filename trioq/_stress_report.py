@@ -2,7 +2,8 @@
 
 Exit codes (also in ``docs/stress.md``): 0 verified; 1 an error stopped the run (no
 report); 2 a usage error; 4 verification failed (jobs lost, completed twice, dead,
-re-executed without a reason, or completed without being enqueued); 5 the run did not
+re-executed without a reason, or completed without being enqueued; or a ``--sigterm-at``
+stop that left jobs running or did not exit cleanly); 5 the run did not
 drain within ``--timeout`` (jobs left in the queue) but nothing else failed.
 """
 
@@ -148,6 +149,7 @@ def render(report: StressReport) -> str:
         + "  ".join(f"{k} {_s(report.latency[k])}" for k in ("p50", "p95", "p99", "max")),
         *_cpu_lines(report.cpu, report.drain.jobs),
         _chaos_line(report.chaos),
+        *_fault_lines(report.chaos),
         f"  workers:   {report.workers['started']} started, {report.workers['unexpected_exits']} "
         f"exited on their own, log: {report.workers['log_warnings']} warnings "
         f"({report.workers['log_lease_lost']} 'lost its lease'), "
@@ -195,6 +197,63 @@ def _chaos_line(chaos: dict[str, Any]) -> str:
     if chaos["restart_skipped"]:
         parts.append(f"restart skipped: {chaos['restart_skipped']}")
     return "  chaos:     " + ", ".join(parts)
+
+
+def _spread(entry: dict[str, Any], key: str) -> str | None:
+    value = entry.get(key)
+    if value is None:
+        return None
+    if value["median"] == value["max"]:
+        return _s(value["max"])
+    return f"median {_s(value['median'])} max {_s(value['max'])}"
+
+
+def _fault_lines(chaos: dict[str, Any]) -> list[str]:
+    """Recovery per kind of fault, then what each one-shot fault saw."""
+    lines = []
+    for kind, entry in chaos.get("recovery", {}).items():
+        parts = [f"{kind} x{entry['count']}:"]
+        if (held := _spread(entry, "held_recovered_s")) is not None:
+            counts = ", ".join(str(n) for n in entry["held"][:5])
+            parts.append(f"victim's running jobs ({counts}) all completed after {held};")
+        first, caught = _spread(entry, "first_completion_s"), _spread(entry, "caught_up_s")
+        parts.append(f"after it, next completion {first or 'n/a'}, caught up {caught or 'n/a'}")
+        lines.append("  recovery:  " + " ".join(parts))
+    windows = {f["kind"]: f for f in chaos.get("faults", []) if "completed_during" in f}
+    if (starving := chaos.get("starvation")) is not None:
+        lines.append(
+            f"  starve:    {starving['hogs']} idle connections held every slot of "
+            f"{starving['max_connections']} but {starving['leave']} for the workers for "
+            f"{starving['seconds']:.1f} s; workers' connections: "
+            f"{starving['worker_connections_cut']} cut, {starving['worker_connections_start']} "
+            "at the start, "
+            f"{starving['worker_connections_end']} at the end" + _during(windows.get("starvation"))
+        )
+    if (pin := chaos.get("xmin_pin")) is not None:
+        lines.append(
+            f"  xmin pin:  {pin['seconds']:.1f} s at xmin {pin['xmin']}: jobs table dead tuples "
+            f"{_n(pin['dead_before'])} -> {_n(pin['dead_at_release'])} (live "
+            f"{_n(pin['live_at_release'])}, {_n(pin['vacuums_during'])} vacuums), "
+            f"{_n(pin['dead_after_vacuum'])} after a VACUUM at the end"
+            + _during(windows.get("xmin pin"))
+        )
+    if (stop := chaos.get("graceful_stop")) is not None:
+        exits = ", ".join(_s(x) for x in stop["exit_seconds"])
+        lines.append(
+            f"  sigterm:   {stop['workers']} workers holding {_n(stop['held_at_signal'])} running "
+            f"jobs exited in {exits} (grace {stop['grace']:g} s), codes {stop['exit_codes']}, "
+            f"{_n(stop['running_after'])} jobs left running, {stop['killed']} SIGKILLed"
+        )
+    return lines
+
+
+def _during(fault: dict[str, Any] | None) -> str:
+    if fault is None:
+        return ""
+    return (
+        f"; meanwhile {fault['completed_during']:,} jobs completed ({fault['rate_during']:,.0f}"
+        f"/s), pickup p95 {_s(fault['pickup_p95_during_s'])}"
+    )
 
 
 def _verify_lines(report: StressReport) -> list[str]:

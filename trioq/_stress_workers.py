@@ -17,7 +17,6 @@ import contextlib
 import ctypes
 import functools
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -148,16 +147,16 @@ class WorkerGroup:
 
     # -- chaos ------------------------------------------------------------------------------
 
-    def kill_random(self) -> Worker | None:
-        """SIGKILL one live worker at random and start its replacement; the victim."""
-        live = self.live()
-        if not live:
-            return None
-        victim = random.choice(live)
+    def kill(self, victim: Worker) -> Worker:
+        """SIGKILL ``victim`` and start its replacement at once."""
         victim.killed = True
         _signal(victim.popen, signal.SIGKILL)
         self.start(victim.slot)
         return victim
+
+    def signal(self, worker: Worker, sig: int) -> None:
+        """Send ``sig`` to ``worker`` if it is still running."""
+        _signal(worker.popen, sig)
 
     # -- observing -------------------------------------------------------------------------
 

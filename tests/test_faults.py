@@ -1,0 +1,364 @@
+"""The fault suite (issue #6): real `trioq serve` processes on a steady stream of jobs, one
+fault injected by `trioq stress`, and then its exactly-once verification plus the fault's
+own checks. Each test prints the run's recovery lines (``pytest -s``); docs/faults.md has
+the bigger runs.
+
+Every run's verification asserts: each enqueued job completed exactly once (its ledger row
+commits with its fenced completion), none dead, none lost, nothing left scheduled, available
+or running once drained, and every re-execution has a recorded reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+import trio
+from pgcluster import copy_cluster, scratch_dir, template_cluster
+
+from trioq._pg import connect
+from trioq._queue import Queue
+from trioq._stress_ledger import reset
+from trioq._stress_load import IdRanges, Workload, enqueue_backlog
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 300  # per run; a run on an idle machine takes its duration plus a few seconds
+LEASE_LOST = "lease expired: worker lost"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
+    env.update(extra)
+    return env
+
+
+@attrs.frozen
+class Run:
+    report: dict[str, Any]
+    stdout: str
+    stderr: str
+    returncode: int
+
+    @property
+    def chaos(self) -> dict[str, Any]:
+        chaos: dict[str, Any] = self.report["chaos"]
+        return chaos
+
+    def faults(self, kind: str) -> list[dict[str, Any]]:
+        return [f for f in self.chaos["faults"] if f["kind"] == kind]
+
+    def recovery(self) -> str:
+        """The report's fault lines, for the test log and assertion messages."""
+        keep = ("recovery:", "starve:", "xmin pin:", "sigterm:", "chaos:", "verify:", "drain:")
+        return "\n".join(x for x in self.stdout.splitlines() if x.strip().startswith(keep))
+
+
+def _stress(
+    tmp_path: pathlib.Path, *args: str, env: dict[str, str] | None = None, check: bool = True
+) -> Run:
+    path = tmp_path / "report.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "trioq._cli", "stress", *args, "--quiet", "--json", str(path)],
+        capture_output=True, text=True, env=env or _env(), timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+    assert path.exists(), f"no report (exit {out.returncode}):\n{out.stdout}\n{out.stderr}"
+    run = Run(json.loads(path.read_text()), out.stdout, out.stderr, out.returncode)
+    print(f"\n{run.recovery()}")
+    if check:
+        _assert_exactly_once(run)
+    return run
+
+
+def _assert_exactly_once(run: Run) -> None:
+    report, v = run.report, run.report["verification"]
+    assert run.returncode == 0 and v["passed"], f"{run.stdout}\n{run.stderr[-3000:]}"
+    enqueued = report["steady"]["produced"]
+    assert (v["enqueued"], v["completed"]) == (enqueued, enqueued), v
+    assert (v["lost"], v["duplicate_completions"], v["dead"]) == (0, 0, 0), v
+    assert v["left"] == {}, v  # nothing scheduled, available or running after recovery
+    assert "(no reason recorded)" not in v["reexecuted_reasons"], v
+
+
+def _steady(dsn: str | None, rate: int, duration: float, work_ms: int, *more: str) -> list[str]:
+    args = ["--dsn", dsn] if dsn else []
+    return [*args, "--mode", "steady", "--rate", str(rate), "--duration", str(duration),
+            "--work-ms", str(work_ms), *more]  # fmt: skip
+
+
+# -- 1. SIGKILL one serve process mid-batch, then restart it ---------------------------------
+
+
+def test_sigkill_mid_batch_then_restart(dsn: str, tmp_path: pathlib.Path) -> None:
+    run = _stress(tmp_path, *_steady(dsn, 100, 6, 300, "--concurrency", "20", "--kill-at", "2"))
+    assert run.chaos["kills"] == 1 and run.report["workers"]["started"] == 3
+    [kill] = run.faults("kill")
+    assert kill["held"] > 0, f"the kill must land mid-batch: {kill}"
+    # Every job the victim held was completed, once, by another process (attempt 2).
+    assert kill["held_completed"] == kill["held"], run.recovery()
+    assert kill["held_recovered_s"] is not None and kill["first_completion_s"] is not None
+    # Re-run only for the kill (a held job may have committed just before the SIGKILL).
+    reasons = run.report["verification"]["reexecuted_reasons"]
+    assert set(reasons) == {LEASE_LOST} and reasons[LEASE_LOST] <= kill["held"], reasons
+    print(f"killed worker held {kill['held']} running jobs; all completed elsewhere "
+          f"{kill['held_recovered_s']:.2f} s after the kill")  # fmt: skip
+
+
+# -- 2. SIGKILL and restart a serve process every few seconds for a minute -------------------
+
+
+def test_sigkill_every_few_seconds_for_a_minute(dsn: str, tmp_path: pathlib.Path) -> None:
+    run = _stress(tmp_path, *_steady(dsn, 100, 60, 200, "--concurrency", "20",
+                                     "--kill-every", "3"))  # fmt: skip
+    kills = run.faults("kill")
+    assert run.chaos["kills"] == len(kills) >= 10, run.recovery()
+    assert run.report["workers"]["started"] == 2 + len(kills)
+    assert run.report["workers"]["unexpected_exits"] == 0
+    assert sum(k["held"] for k in kills) > 0
+    for kill in kills:  # each victim's jobs were all completed by the others
+        assert kill["held_completed"] == kill["held"], kill
+    reasons = set(run.report["verification"]["reexecuted_reasons"])
+    assert reasons <= {LEASE_LOST}, reasons
+    summary = run.chaos["recovery"]["kill"]
+    print(f"{len(kills)} kills; victim's jobs recovered after {summary['held_recovered_s']}")
+
+
+# -- 3. Restart Postgres mid-run ---------------------------------------------------------------
+
+
+@pytest.fixture
+def embedded_dir() -> Iterator[str]:
+    """A data dir for the stress run's own embedded Postgres, stopped and removed after."""
+    root = tempfile.mkdtemp(prefix="trioq-faults-")
+    os.chmod(root, 0o711)  # the server may run as another user (root runs it as postgres)
+    data_dir = os.path.join(root, "pg")
+    try:
+        yield data_dir
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "trioq._cli", "db", "stop", "--data-dir", data_dir],
+            env=_env(), capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_postgres_restarted_mid_run(embedded_dir: str, tmp_path: pathlib.Path) -> None:
+    env = _env(TRIOQ_EMBEDDED_DIR=embedded_dir)
+    run = _stress(tmp_path, *_steady(None, 100, 8, 50, "--restart-postgres-at", "3"), env=env)
+    assert run.report["database"]["embedded"] is True
+    assert run.chaos["postgres_restarts"] == 1
+    [restart] = run.faults("postgres restart")
+    # The runtime kept working: jobs completed after the server came back.
+    assert restart["first_completion_s"] is not None, run.recovery()
+    assert restart["caught_up_s"] is not None
+    print(f"Postgres down {restart['seconds']:.2f} s; next completion "
+          f"{restart['first_completion_s']:.2f} s after it was back, caught up after "
+          f"{restart['caught_up_s']:.2f} s")  # fmt: skip
+
+
+# -- 4. A continuous stream of pg_terminate_backend against trioq's connections -------------
+
+
+def test_terminate_backend_stream(dsn: str, tmp_path: pathlib.Path) -> None:
+    run = _stress(tmp_path, *_steady(dsn, 150, 10, 20, "--terminate-every", "0.5"))
+    rounds = run.faults("terminate")
+    assert run.chaos["terminate_rounds"] == len(rounds) >= 5, run.recovery()
+    assert run.chaos["terminated_connections"] >= len(rounds)  # LISTEN and pools each round
+    assert run.report["workers"]["unexpected_exits"] == 0  # no worker died of it
+    # Work went on between the cuts: jobs completed after most rounds (not after those that
+    # came once the queue had drained: the rounds go on until the driver sees it empty).
+    recovered = [r for r in rounds if r["first_completion_s"] is not None]
+    assert len(recovered) >= len(rounds) // 2, run.recovery()
+
+
+# -- 5. Pool starvation: other clients hold nearly all of max_connections --------------------
+
+MAX_CONNECTIONS = 40
+
+
+@pytest.fixture
+def small_cluster() -> Iterator[str]:
+    """A private cluster with few connection slots (hogging the shared one would starve the
+    other tests): its DSN."""
+    workdir = scratch_dir()
+    try:
+        cluster = copy_cluster(template_cluster(), workdir / "data")
+        settings = {"max_connections": str(MAX_CONNECTIONS)}
+        cluster = attrs.evolve(cluster, database="postgres", settings=settings)
+        with cluster.running() as status:
+            yield status.dsn
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_pool_starvation(small_cluster: str, tmp_path: pathlib.Path) -> None:
+    leave = 6  # 3 per worker process: its LISTEN, one runtime and one handler connection
+    starve = ("--starve-at", "2", "--starve-for", "5", "--starve-leave", str(leave))
+    run = _stress(tmp_path, *_steady(small_cluster, 100, 12, 50, *starve))
+    starving = run.chaos["starvation"]
+    assert starving["max_connections"] == MAX_CONNECTIONS
+    assert starving["hogs"] >= MAX_CONNECTIONS - leave - 5, starving  # less the driver's own
+    assert starving["worker_connections_start"] <= leave, starving
+    assert run.report["workers"]["unexpected_exits"] == 0  # the workers rode it out
+    [window] = run.faults("starvation")
+    # Work resumed once the hogs went: completions after the window, and it caught up.
+    assert window["first_completion_s"] is not None, run.recovery()
+    assert window["caught_up_s"] is not None
+
+
+def test_serve_without_a_connection_slot_exits_with_a_clear_message(small_cluster: str) -> None:
+    """Where trioq cannot work at all (no slot left), it exits 1 with one line, no traceback."""
+    hogs = _hog_every_slot(small_cluster)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress_app:config"],
+            env=_env(TRIOQ_DSN=small_cluster), capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+    finally:
+        for conn in hogs:
+            conn.close()
+    assert out.returncode == 1, out.stderr
+    assert "too many clients" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("trioq: error: cannot connect"), out.stderr
+
+
+def _hog_every_slot(dsn: str) -> list[psycopg.Connection[Any]]:
+    hogs: list[psycopg.Connection[Any]] = []
+    while len(hogs) <= MAX_CONNECTIONS:
+        try:
+            hogs.append(psycopg.connect(dsn, application_name="hog"))
+        except psycopg.OperationalError as ex:
+            assert "too many clients" in str(ex), ex
+            return hogs
+    raise AssertionError(f"{len(hogs)} connections to a server with {MAX_CONNECTIONS} slots")
+
+
+# -- 6. An idle-in-transaction session pinning xmin while load continues ---------------------
+
+
+def test_idle_in_transaction_pins_xmin(dsn: str, tmp_path: pathlib.Path) -> None:
+    run = _stress(tmp_path, *_steady(dsn, 200, 10, 20, "--pin-xmin-at", "2",
+                                     "--pin-xmin-for", "6"))  # fmt: skip
+    pin = run.chaos["xmin_pin"]
+    assert pin["xmin"] is not None, pin
+    [window] = run.faults("xmin pin")
+    # The table stayed usable: jobs kept completing while the horizon was pinned ...
+    assert window["completed_during"] > 0, run.recovery()
+    # ... while the rows they left behind could not be vacuumed.
+    assert pin["dead_at_release"] > pin["dead_before"], pin
+    assert pin["dead_after_vacuum"] is not None
+    print(f"jobs dead tuples {pin['dead_before']} -> {pin['dead_at_release']} over the pin, "
+          f"{pin['dead_after_vacuum']} after VACUUM; {window['completed_during']} jobs "
+          f"completed meanwhile, pickup p95 {window['pickup_p95_during_s']} s")  # fmt: skip
+
+
+# -- 7. Graceful shutdown under sustained load -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rate", "work_ms", "grace"),
+    [(100, 300, 5.0), (25, 3000, 1.0)],
+    ids=["jobs-finish-within-grace", "jobs-outlive-grace"],
+)
+def test_graceful_shutdown_under_load(
+    dsn: str, tmp_path: pathlib.Path, rate: int, work_ms: int, grace: float
+) -> None:
+    sigterm = ("--sigterm-at", "3", "--grace", str(grace))
+    run = _stress(tmp_path, *_steady(dsn, rate, 7, work_ms, *sigterm))
+    stop = run.chaos["graceful_stop"]
+    assert stop["workers"] == 2 and stop["held_at_signal"] > 0, stop  # under load
+    assert stop["exit_codes"] == [0, 0] and stop["killed"] == 0, stop
+    assert stop["running_after"] == 0, stop  # nothing left running
+    # Within the grace, plus the process's own teardown (generous: a loaded 2-core box).
+    slowest = max(stop["exit_seconds"])
+    assert slowest < grace + 5, stop
+    if work_ms < grace * 1000:  # the jobs in flight finished: nothing was released
+        assert slowest < grace, stop
+    print(f"SIGTERM with {stop['held_at_signal']} jobs running: workers exited in "
+          f"{stop['exit_seconds']} s (grace {grace:g} s)")  # fmt: skip
+
+
+# -- a hole found on the way ----------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="trioq/_runtime.py _fetch_loop sleeps its claim-failure backoff (doubling up to "
+    "RECONNECT_MAX = 5 s) with trio.sleep, not on the queue's wakeup: after an outage of a "
+    "few seconds a worker resumes up to 5 s late, though the database is back and a "
+    "notification arrived",
+)
+def test_fetcher_resumes_promptly_after_an_outage(dsn: str) -> None:
+    """Claims fail (the jobs table is renamed away) until the fetcher's backoff reaches its
+    5 s step; the table comes back and a job is enqueued (with its NOTIFY): it should run
+    within a poll interval or so, not after the rest of the backoff."""
+    trio.run(_reset_stress_schema, dsn)
+    env = _env(TRIOQ_DSN=dsn, TRIOQ_STRESS_POLL="0.2", TRIOQ_STRESS_SCHEMA="trioq_stress")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress_app:config"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _poll(conn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'")
+            conn.execute("ALTER TABLE trioq_stress.jobs RENAME TO jobs_away")
+            # Failed claims sleep 0.05, 0.1, ... 3.2 s, then 5 s: wait for the 8th failure.
+            _read_until(worker, b"claiming from queue 'stress' failed", times=8)
+            conn.execute("ALTER TABLE trioq_stress.jobs_away RENAME TO jobs")
+            start = time.monotonic()
+            trio.run(_enqueue_one, dsn)
+            _poll(conn, "SELECT count(*) FROM trioq_stress.stress_ledger")
+            pickup = time.monotonic() - start
+        print(f"the job ran {pickup:.2f} s after the database was back")
+        assert pickup < 2.0, f"a worker resumed {pickup:.2f} s after the outage ended"
+    finally:
+        worker.kill()
+        worker.communicate(timeout=30)
+
+
+async def _reset_stress_schema(dsn: str) -> None:
+    async with await connect(dsn, autocommit=True) as conn:
+        await reset(conn, "trioq_stress")
+
+
+async def _enqueue_one(dsn: str) -> None:
+    async with await connect(dsn, autocommit=True) as conn:
+        await enqueue_backlog(conn, Queue(schema="trioq_stress"), Workload(), 1, IdRanges())
+
+
+def _poll(conn: psycopg.Connection[Any], query: str, timeout: float = 60) -> None:
+    """Until ``query`` counts something (bounded)."""
+    deadline = time.monotonic() + timeout
+    while conn.execute(query).fetchone() == (0,):
+        assert time.monotonic() < deadline, f"{query!r} still 0 after {timeout} s"
+        time.sleep(0.02)
+
+
+def _read_until(
+    proc: subprocess.Popen[bytes], text: bytes, *, times: int, timeout: float = 60
+) -> None:
+    """Read the process's output until ``text`` has appeared ``times`` times (bounded)."""
+    assert proc.stdout is not None
+    fd, seen = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while seen.count(text) < times:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"{text!r} not seen {times} times: {seen.decode(errors='replace')}"
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"the worker exited: {seen.decode(errors='replace')}"
+            seen += chunk
