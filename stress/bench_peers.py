@@ -78,6 +78,8 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 DB_PREFIX = "trioq_peers_"
+#: The variant of trioq cells run with ``--trioq-baseline DIR`` on PYTHONPATH.
+BASELINE = "baseline"
 TARGET_RATIO = 2.0  # trioq's best >= 2 x pgqueuer's best, same run
 PGQUEUER_REFERENCE = {10: 5_600, 100: 12_000}  # jobs/s measured earlier on this kind of box
 TICK = os.sysconf("SC_CLK_TCK")
@@ -146,7 +148,10 @@ class Cell:
         if self.batch is not None:
             parts.append(f"batch {self.batch}")
         if self.variant:
-            parts.append(self.variant if self.library != "trioq" else f"prototype {self.variant}")
+            if self.library != "trioq" or self.variant == BASELINE:
+                parts.append(self.variant)
+            else:
+                parts.append(f"prototype {self.variant}")
         return ", ".join(parts)
 
 
@@ -174,6 +179,7 @@ class Options:
     trioq_stats: bool
     trioq_prototypes: list[str]
     json: Path | None
+    trioq_baseline: Path | None = None
     pgbench: str | None = None
     pythons: dict[str, str] = field(default_factory=dict)
 
@@ -315,15 +321,29 @@ async def server_info(admin_dsn: str) -> dict[str, Any]:
 # -- processes ----------------------------------------------------------------------------------
 
 
-def peer_env() -> dict[str, str]:
+def trioq_path(opts: Options, cell: Cell) -> Path | None:
+    """Where a trioq worker imports trioq from: this checkout, or ``--trioq-baseline``.
+
+    Not the installed trioq: a copy of the repository (``cp -a`` or ``git worktree``)
+    then measures its own code, even while the working tree is being edited.
+    """
+    if cell.library not in ("trioq", "pgbench"):
+        return None
+    return opts.trioq_baseline if cell.variant == BASELINE else HERE.parent
+
+
+def peer_env(pythonpath: Path | None = None) -> dict[str, str]:
+    """The workers' environment; ``pythonpath`` shadows the installed trioq."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONUNBUFFERED"] = "1"
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     return env
 
 
-async def run_checked(cmd: Sequence[str]) -> str:
+async def run_checked(cmd: Sequence[str], env: dict[str, str] | None = None) -> str:
     done = await trio.run_process(
-        list(cmd), cwd=PEERS, env=peer_env(), capture_stdout=True, capture_stderr=True,
+        list(cmd), cwd=PEERS, env=env or peer_env(), capture_stdout=True, capture_stderr=True,
         check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -376,17 +396,21 @@ class Drain:
     stats: dict[str, Any] | None = None  # trioq_worker.py --stats
 
 
-async def drain(cmd: Sequence[str], dsn: str, lib: Library, limit_s: float) -> Drain:
+async def drain(
+    cmd: Sequence[str], dsn: str, lib: Library, limit_s: float, env: dict[str, str]
+) -> Drain:
     """Run the worker; time its first handler call to the last committed completion."""
     with tempfile.TemporaryFile() as stderr:
-        return await _drain(cmd, dsn, lib, limit_s, stderr)
+        return await _drain(cmd, dsn, lib, limit_s, stderr, env=env)
 
 
-async def _drain(cmd: Sequence[str], dsn: str, lib: Library, limit_s: float, stderr: Any) -> Drain:
+async def _drain(
+    cmd: Sequence[str], dsn: str, lib: Library, limit_s: float, stderr: Any, *, env: dict[str, str]
+) -> Drain:
     async with await trioq.connect(dsn, autocommit=True) as poll:
         await scalar(poll, lib.unfinished_sql)  # warm: parse and plan before the clock runs
         proc = await trio.lowlevel.open_process(
-            list(cmd), cwd=PEERS, env=peer_env(), stdout=subprocess.PIPE, stderr=stderr
+            list(cmd), cwd=PEERS, env=env, stdout=subprocess.PIPE, stderr=stderr
         )
         assert proc.stdout is not None
         lines = Lines(proc.stdout)
@@ -500,7 +524,7 @@ def worker_command(opts: Options, cell: Cell, dsn: str, tag: str) -> list[str]:
             cmd += ["--cprofile", str(opts.cprofile / f"{tag}.prof")]
         if opts.trioq_stats:
             cmd += ["--stats"]
-        if cell.variant:
+        if cell.variant and cell.variant != BASELINE:
             cmd += ["--prototype", cell.variant]
         if opts.py_spy:
             py_spy = shutil.which("py-spy") or str(Path(VENV_PYTHON).parent / "py-spy")
@@ -523,10 +547,11 @@ async def measure(opts: Options, cell: Cell, rep: int) -> dict[str, Any]:
     others = await wait_quiet(opts.quiet_cores, opts.quiet_wait)
     dbname = DB_PREFIX + cell.library
     dsn = await create_db(opts.dsn, dbname)
+    env = peer_env(trioq_path(opts, cell))
     try:
-        await run_checked([python, lib.script, "install", "--dsn", dsn])
+        await run_checked([python, lib.script, "install", "--dsn", dsn], env)
         out = await run_checked(
-            [python, lib.script, "prefill", "--dsn", dsn, "--jobs", str(opts.jobs)]
+            [python, lib.script, "prefill", "--dsn", dsn, "--jobs", str(opts.jobs)], env
         )
         prefill_s = float(re.findall(r"^PREFILLED ([\d.]+)", out, re.M)[-1])
         async with await trioq.connect(dsn, autocommit=True) as conn:
@@ -547,7 +572,7 @@ async def measure(opts: Options, cell: Cell, rep: int) -> dict[str, Any]:
         else:
             tag = f"{cell.library}-c{cell.concurrency or 'unl'}-b{cell.batch or 0}-r{rep}"
             cmd = worker_command(opts, cell, dsn, tag)
-            result = await drain(cmd, dsn, lib, opts.timeout)
+            result = await drain(cmd, dsn, lib, opts.timeout, env)
         async with await trioq.connect(dsn, autocommit=True) as conn:
             unfinished = await scalar(conn, lib.unfinished_sql)
             succeeded = await scalar(conn, lib.succeeded_sql.format(jobs=opts.jobs))
@@ -596,6 +621,8 @@ def cells(opts: Options) -> list[Cell]:
                 for proto in opts.trioq_prototypes
                 for c in opts.concurrency
             ]
+            if opts.trioq_baseline is not None:
+                out += [Cell("trioq", c, None, BASELINE) for c in opts.concurrency]
         elif name == "pgqueuer":
             for loop in opts.pgqueuer_loops:
                 for c in opts.concurrency:
@@ -766,12 +793,21 @@ def make_verdict(summary: list[dict[str, Any]]) -> str | None:
     best_p = max(pgq_rows, key=lambda r: r["jobs_s"])
     ratio = best_t["jobs_s"] / best_p["jobs_s"]
     state = "MEETS" if ratio >= TARGET_RATIO else "MISSES"
-    return (
+    verdict = (
         f"trioq best {best_t['jobs_s']:,.0f} jobs/s ({best_t['label']}) / pgqueuer best "
         f"{best_p['jobs_s']:,.0f} jobs/s ({best_p['label']}) = {ratio:.2f}: {state} the "
         f"target of {TARGET_RATIO:.1f}x. (Reference pgqueuer numbers on this kind of box: "
         f"{PGQUEUER_REFERENCE[10]:,} jobs/s batch 10, {PGQUEUER_REFERENCE[100]:,} batch 100.)"
     )
+    baseline = [r for r in summary if r["cell"]["variant"] == BASELINE and not r["profiled"]]
+    if baseline:
+        best_b = max(baseline, key=lambda r: r["jobs_s"])
+        verdict += (
+            f" Baseline best {best_b['jobs_s']:,.0f} jobs/s ({best_b['label']}) / pgqueuer best"
+            f" = {best_b['jobs_s'] / best_p['jobs_s']:.2f}; working tree / baseline ="
+            f" {best_t['jobs_s'] / best_b['jobs_s']:.2f}."
+        )
+    return verdict
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -859,11 +895,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument(
         "--trioq-prototypes", default="",
         help="also measure trioq with these stress/peers/trioq_prototypes.py changes: comma "
-        "list of NAME[+NAME] (early-slot, pipeline, lean)",
+        "list of NAME[+NAME] (all retired: the runtime has them; see --trioq-baseline)",
     )  # fmt: skip
     p.add_argument(
         "--trioq-stats", action="store_true",
         help="instrument the trioq worker's claim/complete statements (see trioq_worker.py)",
+    )  # fmt: skip
+    p.add_argument(
+        "--trioq-baseline", type=Path,
+        help="also measure the trioq package in DIR/trioq (PYTHONPATH=DIR), e.g. "
+        "`git archive COMMIT trioq | tar -x -C DIR`, interleaved with the working tree",
     )  # fmt: skip
     p.add_argument("--json", type=Path, help="also write the results here")
     a = p.parse_args(argv)
@@ -881,7 +922,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         quiet_wait=a.quiet_wait, timeout=a.timeout, py_spy=a.py_spy, cprofile=a.cprofile,
         trioq_stats=a.trioq_stats,
         trioq_prototypes=[x for x in a.trioq_prototypes.split(",") if x],
-        json=a.json, pgbench=a.pgbench,
+        json=a.json, pgbench=a.pgbench, trioq_baseline=a.trioq_baseline,
     )  # fmt: skip
 
 

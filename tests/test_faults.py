@@ -291,16 +291,9 @@ def test_graceful_shutdown_under_load(
           f"{stop['exit_seconds']} s (grace {grace:g} s)")  # fmt: skip
 
 
-# -- a hole found on the way ----------------------------------------------------------------
+# -- a hole found on the way (fixed) ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trioq/_runtime.py _fetch_loop sleeps its claim-failure backoff (doubling up to "
-    "RECONNECT_MAX = 5 s) with trio.sleep, not on the queue's wakeup: after an outage of a "
-    "few seconds a worker resumes up to 5 s late, though the database is back and a "
-    "notification arrived",
-)
 def test_fetcher_resumes_promptly_after_an_outage(dsn: str) -> None:
     """Claims fail (the jobs table is renamed away) until the fetcher's backoff reaches its
     5 s step; the table comes back and a job is enqueued (with its NOTIFY): it should run

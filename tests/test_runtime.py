@@ -272,6 +272,95 @@ async def test_graceful_stop_leaves_nothing_running(dsn: str) -> None:
         ) == [("available", 0, 100)]
 
 
+def _prefetch(runtime: Any, queue: str, n: int) -> None:
+    """Make the fetcher claim ``n`` jobs beyond its idle slots, once.
+
+    It does so by itself only for jobs that finish while a claim is in flight,
+    which a test cannot time; this sets what it would have measured.
+    """
+    state = runtime._queues[queue]
+    state.prefetch = n
+    state.room.set()
+
+
+async def test_prefetched_jobs_are_released_at_shutdown(dsn: str) -> None:
+    """Jobs claimed ahead into the prefetch buffer never start after a stop: refunded."""
+    tasks = trioq.Registry()
+    started = Counter()
+
+    @tasks.task
+    async def long(job: trioq.JobContext) -> None:
+        started.hit(job.id)
+        await trio.sleep_forever()
+
+    config = trioq.Config(
+        dsn=dsn,
+        registry=tasks,
+        shutdown_grace=0.2,
+        queues={"default": trioq.QueueConfig(concurrency=2)},
+        **FAST,
+    )
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await trioq.enqueue_many(conn, [trioq.JobSpec(task="long") for _ in range(10)])
+        async with trio.open_nursery() as nursery:
+            runtime = await nursery.start(trioq.serve, config)
+            await started.wait_for(2)
+            _prefetch(runtime, "default", 2)
+
+            async def prefetched() -> bool:  # 2 running + 2 in the buffer
+                return runtime.statistics().held_leases == 4 and await rows(
+                    conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'"
+                ) == [(4,)]
+
+            await wait_until(prefetched)
+            assert runtime.statistics().running == 2
+            runtime.stop()
+        assert len(started.calls) == 2
+        assert await rows(
+            conn, "SELECT state, attempt, count(*) FROM trioq.jobs GROUP BY 1, 2"
+        ) == [("available", 0, 10)]
+
+
+async def test_a_prefetched_job_cancelled_before_it_starts_never_runs(dsn: str) -> None:
+    tasks = trioq.Registry()
+    started = Counter()
+    release = trio.Event()
+
+    @tasks.task
+    async def gate(job: trioq.JobContext, name: str) -> None:
+        started.hit(name)
+        await release.wait()
+
+    one_slot = {"default": trioq.QueueConfig(concurrency=1)}
+    async with serving(dsn, tasks, queues=one_slot) as (conn, runtime):
+        await gate.enqueue(conn, name="first", priority=-1)
+        second = await gate.enqueue(conn, name="second")
+        await started.wait_for(1)
+        _prefetch(runtime, "default", 1)
+
+        async def prefetched() -> bool:
+            return runtime.statistics().held_leases == 2
+
+        await wait_until(prefetched)
+        assert (await trioq.Queue().cancel(conn, second.job_id)).status == "requested"
+
+        async def flagged() -> bool:  # a heartbeat passed the request on to the runtime
+            await trio.lowlevel.checkpoint()
+            held = runtime._held.get(trioq.Lease(second.job_id, 1))
+            return held is not None and held.reason == "cancel"
+
+        await wait_until(flagged)
+        release.set()
+
+        async def cancelled() -> bool:
+            found = await rows(conn, "SELECT state FROM trioq.jobs WHERE id = %s", second.job_id)
+            return found == [("cancelled",)]
+
+        await wait_until(cancelled)
+        assert started.calls == ["first"]
+
+
 async def test_listener_survives_its_backend_being_killed(dsn: str) -> None:
     tasks = trioq.Registry()
     seen = Counter()
@@ -287,7 +376,8 @@ async def test_listener_survives_its_backend_being_killed(dsn: str) -> None:
         killed = await rows(
             conn,
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()",
+            " WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()"
+            " AND datname = current_database()",  # a shared server has other tests' listeners
         )
         assert killed == [(True,)]
         await ping.enqueue(conn)
@@ -506,3 +596,24 @@ def test_retry_policies_refuse_infinite_numbers() -> None:
     with pytest.raises(ValueError, match="factor must be a finite number of at least 1"):
         trioq.retry.Exponential(factor=float("nan"))
     assert trioq.retry.Exponential(base=1e300, factor=1e10, cap=60).delay(50).total_seconds() == 60
+
+
+async def test_a_claimed_job_carries_the_rows_values(dsn: str) -> None:
+    """The claim returns args as JSON text and times as epoch µs: `Job` gives them back."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        args = {"text": "ünïcode \\u0000-free", "n": [1, 2.5, None, True], "nested": {"a": {}}}
+        r = await trioq.enqueue(conn, "t", args, queue="q", priority=-3, max_attempts=7)
+        lease = dt.timedelta(seconds=30)
+        (job,) = await trioq.Queue().claim(conn, "q", owner="me", limit=5, lease=lease)
+        ((run_at, enqueued_at, expires),) = await rows(
+            conn, "SELECT run_at, enqueued_at, lease_expires_at FROM trioq.jobs WHERE id = %s",
+            r.job_id,
+        )  # fmt: skip
+        assert (job.id, job.queue, job.task, job.args) == (r.job_id, "q", "t", args)
+        assert (job.priority, job.attempt, job.max_attempts) == (-3, 1, 7)
+        assert (job.run_at, job.enqueued_at, job.lease_expires_at) == (run_at, enqueued_at, expires)
+        assert job.run_at.tzinfo is not None
+        assert job == trioq.Job.from_row(
+            (job.id, "q", "t", args, -3, run_at, 1, 7, enqueued_at, expires)
+        )

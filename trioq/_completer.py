@@ -1,7 +1,7 @@
 """The completer: batches job outcomes into one fenced statement per kind.
 
-Job tasks hand their `Outcome` to `Completer.submit` (a bounded channel, so a
-slow database slows the claiming down instead of piling up memory). The run
+The runtime's slots hand each job's `Outcome` to `Completer.submit` (a bounded
+channel, so a slow database slows the claiming down instead of piling up memory). The run
 loop takes whatever is waiting, up to `MAX_BATCH`, and writes it: complete,
 keep, fail, release and cancelled each in one statement. A database error
 keeps the batch and retries it with backoff: outcomes are never dropped (if the
@@ -49,7 +49,16 @@ class Completer:
         self.finished = trio.Event()  # set when run() has written everything and returned
 
     async def submit(self, outcome: Outcome) -> None:
-        await self._send.send(outcome)
+        """Hand over one outcome; waits only while the channel is full.
+
+        No checkpoint when there is room: the caller (a slot, once per job)
+        checkpoints when it takes its next job, and a yield here would cost
+        one more trip through trio's scheduler per job.
+        """
+        try:
+            self._send.send_nowait(outcome)
+        except trio.WouldBlock:
+            await self._send.send(outcome)
 
     async def close(self) -> None:
         """No more outcomes: `run` returns once everything submitted is written."""

@@ -17,16 +17,21 @@ import attrs
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
+    "ENCODE_CHUNK",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "EnqueueResult",
     "Job",
     "JobSpec",
+    "PayloadTooLargeError",
+    "check_payload",
     "encode_args",
+    "encode_args_runs",
 ]
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
-TASK_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+# Use with fullmatch: "$" alone would also match before a final newline.
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
 PRIORITY_MIN, PRIORITY_MAX = -100, 100  # lower runs first
 DEFAULT_MAX_ATTEMPTS = 25
 MAX_ATTEMPTS_LIMIT = 10_000
@@ -36,10 +41,12 @@ JSONValue = Any
 
 # A JSON escape of NUL (\u0000) not itself preceded by an escaped backslash.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A lone UTF-16 surrogate: valid in a Python str, not encodable as UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _queue_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not isinstance(value, str) or not QUEUE_NAME_RE.match(value):
+    if not isinstance(value, str) or not QUEUE_NAME_RE.fullmatch(value):
         raise ValueError(
             f"{attribute.name} {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':' "
             "or '-', not starting with a punctuation mark"
@@ -49,7 +56,7 @@ def _queue_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> N
 def _task_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{attribute.name} must be a non-empty string, got {value!r}")
-    if not TASK_NAME_RE.match(value):
+    if not TASK_NAME_RE.fullmatch(value):
         raise ValueError(
             f"{attribute.name} {value!r} is invalid: use up to 200 letters, digits, '_', '.', "
             "':' or '-', starting with a letter or '_'"
@@ -99,7 +106,8 @@ def _to_delay(value: dt.timedelta | float | None) -> dt.timedelta:
 
 def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: dt.timedelta) -> None:
     if value < dt.timedelta(0):
-        raise ValueError(f"{attribute.name} must not be negative, got {value}")
+        seconds = f"{value.total_seconds():g}"
+        raise ValueError(f"{attribute.name} must not be negative, got {seconds} s")
 
 
 def _dedup_key(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -111,17 +119,76 @@ def _dedup_key(_inst: object, attribute: attrs.Attribute[Any], value: str | None
         )
 
 
-def encode_args(args: JSONValue) -> str:
-    """``args`` as compact JSON text, or a ValueError naming what is not JSON."""
+# One encoder for every call: json.dumps with keyword arguments builds a new one each time.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_NOT_JSON = "must be JSON (dicts, lists, str, int, float, bool, None)"
+_HAS_NUL = "must not contain NUL characters (Postgres jsonb cannot store them)"
+_HAS_SURROGATE = "must not contain lone surrogates (U+D800 to U+DFFF are not valid UTF-8)"
+
+#: Jobs whose args `encode_args_runs` encodes with one json call (the unit of its checks).
+ENCODE_CHUNK = 1000
+
+
+class PayloadTooLargeError(ValueError):
+    """A job's JSON args exceed the queue's ``max_payload_bytes``."""
+
+
+def encode_args(args: JSONValue, *, field: str = "args") -> str:
+    """``args`` as compact JSON text, or a ValueError naming ``field`` and what is not JSON."""
     try:
-        text = json.dumps(args, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(args)
     except (TypeError, ValueError) as ex:
-        raise ValueError(
-            f"args must be JSON (dicts, lists, str, int, float, bool, None): {ex}"
-        ) from None
-    if _JSON_NUL.search(text):
-        raise ValueError("args must not contain NUL characters (Postgres jsonb cannot store them)")
+        raise ValueError(f"{field} {_NOT_JSON}: {ex}") from None
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise ValueError(f"{field} {_HAS_NUL}")
+    if _SURROGATE.search(text):
+        raise ValueError(f"{field} {_HAS_SURROGATE}")
     return text
+
+
+def encode_args_runs(
+    values: Sequence[JSONValue], *, task: str, max_bytes: int
+) -> list[tuple[int, str]]:
+    """The args of many jobs (None meaning ``{}``), validated like `encode_args`.
+
+    Returns runs ``(jobs, text)`` in input order, ``text`` being those jobs' JSON values
+    separated by commas. `ENCODE_CHUNK` jobs are encoded by one json call and checked as a
+    whole (no NUL escape; at most ``max_bytes`` of UTF-8 in all, so each job is too); only a
+    chunk that fails a check is encoded job by job, to name the first bad ``args[i]``.
+    """
+    runs: list[tuple[int, str]] = []
+    for start in range(0, len(values), ENCODE_CHUNK):
+        chunk = [{} if v is None else v for v in values[start : start + ENCODE_CHUNK]]
+        try:
+            text = _ENCODER.encode(chunk)
+        except (TypeError, ValueError):
+            text = ""
+        suspect = (
+            not text
+            or ("\\u0000" in text and _JSON_NUL.search(text) is not None)
+            or _SURROGATE.search(text) is not None
+            or (len(text) * 4 > max_bytes and len(text.encode()) > max_bytes)
+        )
+        if not suspect:
+            runs.append((len(chunk), text[1:-1]))
+            continue
+        for i, value in enumerate(chunk, start):
+            one = encode_args(value, field=f"args[{i}]")
+            check_payload(one, task=task, max_bytes=max_bytes, where=f"args[{i}]")
+            runs.append((1, one))
+    return runs
+
+
+def check_payload(text: str, *, task: str, max_bytes: int, where: str = "args") -> None:
+    """`PayloadTooLargeError` (naming ``where``) if ``text`` is over ``max_bytes`` of UTF-8."""
+    if len(text) * 4 <= max_bytes:  # a character is at most 4 bytes of UTF-8
+        return
+    size = len(text.encode())
+    if size > max_bytes:
+        raise PayloadTooLargeError(
+            f"{where} of task {task!r} are {size} bytes of JSON, over the limit of "
+            f"{max_bytes} (Queue.max_payload_bytes)"
+        )
 
 
 def _args(value: JSONValue) -> JSONValue:
@@ -173,37 +240,111 @@ class EnqueueResult:
     duplicate: bool = False
 
 
-@attrs.frozen(kw_only=True)
-class Job:
-    """A claimed job, as a worker sees it."""
+def _column(index: int, name: str) -> Any:
+    def get(self: Job) -> Any:
+        return self._row[index]
 
-    id: int
-    queue: str
-    task: str
-    args: JSONValue
-    priority: int
-    run_at: dt.datetime
-    attempt: int
-    max_attempts: int
-    enqueued_at: dt.datetime
-    lease_expires_at: dt.datetime
+    get.__name__ = name
+    return property(get)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _time_column(index: int, name: str) -> Any:
+    """A timestamp kept as the claim returned it (int8 µs since the epoch) until read."""
+
+    def get(self: Job) -> dt.datetime:
+        value = self._row[index]
+        if isinstance(value, dt.datetime):
+            return value
+        return _EPOCH + dt.timedelta(microseconds=value)
+
+    get.__name__ = name
+    return property(get)
+
+
+class Job:
+    """A claimed job, as a worker sees it (immutable).
+
+    Built once per claimed row on the worker's hot path, so it is a thin wrapper
+    around the row (one attribute set, ~0.3 µs) rather than an attrs class
+    (~3 µs); the attributes are the same and read-only. The times of a claimed
+    job are in UTC.
+    """
+
+    __slots__ = ("_row",)
+    _row: tuple[Any, ...]
+
+    #: The claim's RETURNING columns, in order (`trioq._sql`).
+    COLUMNS = (
+        "id", "queue", "task", "args", "priority", "run_at", "attempt", "max_attempts",
+        "enqueued_at", "lease_expires_at",
+    )  # fmt: skip
+
+    id: int = _column(0, "id")
+    queue: str = _column(1, "queue")
+    task: str = _column(2, "task")
+    args: JSONValue = _column(3, "args")
+    priority: int = _column(4, "priority")
+    run_at: dt.datetime = _time_column(5, "run_at")
+    attempt: int = _column(6, "attempt")
+    max_attempts: int = _column(7, "max_attempts")
+    enqueued_at: dt.datetime = _time_column(8, "enqueued_at")
+    lease_expires_at: dt.datetime = _time_column(9, "lease_expires_at")
+
+    def __init__(
+        self,
+        *,
+        id: int,
+        queue: str,
+        task: str,
+        args: JSONValue,
+        priority: int,
+        run_at: dt.datetime,
+        attempt: int,
+        max_attempts: int,
+        enqueued_at: dt.datetime,
+        lease_expires_at: dt.datetime,
+    ) -> None:
+        row = (id, queue, task, args, priority, run_at, attempt, max_attempts, enqueued_at,
+               lease_expires_at)  # fmt: skip
+        object.__setattr__(self, "_row", row)
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Job:
-        """From the claim's RETURNING columns, in `trioq._sql` order."""
-        (id_, queue, task, args, priority, run_at, attempt, max_attempts, enqueued, lease) = row
-        return cls(
-            id=id_,
-            queue=queue,
-            task=task,
-            args=args,
-            priority=priority,
-            run_at=run_at,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            enqueued_at=enqueued,
-            lease_expires_at=lease,
-        )
+        """From the claim's RETURNING columns, in `COLUMNS` order (see `trioq._sql`).
+
+        ``args`` may be JSON text (the claim returns it so: decoded here) and the
+        times int8 microseconds since the Unix epoch (converted when read).
+        """
+        if isinstance(args := row[3], str):
+            row = (*row[:3], json.loads(args), *row[4:])
+        job = object.__new__(cls)
+        object.__setattr__(job, "_row", tuple(row))
+        return job
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Job is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Job is immutable: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Job):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.COLUMNS)
+
+    def __hash__(self) -> int:
+        return hash((self._row[0], self._row[6]))  # id, attempt: args may be unhashable
+
+    def __repr__(self) -> str:
+        pairs = zip(self.COLUMNS, self._fields(), strict=True)
+        fields = ", ".join(f"{name}={value!r}" for name, value in pairs)
+        return f"Job({fields})"
 
     @property
     def kwargs(self) -> Mapping[str, Any]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import enum
 
-import attrs
-
 from ._job import JSONValue
 from ._queue import Failure, Lease
 
 __all__ = ["Kind", "Outcome"]
+
+_NO_DELAY = dt.timedelta(0)
 
 
 class Kind(enum.Enum):
@@ -22,10 +22,25 @@ class Kind(enum.Enum):
     NOTHING = "nothing"  # already written (job.transaction()) or the lease was lost
 
 
-@attrs.frozen(kw_only=True)
 class Outcome:
-    kind: Kind
-    lease: Lease
-    result: JSONValue = None
-    failure: Failure | None = None
-    delay: dt.timedelta = dt.timedelta(0)  # for RELEASE (snooze)
+    """One per job run, built on the hot path: a plain slotted class, not attrs (~1 µs less)."""
+
+    __slots__ = ("delay", "failure", "kind", "lease", "result")
+
+    def __init__(
+        self,
+        *,
+        kind: Kind,
+        lease: Lease,
+        result: JSONValue = None,
+        failure: Failure | None = None,
+        delay: dt.timedelta = _NO_DELAY,  # for RELEASE (snooze)
+    ) -> None:
+        self.kind = kind
+        self.lease = lease
+        self.result = result
+        self.failure = failure
+        self.delay = delay
+
+    def __repr__(self) -> str:
+        return f"Outcome(kind={self.kind}, lease={self.lease!r}, delay={self.delay!r})"

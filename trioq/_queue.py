@@ -9,17 +9,30 @@ rows into results.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
-from ._job import DEFAULT_MAX_ATTEMPTS, EnqueueResult, Job, JobSpec, JSONValue, encode_args
-from ._schema import validate_schema_name
-from ._sql import SCHEDULED_PAYLOAD, Statements, statements
+from ._job import (
+    DEFAULT_MAX_ATTEMPTS,
+    ENCODE_CHUNK,
+    EnqueueResult,
+    Job,
+    JobSpec,
+    JSONValue,
+    PayloadTooLargeError,
+    check_payload,
+    encode_args,
+    encode_args_runs,
+)
+from ._schema import SchemaMissingError, validate_schema_name
+from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements
 
 __all__ = [
     "CancelOutcome",
@@ -37,11 +50,10 @@ __all__ = [
 Conn = psycopg.AsyncConnection[Any]
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # bytes of JSON args
+# One bulk-insert statement carries at most this many jobs, or this many characters of JSON.
+_BULK_STATEMENT_JOBS = 20_000
+_BULK_STATEMENT_CHARS = 16 * 1024 * 1024
 _TWIN_LOOKUPS = 5  # a twin can finish between the conflict and the lookup: insert again
-
-
-class PayloadTooLargeError(ValueError):
-    """A job's JSON args exceed the queue's ``max_payload_bytes``."""
 
 
 @attrs.frozen
@@ -171,14 +183,15 @@ class Queue:
             "notify": notify,
             "channel": self.sql.channel,
         }
-        for _ in range(_TWIN_LOOKUPS):
-            cur = await conn.execute(self.sql.insert, params)
-            row = await cur.fetchone()
-            if row is not None:
-                return EnqueueResult(int(row[0]))
-            twins = await self._live_twins(conn, [key])
-            if key in twins:
-                return EnqueueResult(twins[key], duplicate=True)
+        with _migrated(conn, self.schema):
+            for _ in range(_TWIN_LOOKUPS):
+                cur = await conn.execute(self.sql.insert, params)
+                row = await cur.fetchone()
+                if row is not None:
+                    return EnqueueResult(int(row[0]))
+                twins = await self._live_twins(conn, [key])
+                if key in twins:
+                    return EnqueueResult(twins[key], duplicate=True)
         raise RuntimeError(f"dedup key {key!r} keeps conflicting with jobs that finish at once")
 
     async def enqueue_many(
@@ -186,17 +199,31 @@ class Queue:
     ) -> list[EnqueueResult]:
         """Insert many jobs in a few statements; results are in input order.
 
-        Jobs without dedup keys go through COPY; a batch with dedup keys uses
-        one ``INSERT ... SELECT FROM unnest`` with ``ON CONFLICT DO NOTHING``.
-        One notification per distinct queue (and one ``@scheduled`` for jobs due
-        later), whatever the batch size.
+        Every job is checked before any SQL (errors name ``jobs[i]``). A batch
+        without dedup keys whose jobs differ only in args is one statement (as
+        `enqueue_bulk`); other batches without dedup keys reserve their ids, then
+        go through COPY; a batch with dedup keys uses one ``INSERT ... SELECT FROM
+        unnest`` with ``ON CONFLICT DO NOTHING``. One notification per distinct
+        queue (and one ``@scheduled`` for jobs due later), whatever the batch size.
         """
         specs = list(jobs)
         if not specs:
             return []
-        for spec in specs:
-            self._check_payload(spec)
+        limit = self.max_payload_bytes
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, JobSpec):
+                raise TypeError(f"jobs[{i}] must be a JobSpec, got {spec!r}")
+            check_payload(spec.args_json, task=spec.task, max_bytes=limit, where=f"jobs[{i}].args")
         keys = [spec.effective_dedup_key() for spec in specs]
+        with _migrated(conn, self.schema):
+            return await self._insert_specs(conn, specs, keys, notify)
+
+    async def _insert_specs(
+        self, conn: Conn, specs: list[JobSpec], keys: list[str | None], notify: bool
+    ) -> list[EnqueueResult]:
+        if not any(keys) and _only_args_differ(specs):
+            ids = await self._insert_bulk(conn, specs[0], _args_runs(specs), notify)
+            return [EnqueueResult(job_id) for job_id in ids]
         now, ids = await self._reserve_ids(conn, len(specs))
         run_ats = [spec.run_at or now + spec.delay for spec in specs]
         if any(keys):
@@ -224,13 +251,78 @@ class Queue:
             await conn.execute(self.sql.notify, {"channel": self.sql.channel, "queues": payloads})
         return results
 
+    async def enqueue_bulk(
+        self,
+        conn: Conn,
+        task: str,
+        args: Iterable[JSONValue],
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | float | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        notify: bool = True,
+    ) -> list[int]:
+        """Insert one job of ``task`` per item of ``args``; their ids, in input order.
+
+        The jobs share every other field, validated once as for `enqueue`; each
+        ``args[i]`` is checked (JSON, no NUL, the payload limit) before any SQL,
+        errors naming ``args[i]``. No dedup keys (use `enqueue_many`). The rows go
+        in by one statement per 20,000 jobs, in the caller's transaction (or one of
+        their own in autocommit), with one notification.
+        """
+        if isinstance(args, str | bytes | Mapping):
+            raise TypeError(f"args must be a sequence with one job's args per item, got {args!r}")
+        spec = JobSpec(
+            task=task, queue=queue, priority=priority, run_at=run_at, delay=delay,
+            max_attempts=max_attempts,
+        )  # fmt: skip
+        values = args if isinstance(args, Sequence) else list(args)
+        runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)
+        with _migrated(conn, self.schema):
+            return await self._insert_bulk(conn, spec, runs, notify)
+
     def _check_payload(self, spec: JobSpec) -> None:
-        size = len(spec.args_json.encode())
-        if size > self.max_payload_bytes:
-            raise PayloadTooLargeError(
-                f"args of task {spec.task!r} are {size} bytes of JSON, over the limit of "
-                f"{self.max_payload_bytes} (Queue.max_payload_bytes)"
-            )
+        check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
+
+    async def _insert_bulk(
+        self, conn: Conn, spec: JobSpec, runs: Sequence[tuple[int, str]], notify: bool
+    ) -> list[int]:
+        """Jobs like ``spec`` with the args in ``runs`` (see `encode_args_runs`): their ids."""
+        statements = _bulk_statements(runs)
+        if not statements:
+            return []
+        if len(statements) == 1:
+            return await self._insert_bulk_one(conn, spec, *statements[0], notify)
+        ids: list[int] = []
+        own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        async with conn.transaction() if own else contextlib.nullcontext():
+            for jobs, text in statements:
+                ids += await self._insert_bulk_one(conn, spec, jobs, text, notify)
+        return ids
+
+    async def _insert_bulk_one(
+        self, conn: Conn, spec: JobSpec, jobs: int, args_array: str, notify: bool
+    ) -> list[int]:
+        params = {
+            "jobs": f"{self.schema}.jobs",
+            "args": args_array,
+            "queue": spec.queue,
+            "task": spec.task,
+            "priority": spec.priority,
+            "run_at": spec.run_at,
+            "delay": spec.delay,
+            "max_attempts": spec.max_attempts,
+            "channel": self.sql.channel,
+            "notify": notify,
+        }
+        cur = await conn.execute(self.sql.insert_bulk, params)
+        row = await cur.fetchone()
+        assert row is not None and row[0] == jobs, (row, jobs)
+        if row[2] is not None:  # ids not consecutive (another session drew ids meanwhile)
+            return list(row[2])
+        return list(range(row[1] + 1, row[1] + 1 + jobs))
 
     async def _reserve_ids(self, conn: Conn, n: int) -> tuple[dt.datetime, list[int]]:
         jobs_table = f"{self.schema}.jobs"
@@ -269,12 +361,17 @@ class Queue:
         now: dt.datetime,
     ) -> None:
         """COPY in text format, rows built by hand: names are validated, args escaped."""
-        lines = [
-            f"{job_id}\t{s.queue}\t{s.task}\t{_copy_escape(s.args_json)}\t{s.priority}\t"
-            f"{run_at.isoformat()}\t{'scheduled' if run_at > now else 'available'}\t"
-            f"{s.max_attempts}\n"
-            for job_id, s, run_at in zip(ids, specs, run_ats, strict=True)
-        ]
+        stamps: dict[dt.datetime, str] = {}  # isoformat() once per distinct run_at
+        lines = []
+        for job_id, s, run_at in zip(ids, specs, run_ats, strict=True):
+            stamp = stamps.get(run_at)
+            if stamp is None:
+                stamp = stamps[run_at] = run_at.isoformat()
+            args = _copy_escape(s.args_json) if "\\" in s.args_json else s.args_json
+            lines.append(
+                f"{job_id}\t{s.queue}\t{s.task}\t{args}\t{s.priority}\t{stamp}\t"
+                f"{'scheduled' if run_at > now else 'available'}\t{s.max_attempts}\n"
+            )
         async with conn.cursor() as cur, cur.copy(self.sql.copy_jobs) as copy:
             await copy.write("".join(lines).encode())
 
@@ -295,10 +392,10 @@ class Queue:
         if limit < 1:
             return []
         params = {"queue": queue, "owner": owner, "limit": limit, "lease": lease}
-        cur = await conn.execute(self.sql.claim, params)
-        jobs = [Job.from_row(row) for row in await cur.fetchall()]
-        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
-        return jobs
+        cur = await conn.execute(claim_query(self.sql.schema), params)
+        rows = await cur.fetchall()
+        rows.sort(key=_claim_order)  # UPDATE ... RETURNING keeps no order
+        return [Job.from_row(row) for row in rows]
 
     async def heartbeat(
         self, conn: Conn, *, owner: str, leases: Sequence[Lease], lease: dt.timedelta
@@ -488,6 +585,11 @@ class Queue:
         return await purge_dead(conn, self.sql, where or DeadFilter(), before=before)
 
 
+def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """priority, run_at, id of a claimed row (`Job.COLUMNS`)."""
+    return (row[4], row[5], row[0])
+
+
 def _fence(leases: Sequence[Lease]) -> dict[str, list[int]]:
     return {
         "ids": [lease.job_id for lease in leases],
@@ -495,6 +597,64 @@ def _fence(leases: Sequence[Lease]) -> dict[str, list[int]]:
     }
 
 
+def _only_args_differ(specs: Sequence[JobSpec]) -> bool:
+    """Whether all ``specs`` share the first one's fields but args (one bulk statement fits)."""
+    f = specs[0]
+    return all(
+        s.task == f.task
+        and s.queue == f.queue
+        and s.priority == f.priority
+        and s.run_at == f.run_at
+        and s.delay == f.delay
+        and s.max_attempts == f.max_attempts
+        for s in specs
+    )
+
+
+def _args_runs(specs: Sequence[JobSpec]) -> list[tuple[int, str]]:
+    """The specs' (already encoded) args as runs, like `encode_args_runs` returns them: up to
+    `ENCODE_CHUNK` jobs per run, or one per run where that would make a run too long for one
+    statement (``max_payload_bytes`` allows 1 MiB per job)."""
+    runs: list[tuple[int, str]] = []
+    for start in range(0, len(specs), ENCODE_CHUNK):
+        texts = [spec.args_json for spec in specs[start : start + ENCODE_CHUNK]]
+        if sum(map(len, texts)) <= _BULK_STATEMENT_CHARS:
+            runs.append((len(texts), ",".join(texts)))
+        else:
+            runs.extend((1, text) for text in texts)
+    return runs
+
+
+def _bulk_statements(runs: Sequence[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Runs of comma-separated JSON args grouped into statements: (jobs, JSON array text)."""
+    statements: list[tuple[int, str]] = []
+    parts: list[str] = []
+    jobs = chars = 0
+    for n, text in runs:
+        if parts and (jobs + n > _BULK_STATEMENT_JOBS or chars + len(text) > _BULK_STATEMENT_CHARS):
+            statements.append((jobs, f"[{','.join(parts)}]"))
+            parts, jobs, chars = [], 0, 0
+        parts.append(text)
+        jobs += n
+        chars += len(text)
+    if parts:
+        statements.append((jobs, f"[{','.join(parts)}]"))
+    return statements
+
+
 def _copy_escape(text: str) -> str:
     """Escape for COPY text format. JSON text has no raw control characters."""
     return text.replace("\\", "\\\\")
+
+
+@contextlib.contextmanager
+def _migrated(conn: Conn, schema: str) -> Iterator[None]:
+    """Say what to run when trioq's tables are missing, not 'relation does not exist'
+    (the same words as `check_schema`)."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as ex:
+        raise SchemaMissingError(
+            f"schema {schema!r} in database {conn.info.dbname!r} has no trioq tables: "
+            "run `trioq migrate`"
+        ) from ex

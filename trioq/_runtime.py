@@ -11,19 +11,21 @@ One nursery tree owns everything::
      |   |- sweeper           expired leases of crashed workers: back to available, or dead
      |   |- scheduler         promotes due scheduled jobs; fires cron ticks
      |   |- signals           SIGINT/SIGTERM: graceful stop, a second one skips the grace
-     |- jobs nursery          one task per running job, each in its own cancel scope
-         |- fetchers          per queue: claim up to the free slots, start job tasks
+     |- jobs nursery          per queue: ``concurrency`` slots, each running one job at a time
+         |- fetchers          per queue: claim for idle slots, and ahead of them for short jobs
 
-Shutdown: stop the fetchers -> wait up to ``shutdown_grace`` for running jobs
--> cancel the rest, whose rows are released (attempt refunded) -> flush the
-completer -> close.
+Shutdown: stop the fetchers (buffered jobs are released unstarted) -> wait up to
+``shutdown_grace`` for running jobs -> cancel the rest, whose rows are released
+(attempt refunded) -> flush the completer -> close.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import functools
 import logging
+import math
 import signal
 import traceback
 from collections.abc import Sequence
@@ -62,6 +64,11 @@ FLUSH_TIMEOUT = 10.0
 MAX_RETRY_DELAY = dt.timedelta(days=365)
 #: Longest the scheduler sleeps without a reason to wake.
 SCHEDULER_MAX_SLEEP = 5.0
+#: A slot that finds its next job already buffered takes it without a checkpoint, but
+#: yields to the other tasks at least once every this many jobs. A checkpoint (one trip
+#: through trio's scheduler) costs about as much as the rest of a no-op job; handlers that
+#: do any I/O checkpoint anyway.
+SLOT_YIELD_EVERY = 8
 
 
 @attrs.frozen(kw_only=True)
@@ -75,33 +82,108 @@ class RuntimeStatistics:
     stopping: bool
 
 
-@attrs.define
 class _Running:
-    """A job task's handle: its cancel scope and why we cancelled it, if we did."""
+    """A claimed job's handle: why we aborted it, if we did, and how to stop its handler.
 
-    job: Job
-    lease: Lease
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    reason: str | None = None  # "lost", "cancel" or "shutdown"
-    finished: bool = False  # the handler returned; only its outcome is left to write
+    It exists from the claim on: a prefetched job waiting for a slot has one too,
+    so heartbeats, lost leases and cancel requests reach it before it starts.
+    While its handler runs, ``scope`` is the cancel scope of the slot running it.
+    """
+
+    __slots__ = ("finished", "job", "lease", "reason", "scope")
+
+    def __init__(self, job: Job, lease: Lease) -> None:
+        self.job = job
+        self.lease = lease
+        self.scope: trio.CancelScope | None = None  # set while its handler runs
+        self.reason: str | None = None  # "lost", "cancel" or "shutdown"
+        self.finished = False  # the handler returned; only its outcome is left to write
 
     def abort(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-        self.scope.cancel()
+        if self.scope is not None:
+            self.scope.cancel()
 
 
 @attrs.define
 class _QueueState:
+    """One served queue: its prefetch buffer, its slots and its fetcher's wake-ups.
+
+    The buffer is a deque rather than a memory channel: the fetcher appends at
+    most what `wanted` allows (so it is bounded), the slots pop them, and slots
+    with nothing to do park in ``idle``. That is a third of the cost per job of
+    a channel's send and receive.
+    """
+
     name: str
     config: QueueConfig
-    active: int = 0
+    active: int = 0  # handlers running
+    buffer: collections.deque[_Running] = attrs.field(factory=collections.deque)
+    closed: bool = False  # the fetcher stopped: the slots end once the buffer is empty
+    idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     wakeup: Wakeup = attrs.field(factory=Wakeup)  # a notification, or work to fetch
-    slot_freed: Wakeup = attrs.field(factory=Wakeup)
+    room: Wakeup = attrs.field(factory=Wakeup)  # a job finished: claim again?
+    fetcher_waits: bool = False  # for `room`: only then do the slots set it
+    finished: int = 0  # handlers that returned (or were aborted), ever
+    #: Jobs to claim beyond the idle slots: how many finished while the last claim was in
+    #: flight (at most ``concurrency``). See `wanted`.
+    prefetch: int = 0
+    #: Below this, the fetcher does not claim while every slot has work (no tiny claims).
+    refill: int = attrs.field(init=False)
 
-    @property
-    def free(self) -> int:
-        return self.config.concurrency - self.active
+    def __attrs_post_init__(self) -> None:
+        self.refill = max(1, self.config.concurrency // 2)
+
+    def wanted(self) -> int:
+        """How many jobs the next claim should take; 0: wait for `room`.
+
+        Every idle slot (no job running, none buffered for it) wants one job,
+        at once. On top of that the fetcher prefetches as many jobs as finished
+        during the previous claim's round trip: for short jobs that is up to
+        ``concurrency``, so the next claim is in flight while the slots work
+        through the buffer. For long jobs it is 0, and a worker claims only
+        for idle slots, leaving the rest to other workers.
+        """
+        idle = self.config.concurrency - self.active - len(self.buffer)
+        wanted = idle + self.prefetch
+        if idle <= 0 and wanted < self.refill:
+            return 0
+        return wanted
+
+    def put(self, jobs: list[_Running]) -> None:
+        self.buffer.extend(jobs)
+        self.idle.unpark(count=len(jobs))
+
+    def close(self) -> None:
+        self.closed = True
+        self.idle.unpark_all()
+
+    async def take(self, *, checkpoint: bool) -> _Running | None:
+        """The next buffered job, or None once closed and empty.
+
+        Checkpoints when it has to wait, or when asked to (see `SLOT_YIELD_EVERY`).
+        """
+        if checkpoint:
+            await trio.lowlevel.checkpoint()
+        while not self.buffer:
+            if self.closed:
+                return None
+            await self.idle.park()
+        return self.buffer.popleft()  # the slot counts it as active at once: `idle` is unchanged
+
+    def job_done(self) -> None:
+        self.active -= 1
+        self.finished += 1
+        if self.fetcher_waits:
+            self.room.set()
+
+    async def wait_for_room(self) -> None:
+        self.fetcher_waits = True
+        try:
+            await self.room.wait()
+        finally:
+            self.fetcher_waits = False
 
 
 class Runtime:
@@ -181,10 +263,13 @@ class Runtime:
         async with trio.open_nursery() as jobs:
             async with trio.open_nursery() as fetchers:
                 for state in self._queues.values():
-                    fetchers.start_soon(self._fetch_loop, state, jobs)
+                    for _ in range(state.config.concurrency):
+                        jobs.start_soon(self._slot, state)
+                    fetchers.start_soon(self._fetch_loop, state)
                 task_status.started(self)
                 await self._stop_requested.wait()
                 fetchers.cancel_scope.cancel()
+            # The fetchers closed their buffers: the slots release what is left in them.
             logger.info("stopping: waiting up to %s s for %d jobs", self.config.shutdown_grace,
                         len(self._held))  # fmt: skip
             with self._grace_scope, trio.move_on_after(self.config.shutdown_grace):
@@ -210,29 +295,45 @@ class Runtime:
 
     # -- fetching and running jobs --------------------------------------------------------------
 
-    async def _fetch_loop(self, state: _QueueState, jobs: trio.Nursery) -> None:
+    async def _fetch_loop(self, state: _QueueState) -> None:
+        """Claim jobs for the queue's slots, and ahead of them while jobs are short.
+
+        See `_QueueState.wanted`. Leases held by this queue stay bounded: at
+        most 2 x ``concurrency`` running or buffered, plus the outcomes waiting
+        for the completer.
+        """
         backoff = RECONNECT_MIN
-        while True:
-            if state.free <= 0:
-                await state.slot_freed.wait()
-                continue
-            wanted = state.free
-            try:
-                claimed = await self._claim(state, wanted)
-            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
-                logger.warning("claiming from queue %r failed: %s", state.name, ex)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX)
-                continue
-            backoff = RECONNECT_MIN
-            for job in claimed:
-                state.active += 1
-                running = _Running(job, Lease(job.id, job.attempt))
-                self._held[running.lease] = running
-                jobs.start_soon(self._run_job, state, running)
-            if len(claimed) < wanted:  # the queue is drained: wait for news, or poll
-                with trio.move_on_after(self.config.poll_interval):
-                    await state.wakeup.wait()
+        try:
+            while True:
+                wanted = state.wanted()
+                if wanted <= 0:
+                    await state.wait_for_room()
+                    continue
+                finished_before = state.finished
+                try:
+                    claimed = await self._claim(state, wanted)
+                except Exception as ex:  # the database, mostly; Cancelled is not an Exception
+                    logger.warning("claiming from queue %r failed: %s", state.name, ex)
+                    # Back off, but a notification (or the listener's reconnect) means
+                    # the database is answering again: try at once rather than up to
+                    # RECONNECT_MAX later.
+                    with trio.move_on_after(backoff):
+                        await state.wakeup.wait()
+                    backoff = min(backoff * 2, RECONNECT_MAX)
+                    continue
+                backoff = RECONNECT_MIN
+                concurrency = state.config.concurrency
+                state.prefetch = min(concurrency, state.finished - finished_before)
+                held = self._held
+                batch = [_Running(job, Lease(job.id, job.attempt)) for job in claimed]
+                for running in batch:
+                    held[running.lease] = running
+                state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
+                if len(claimed) < wanted:  # the queue is drained: wait for news, or poll
+                    with trio.move_on_after(self.config.poll_interval):
+                        await state.wakeup.wait()
+        finally:
+            state.close()  # the slots release what is left in the buffer, then end
 
     async def _claim(self, state: _QueueState, limit: int) -> list[Job]:
         async with self.pool.connection() as conn:
@@ -243,32 +344,67 @@ class Runtime:
         self._claimed += len(claimed)
         return claimed
 
-    async def _run_job(self, state: _QueueState, running: _Running) -> None:
-        try:
-            outcome = await self._execute(running)
+    async def _slot(self, state: _QueueState) -> None:
+        """One of the queue's ``concurrency`` slots: run buffered jobs one after another.
+
+        Each job's handler runs in a cancel scope that `_Running.abort` cancels
+        (lost lease, cancel request, shutdown). Entering and leaving a scope is
+        a good part of trio's cost per job, so a slot keeps one scope for as
+        many jobs as it can: until one of them is aborted while it runs. Then
+        that job's outcome is decided here, and the slot opens a new scope.
+        """
+        while True:
+            current: list[_Running] = []  # the job whose handler runs in `scope`, if any
+            with trio.CancelScope() as scope:
+                await self._slot_jobs(state, scope, current)
+                return  # the buffer is closed and empty
+            # `scope` was cancelled: abort() of the job it was running (or of one that
+            # returned just as it was aborted; then `current` is empty).
+            if current:
+                running = current.pop()
+                self._finish(state, running)
+                await self._completer.submit(_aborted(running))
+
+    async def _slot_jobs(
+        self, state: _QueueState, scope: trio.CancelScope, current: list[_Running]
+    ) -> None:
+        """Run buffered jobs in ``scope`` until the buffer is closed and empty."""
+        streak = 0
+        while (running := await state.take(checkpoint=streak >= SLOT_YIELD_EVERY)) is not None:
+            streak = streak + 1 if streak < SLOT_YIELD_EVERY else 1
+            if running.reason is not None or self._stop_requested.is_set():
+                await self._completer.submit(_unstarted(running))
+                continue
+            if scope.cancel_called:  # a job aborted as it returned: a fresh scope, please
+                state.buffer.appendleft(running)
+                await trio.lowlevel.checkpoint()  # raises Cancelled: we are in `scope`
+            state.active += 1
+            running.scope = scope
+            current.append(running)
+            outcome = await self._execute(running)  # Cancelled: abort(); the caller deals
+            current.pop()
+            self._finish(state, running)
             await self._completer.submit(outcome)
-        finally:
-            state.active -= 1
-            state.slot_freed.set()
-            self._job_finished.set()
+
+    def _finish(self, state: _QueueState, running: _Running) -> None:
+        """The handler is done: the slot is free (its outcome is handed over after this)."""
+        running.scope = None
+        running.finished = True
+        state.job_done()
+        if self._stop_requested.is_set():
+            self._job_finished.set()  # the shutdown grace waits for running jobs
 
     async def _execute(self, running: _Running) -> Outcome:
+        """Run the job's handler; raises Cancelled if the job is aborted while it runs."""
         job, lease = running.job, running.lease
         task = self.config.registry.get(job.task)
         if task is None:
             return _unknown_task(job, self.config.registry, lease)
         ctx = JobContext(job, self)
-        outcome: Outcome | None = None
-        with running.scope:
-            outcome = await self._call(task, ctx, lease)
-        running.finished = True
+        outcome = await self._call(task, ctx, lease)
         if running.reason == "lost" or ctx.completed_in_transaction:
             return Outcome(kind=Kind.NOTHING, lease=lease)
-        if outcome is not None:
-            return outcome
-        if running.reason == "cancel":
-            return Outcome(kind=Kind.CANCELLED, lease=lease)
-        return Outcome(kind=Kind.RELEASE, lease=lease)  # shutdown
+        return outcome
 
     async def _call(self, task: Task, ctx: JobContext, lease: Lease) -> Outcome:
         try:
@@ -282,6 +418,9 @@ class Runtime:
                     return _failure(task, lease, error, None)
         except Exception as ex:
             return _outcome_of_error(task, ctx.job, lease, ex)
+        except BaseException as ex:  # KeyboardInterrupt, SystemExit, a stray Cancelled, ...
+            _reraise_cancellation(ex, ctx.job)
+            return _outcome_of_base_error(task, ctx.job, lease, ex)
         if task.keep_result:
             try:
                 encode_args(result)
@@ -291,6 +430,10 @@ class Runtime:
             return Outcome(kind=Kind.KEEP, lease=lease, result=result)
         return Outcome(kind=Kind.COMPLETE, lease=lease)
 
+    # KI-protected: a real Ctrl-C (without ``handle_signals``) that arrives while handler code
+    # runs goes to trio's main task, as it does everywhere else in the runtime, instead of
+    # being raised inside the handler, where it would look like the handler's own error.
+    @trio.lowlevel.enable_ki_protection
     async def _invoke(self, task: Task, ctx: JobContext) -> Any:
         args = ctx.job.args
         if task.is_async:
@@ -422,6 +565,19 @@ class Runtime:
         return sleep
 
 
+def _aborted(running: _Running) -> Outcome:
+    """The outcome of a job whose handler we cancelled: lost lease, cancel or shutdown."""
+    if running.reason == "lost":
+        return Outcome(kind=Kind.NOTHING, lease=running.lease)
+    if running.reason == "cancel":
+        return Outcome(kind=Kind.CANCELLED, lease=running.lease)
+    return Outcome(kind=Kind.RELEASE, lease=running.lease)  # shutdown: attempt refunded
+
+
+#: A claimed job that no handler ran ends the same way (shutdown: released, attempt refunded).
+_unstarted = _aborted
+
+
 async def _db_now(conn: Any) -> dt.datetime:
     cur = await conn.execute(sql.SQL("SELECT " + NOW))  # NOW is a constant expression
     row = await cur.fetchone()
@@ -441,9 +597,56 @@ def _outcome_of_error(task: Task, job: Job, lease: Lease, ex: Exception) -> Outc
     return _failure(task, lease, _describe(ex), traceback.format_exc(), fatal=fatal)
 
 
+def _reraise_cancellation(ex: BaseException, job: Job) -> None:
+    """Re-raise ``ex`` if it is (or holds) a `trio.Cancelled` of a cancelled enclosing scope.
+
+    Called in the ``except BaseException`` block of a handler call. A Cancelled
+    while an enclosing scope is cancelled (lost lease, job cancel, shutdown, or
+    whatever cancels `serve` itself) is the runtime's own: it propagates, and
+    the scope that was cancelled decides the outcome. Anything else the handler
+    raised returns to the caller, which fails the job: KeyboardInterrupt,
+    SystemExit, GeneratorExit, and a "stray" Cancelled raised while no
+    enclosing scope is cancelled. Of a group holding both, only the Cancelled
+    part propagates; the rest is logged.
+    """
+    if trio.current_effective_deadline() != -math.inf:
+        return  # nothing around us is cancelled: whatever this is, it is the handler's
+    if isinstance(ex, trio.Cancelled):
+        raise ex
+    if isinstance(ex, BaseExceptionGroup):
+        cancelled, rest = ex.split(trio.Cancelled)
+        if cancelled is not None:
+            if rest is not None:
+                logger.warning("job %d (%s) raised while being cancelled: %s",
+                               job.id, job.task, _describe(rest))  # fmt: skip
+            raise cancelled
+
+
+def _outcome_of_base_error(task: Task, job: Job, lease: Lease, ex: BaseException) -> Outcome:
+    """A handler raised a BaseException that is not the runtime's cancellation: a failure."""
+    error = _describe(ex)
+    if isinstance(ex, trio.Cancelled):
+        error = "stray trio.Cancelled: raised while no enclosing cancel scope was cancelled"
+    logger.warning("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, error)
+    return _failure(task, lease, error, traceback.format_exc())
+
+
 def _describe(ex: BaseException) -> str:
+    if isinstance(ex, trio.Cancelled):  # its text names no cause ("cancelled due to unknown")
+        return "stray trio.Cancelled"
     text = str(ex)
-    return f"{type(ex).__name__}: {text}" if text else type(ex).__name__
+    described = f"{type(ex).__name__}: {text}" if text else type(ex).__name__
+    if isinstance(ex, BaseExceptionGroup):
+        leaves = ", ".join(_describe(leaf) for leaf in _leaves(ex))
+        described = f"{described}: {leaves}"
+    return described
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for ex in group.exceptions:
+        leaves.extend(_leaves(ex) if isinstance(ex, BaseExceptionGroup) else [ex])
+    return leaves
 
 
 def _failure(
