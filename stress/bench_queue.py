@@ -3,10 +3,14 @@
 Three measurements, each in the database ``trioq_bench`` that the script creates (dropping a
 leftover one first) and drops at the end:
 
-a. ``Queue.enqueue_many``: ``--enqueue-jobs`` jobs in batches of 1,000 and 10,000, one
-   transaction per batch, without dedup keys (the COPY path) and with one (the unnest path).
-   Reported twice: with the `JobSpec` objects built beforehand (``enqueue_many`` alone) and
-   end to end (building the specs is part of the caller's cost).
+a. Enqueue: ``--enqueue-jobs`` jobs in batches of 1,000 and 10,000, one transaction per batch,
+   by each path of ``--enqueue-paths``: ``Queue.enqueue_bulk`` (one task, a list of args),
+   ``Queue.enqueue_many`` of `JobSpec` objects differing only in args (the same statement),
+   with mixed priorities (COPY), and with dedup keys (unnest). Reported twice: with the inputs
+   built beforehand (the calls alone) and end to end (building the args list or the specs is
+   part of the caller's cost). In the same repetitions, the ceiling: pgbench running a
+   prepared 100-row ``INSERT INTO trioq.jobs`` with 1 and 2 clients. Repetitions interleave
+   all of these; the table shows median, worst and best.
 b. ``Queue.claim`` + ``Queue.complete_many`` alone (no worker runtime): ``--drain-jobs`` jobs
    drained with batch sizes 1, 10 and 100 (claim ``limit=N``, then complete those N, each
    statement its own autocommit transaction) by 1 and by 4 trio tasks, each on its own
@@ -24,21 +28,21 @@ the machine is idle; the CPU the rest of the machine used during the measurement
 (``others``, in cores), because on a small box a neighbour's work skews every number.
 Repetitions (``--repeat``) interleave trioq and pgbench; tables show the median and the best.
 
-``--profile`` adds (d): where ``enqueue_many``'s time goes on the COPY path (a stage-by-stage
-breakdown and the top of a cProfile), the server's raw COPY rate for the same rows (the ceiling
-for enqueue), and prototypes of fixes applied by monkeypatching `trioq._job` / `trioq._queue`
-for the duration of one measurement (nothing under ``trioq/`` is edited); and drain prototypes:
-the other lease-index predicate and a claim whose generic plan is safe, applied to the bench
-database only. Results are discussed in docs/queue-performance.md.
+``--profile`` adds (d): where the enqueue time goes: ``enqueue_many``'s COPY path step by step
+(a mixed batch), the server's raw COPY rate for prebuilt rows (the ceiling for COPY),
+``enqueue_bulk`` step by step, and a cProfile of ``enqueue_bulk`` and ``enqueue_many``; and drain
+prototypes: the other lease-index predicate and a claim whose generic plan is safe, applied to
+the bench database only. Results are discussed in docs/queue-performance.md.
 
-The COPY rows of the prototypes are built for whatever column list trioq's COPY statement has
-(`copy_row_fn`), so the script follows schema changes such as the ``state`` column.
+The COPY rows of the stage breakdown are built for whatever column list trioq's COPY statement
+has (`copy_row_fn`), so the script follows schema changes such as the ``state`` column.
 
 Usage::
 
     python stress/bench_queue.py                       # TRIOQ_DSN or the local test server
     python stress/bench_queue.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
         --repeat 3 --profile --json bench_queue.json
+    python stress/bench_queue.py --skip drain --enqueue-paths bulk,many --repeat 7
 """
 
 from __future__ import annotations
@@ -49,7 +53,6 @@ import cProfile
 import datetime as dt
 import functools
 import importlib.util
-import inspect
 import io
 import json
 import os
@@ -75,9 +78,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import trioq
 import trioq._job as trioq_job
+import trioq._queue as trioq_queue
 from trioq import JobSpec, Lease, Queue
-from trioq._queue import _copy_escape
-from trioq._sql import NOW, statements
+from trioq._job import encode_args_runs
+from trioq._sql import statements
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 BENCH_DB = "trioq_bench"
@@ -173,21 +177,21 @@ class Meter:
 # -- database setup -----------------------------------------------------------------------------
 
 
-async def create_bench_db(admin_dsn: str) -> str:
+async def create_bench_db(admin_dsn: str, database: str) -> str:
     async with await trioq.connect(admin_dsn, autocommit=True) as admin:
-        name = sql.Identifier(BENCH_DB)
+        name = sql.Identifier(database)
         await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
         await admin.execute(sql.SQL("CREATE DATABASE {}").format(name))
-    dsn = make_conninfo(admin_dsn, dbname=BENCH_DB)
+    dsn = make_conninfo(admin_dsn, dbname=database)
     async with await trioq.connect(dsn, autocommit=True) as conn:
         await trioq.migrate(conn)
     return dsn
 
 
-async def drop_bench_db(admin_dsn: str) -> None:
+async def drop_bench_db(admin_dsn: str, database: str) -> None:
     async with await trioq.connect(admin_dsn, autocommit=True) as admin:
         await admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB))
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
         )
 
 
@@ -233,40 +237,61 @@ async def backend_pid(conn: Conn) -> int:
 # -- (a) enqueue_many ---------------------------------------------------------------------------
 
 
-def build_specs(n: int, *, dedup: bool, tag: str) -> list[JobSpec]:
+def bench_args(start: int, stop: int) -> list[dict[str, Any]]:
+    return [{"user_id": i, "kind": "welcome"} for i in range(start, stop)]
+
+
+def build_specs(n: int, *, dedup: bool, tag: str, mixed: bool = False) -> list[JobSpec]:
+    """The benchmark's jobs as specs: differing only in args (the bulk statement), with a
+    per-job dedup key (``dedup``, the unnest path) or priorities 0/1 (``mixed``, COPY)."""
     if dedup:
         return [
-            JobSpec(
-                task="bench.task",
-                args={"user_id": i, "kind": "welcome"},
-                queue=QUEUE_NAME,
-                dedup_key=f"{tag}-{i}",
-            )
-            for i in range(n)
+            JobSpec(task="bench.task", args=a, queue=QUEUE_NAME, dedup_key=f"{tag}-{i}")
+            for i, a in enumerate(bench_args(0, n))
         ]
-    return [
-        JobSpec(task="bench.task", args={"user_id": i, "kind": "welcome"}, queue=QUEUE_NAME)
-        for i in range(n)
-    ]
+    if mixed:
+        return [
+            JobSpec(task="bench.task", args=a, queue=QUEUE_NAME, priority=i % 2)
+            for i, a in enumerate(bench_args(0, n))
+        ]
+    return [JobSpec(task="bench.task", args=a, queue=QUEUE_NAME) for a in bench_args(0, n)]
+
+
+#: The enqueue paths measured: label -> how to build the inputs (timed separately: that is the
+#: caller's cost) and how to enqueue one batch of them.
+ENQUEUE_PATHS: dict[str, tuple[str, str]] = {
+    "bulk": ("enqueue_bulk (args only)", "args"),
+    "many": ("enqueue_many, jobs differ in args only", "specs"),
+    "copy": ("enqueue_many, mixed priorities (COPY)", "mixed"),
+    "dedup": ("enqueue_many, dedup keys (unnest)", "dedup"),
+}
 
 
 async def enqueue_run(
-    conn: Conn, n: int, batch: int, *, dedup: bool, tag: str, queue: Queue | None = None
+    conn: Conn, n: int, batch: int, *, path: str, tag: str, queue: Queue | None = None
 ) -> dict[str, Any]:
-    """One measurement: build n specs, then enqueue them ``batch`` per transaction."""
+    """One measurement: build n jobs' inputs, then enqueue them ``batch`` per transaction."""
     q = queue or Queue()
+    kind = ENQUEUE_PATHS[path][1]
     t0, c0 = time.perf_counter(), time.process_time()
-    specs = build_specs(n, dedup=dedup, tag=tag)
+    if kind == "args":
+        inputs: Sequence[Any] = bench_args(0, n)
+    else:
+        inputs = build_specs(n, dedup=kind == "dedup", tag=tag, mixed=kind == "mixed")
     build, build_cpu = time.perf_counter() - t0, time.process_time() - c0
     meter = Meter(server_pids=[await backend_pid(conn)])
     for i in range(0, n, batch):
+        chunk = inputs[i : i + batch]
         async with conn.transaction():
-            results = await q.enqueue_many(conn, specs[i : i + batch])
-        assert len(results) == len(specs[i : i + batch])
+            if kind == "args":
+                results: Sequence[Any] = await q.enqueue_bulk(
+                    conn, "bench.task", chunk, queue=QUEUE_NAME
+                )
+            else:
+                results = await q.enqueue_many(conn, chunk)
+        assert len(results) == len(chunk)
     m = meter.stop()
-    cur = await conn.execute("SELECT count(*) FROM trioq.jobs")
-    row = await cur.fetchone()
-    assert row is not None and row[0] == n, row
+    assert await remaining(conn) == n
     wall = m["wall"]
     assert wall is not None
     client_us = (m["client_cpu"] or 0) / n * 1e6
@@ -282,6 +307,40 @@ async def enqueue_run(
         "end_to_end_jobs_s": n / (wall + build),
         "client_us_job": client_us,
         "server_us_job": server_us,
+    }
+
+
+def pgbench_insert_script(rows: int) -> str:
+    """One multi-row INSERT of the benchmark's jobs into trioq.jobs (ids from the identity)."""
+    values = ",\n".join(
+        f"('{QUEUE_NAME}', 'bench.task', '{{\"user_id\":{i},\"kind\":\"welcome\"}}')"
+        for i in range(rows)
+    )
+    return f"INSERT INTO trioq.jobs (queue, task, args) VALUES\n{values};\n"
+
+
+async def pgbench_insert(
+    pgbench: str, dsn: str, script: Path, *, jobs: int, rows: int, clients: int
+) -> dict[str, Any]:
+    """pgbench running `pgbench_insert_script` (autocommit, prepared): the server's ceiling
+    for inserting these rows with SQL, without any client-side work per job."""
+    per_client = max(1, jobs // (rows * clients))
+    cmd = [pgbench, "-n", "-M", "prepared", "-f", str(script), "-c", str(clients),
+           "-j", str(clients), "-t", str(per_client), dsn]  # fmt: skip
+    meter = Meter(child=True)
+    proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
+    m = meter.stop()
+    stdout = proc.stdout.decode()
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{stdout}\n{proc.stderr!r}")
+    found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", stdout)
+    if not found:
+        raise RuntimeError(f"no tps in pgbench output:\n{stdout}")
+    return {
+        **m,
+        "enqueue_jobs_s": float(found[1]) * rows,
+        "jobs": per_client * clients * rows,
+        "command": shlex.join([*cmd[:-1], "<dsn>"]),
     }
 
 
@@ -431,7 +490,8 @@ def _add(stages: Stages, name: str, seconds: float) -> None:
 
 
 async def stage_breakdown(conn: Conn, n: int, batch: int) -> Stages:
-    """enqueue_many's steps (as in trioq/_queue.py) timed one by one; seconds for ``n`` jobs.
+    """enqueue_many's COPY path (batches whose jobs differ in more than args), as in
+    trioq/_queue.py, timed step by step; seconds for ``n`` jobs.
 
     The steps call the real private methods. ``_copy`` is timed whole, and its text building
     is timed separately on a replica (`copy_row_fn`, same per-row work: isoformat, escape,
@@ -444,7 +504,7 @@ async def stage_breakdown(conn: Conn, n: int, batch: int) -> Stages:
         trioq_job.encode_args(a)
     _add(stages, "encode_args alone (inside JobSpec())", time.perf_counter() - t0)
     t0 = time.perf_counter()
-    specs = build_specs(n, dedup=False, tag="")
+    specs = build_specs(n, dedup=False, tag="", mixed=True)
     _add(stages, "JobSpec() incl. validation + encode_args", time.perf_counter() - t0)
     t_all = time.perf_counter()
     for i in range(0, n, batch):
@@ -460,7 +520,6 @@ async def stage_breakdown(conn: Conn, n: int, batch: int) -> Stages:
 async def _stage_batch(conn: Conn, chunk: Sequence[JobSpec], stages: Stages) -> None:
     """One enqueue_many call (COPY path), step by step."""
     q = Queue()
-    takes_now = list(inspect.signature(Queue._copy).parameters)[-1] == "now"
     t = time.perf_counter()
     for spec in chunk:
         q._check_payload(spec)
@@ -476,16 +535,16 @@ async def _stage_batch(conn: Conn, chunk: Sequence[JobSpec], stages: Stages) -> 
     run_ats = [spec.run_at or now + spec.delay for spec in chunk]
     _add(stages, "run_ats", time.perf_counter() - t)
     t = time.perf_counter()
-    row = copy_row_fn()
+    row, stamps = copy_row_fn(), {now: now.isoformat()}
     text = "".join(
-        row(job_id, s, run_at, now, run_at.isoformat(), _copy_escape(s.args_json))
+        row(job_id, s, run_at, now, stamps[run_at], s.args_json)
         for job_id, s, run_at in zip(ids, chunk, run_ats, strict=True)
     ).encode()
     build = time.perf_counter() - t
     assert text
     _add(stages, "_copy: build the COPY text (replica)", build)
     t = time.perf_counter()
-    await q._copy(conn, chunk, ids, run_ats, *((now,) if takes_now else ()))
+    await q._copy(conn, chunk, ids, run_ats, now)
     _add(
         stages, "_copy: COPY send + server (_copy minus the above)", time.perf_counter() - t - build
     )
@@ -501,11 +560,43 @@ async def _stage_batch(conn: Conn, chunk: Sequence[JobSpec], stages: Stages) -> 
     _add(stages, "notify (round trip)", time.perf_counter() - t)
 
 
+async def bulk_breakdown(conn: Conn, n: int, batch: int) -> Stages:
+    """enqueue_bulk's steps (as in trioq/_queue.py) timed one by one; seconds for ``n`` jobs."""
+    q, spec = Queue(), JobSpec(task="bench.task", queue=QUEUE_NAME)
+    stages: Stages = {}
+    t_all = time.perf_counter()
+    for i in range(0, n, batch):
+        t = time.perf_counter()
+        args = bench_args(i, min(i + batch, n))
+        _add(stages, "the caller builds its args (dicts)", time.perf_counter() - t)
+        t = time.perf_counter()
+        runs = encode_args_runs(args, task="bench.task", max_bytes=q.max_payload_bytes)
+        _add(stages, "encode_args_runs: json + checks", time.perf_counter() - t)
+        t = time.perf_counter()
+        statements = trioq_queue._bulk_statements(runs)
+        _add(stages, "_bulk_statements: the JSON array text", time.perf_counter() - t)
+        t = time.perf_counter()
+        await conn.execute("BEGIN")
+        _add(stages, "BEGIN (round trip)", time.perf_counter() - t)
+        t = time.perf_counter()
+        for jobs, text in statements:
+            await q._insert_bulk_one(conn, spec, jobs, text, True)
+        _add(stages, "the statement: send, server, ids", time.perf_counter() - t)
+        t = time.perf_counter()
+        await conn.execute("COMMIT")
+        _add(stages, "COMMIT (round trip)", time.perf_counter() - t)
+    stages["total"] = time.perf_counter() - t_all
+    return stages
+
+
 async def cprofile_enqueue(conn: Conn, n: int, batch: int, top: int) -> str:
-    """cProfile of building specs + enqueue_many; the top functions by own time."""
+    """cProfile of enqueue_bulk and of building specs + enqueue_many (args-only batches)."""
     q = Queue()
     profiler = cProfile.Profile()
     profiler.enable()
+    for i in range(0, n, batch):
+        async with conn.transaction():
+            await q.enqueue_bulk(conn, "bench.task", bench_args(i, i + batch), queue=QUEUE_NAME)
     specs = build_specs(n, dedup=False, tag="")
     for i in range(0, n, batch):
         async with conn.transaction():
@@ -514,7 +605,7 @@ async def cprofile_enqueue(conn: Conn, n: int, batch: int, top: int) -> str:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(r"trioq|attrs|json|psycopg.*copy", top)
+    stats.sort_stats("cumulative").print_stats(r"trioq|attrs|json|psycopg", top)
     return out.getvalue()
 
 
@@ -553,25 +644,6 @@ async def raw_copy_rate(conn: Conn, n: int, batch: int) -> dict[str, float]:
     return out
 
 
-# The prototypes. Each is a context manager that patches trioq for one measurement.
-
-_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def _fast_encode_args(args: Any) -> str:
-    """encode_args with one JSONEncoder built once (json.dumps with keyword arguments builds
-    a new encoder on every call) and the NUL regex run only when a NUL escape is present."""
-    try:
-        text = _FAST_ENCODER.encode(args)
-    except (TypeError, ValueError) as ex:
-        raise ValueError(
-            f"args must be JSON (dicts, lists, str, int, float, bool, None): {ex}"
-        ) from None
-    if "\\u0000" in text and trioq_job._JSON_NUL.search(text):
-        raise ValueError("args must not contain NUL characters (Postgres jsonb cannot store them)")
-    return text
-
-
 # COPY rows are built for whatever column list trioq._sql's COPY statement has (it changes as
 # trioq evolves: e.g. 'state' was added for scheduled jobs). Each known column has the Python
 # expression trioq/_queue.py uses for it; the row function is compiled once from that list so
@@ -605,133 +677,6 @@ def copy_row_fn() -> RowFn:
     cells = "\\t".join("{" + _COPY_CELL[c] + "}" for c in columns)
     source = f"lambda job_id, s, run_at, now, stamp, args: f'{cells}\\n'"
     return eval(source)  # type: ignore[no-any-return]
-
-
-def _now_arg(rest: Sequence[Any]) -> Any:
-    """The ``now`` argument of `Queue._copy`, when this trioq passes one."""
-    return rest[0] if rest else None
-
-
-async def _copy_cached_isoformat(
-    self: Queue,
-    conn: Conn,
-    specs: Sequence[JobSpec],
-    ids: Sequence[int],
-    run_ats: Sequence[dt.datetime],
-    *rest: Any,
-) -> None:
-    """_copy with run_at.isoformat() computed once per distinct value (a batch enqueued
-    without run_at/delay has one: the reserved `now`), and escape only when needed."""
-    row, now = copy_row_fn(), _now_arg(rest)
-    iso: dict[dt.datetime, str] = {}
-    parts = []
-    for job_id, s, run_at in zip(ids, specs, run_ats, strict=True):
-        stamp = iso.get(run_at)
-        if stamp is None:
-            stamp = iso[run_at] = run_at.isoformat()
-        args = s.args_json
-        if "\\" in args:
-            args = args.replace("\\", "\\\\")
-        parts.append(row(job_id, s, run_at, now, stamp, args))
-    async with conn.cursor() as cur, cur.copy(self.sql.copy_jobs) as copy:
-        await copy.write("".join(parts).encode())
-
-
-async def _copy_streamed(
-    self: Queue,
-    conn: Conn,
-    specs: Sequence[JobSpec],
-    ids: Sequence[int],
-    run_ats: Sequence[dt.datetime],
-    *rest: Any,
-) -> None:
-    """_copy_cached_isoformat, sent in chunks of 1,000 rows so the server parses chunk k while
-    the client builds chunk k+1 (the two use different cores)."""
-    row, now = copy_row_fn(), _now_arg(rest)
-    iso: dict[dt.datetime, str] = {}
-    async with conn.cursor() as cur, cur.copy(self.sql.copy_jobs) as copy:
-        for start in range(0, len(specs), 1000):
-            parts = []
-            for k in range(start, min(start + 1000, len(specs))):
-                s, run_at = specs[k], run_ats[k]
-                stamp = iso.get(run_at)
-                if stamp is None:
-                    stamp = iso[run_at] = run_at.isoformat()
-                args = s.args_json
-                if "\\" in args:
-                    args = args.replace("\\", "\\\\")
-                parts.append(row(ids[k], s, run_at, now, stamp, args))
-            await copy.write("".join(parts).encode())
-
-
-# The same statement as trioq._sql._RESERVE_IDS, with pg_get_serial_sequence() evaluated once
-# (a MATERIALIZED CTE) instead of once per generated row: it looks the table up by name and
-# scans pg_depend every time, which made _reserve_ids cost more server time than the COPY.
-_RESERVE_IDS_ONCE = sql.SQL(
-    "WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence(%(jobs)s, 'id')::regclass AS seq)"
-    " SELECT " + NOW + ", array_agg(nextval(s.seq)) FROM s, generate_series(1, %(n)s)"
-)
-
-
-async def _reserve_ids_once(self: Queue, conn: Conn, n: int) -> tuple[dt.datetime, list[int]]:
-    """_reserve_ids with `_RESERVE_IDS_ONCE`: a one-statement change to trioq/_sql.py."""
-    cur = await conn.execute(_RESERVE_IDS_ONCE, {"jobs": f"{self.schema}.jobs", "n": n})
-    row = await cur.fetchone()
-    assert row is not None
-    return row[0], list(row[1])
-
-
-async def enqueue_bulk(
-    q: Queue, conn: Conn, task: str, args_list: Sequence[Any], *, queue: str = "default"
-) -> list[int]:
-    """Prototype of a bulk API: one task/queue/priority per call, validated once, then per job
-    only JSON encoding (P1), the payload limit, and a COPY row; ids reserved with P3, rows
-    streamed as in P4. Returns the new ids in input order."""
-    template = JobSpec(task=task, queue=queue)  # validates the shared fields once
-    encoded = [_fast_encode_args({} if a is None else a) for a in args_list]
-    limit = q.max_payload_bytes
-    for text in encoded:  # a str of n characters is at most 4n bytes of UTF-8
-        if len(text) * 4 > limit and len(text.encode()) > limit:
-            raise trioq.PayloadTooLargeError(f"args of task {task!r} over {limit} bytes")
-    now, ids = await _reserve_ids_once(q, conn, len(encoded))
-    row, stamp = copy_row_fn(), now.isoformat()
-    async with conn.cursor() as cur, cur.copy(q.sql.copy_jobs) as copy:
-        for start in range(0, len(encoded), 1000):
-            chunk = zip(ids[start : start + 1000], encoded[start : start + 1000], strict=True)
-            await copy.write(
-                "".join(
-                    row(job_id, template, now, now, stamp, _copy_escape(text))
-                    for job_id, text in chunk
-                ).encode()
-            )
-    await conn.execute(q.sql.notify, {"channel": q.sql.channel, "queues": [template.queue]})
-    return ids
-
-
-async def bulk_run(conn: Conn, n: int, batch: int) -> dict[str, Any]:
-    """`enqueue_bulk` measured like `enqueue_run` (there are no JobSpecs to build)."""
-    q = Queue()
-    args = [{"user_id": i, "kind": "welcome"} for i in range(n)]
-    meter = Meter(server_pids=[await backend_pid(conn)])
-    for i in range(0, n, batch):
-        async with conn.transaction():
-            ids = await enqueue_bulk(q, conn, "bench.task", args[i : i + batch], queue=QUEUE_NAME)
-        assert len(ids) == len(args[i : i + batch])
-    m = meter.stop()
-    assert await remaining(conn) == n
-    wall = m["wall"] or 1.0
-    client_us = (m["client_cpu"] or 0) / n * 1e6
-    server_us = None if m["server_cpu"] is None else m["server_cpu"] / n * 1e6
-    return {
-        **m,
-        "jobs": n,
-        "build_cpu_us_job": 0.0,
-        "cpu_bound_jobs_s": None if server_us is None else 1e6 / (client_us + server_us),
-        "enqueue_jobs_s": n / wall,
-        "end_to_end_jobs_s": n / wall,
-        "client_us_job": client_us,
-        "server_us_job": server_us,
-    }
 
 
 # Drain prototypes: schema and statement changes, measured in the bench database only.
@@ -809,59 +754,6 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
-PROTOTYPES: dict[str, list[tuple[Any, str, Any]]] = {
-    "baseline (trioq as is)": [],
-    "P1 encode_args: one cached JSONEncoder": [(trioq_job, "encode_args", _fast_encode_args)],
-    "P2 _copy: isoformat once per run_at": [(Queue, "_copy", _copy_cached_isoformat)],
-    "P3 _reserve_ids: sequence looked up once": [(Queue, "_reserve_ids", _reserve_ids_once)],
-    "P4 _copy: P2 + streamed in 1k-row chunks": [(Queue, "_copy", _copy_streamed)],
-    "P1+P2+P3": [
-        (trioq_job, "encode_args", _fast_encode_args),
-        (Queue, "_reserve_ids", _reserve_ids_once),
-        (Queue, "_copy", _copy_cached_isoformat),
-    ],
-    "P1+P3+P4": [
-        (trioq_job, "encode_args", _fast_encode_args),
-        (Queue, "_reserve_ids", _reserve_ids_once),
-        (Queue, "_copy", _copy_streamed),
-    ],
-    "P6 bulk API prototype (enqueue_bulk)": [],
-}
-
-
-async def run_prototypes(
-    conn: Conn, n: int, batch: int, repeat: int, quiet: Callable[[], Awaitable[float]]
-) -> dict[str, dict[str, float]]:
-    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in PROTOTYPES}
-    for rep in range(repeat):
-        for name, patches in PROTOTYPES.items():
-            await reset_jobs(conn)
-            await quiet()
-            with contextlib.ExitStack() as stack:
-                for obj, attr, value in patches:
-                    stack.enter_context(patched(obj, attr, value))
-                if name.startswith("P6"):
-                    samples[name].append(await bulk_run(conn, n, batch))
-                else:
-                    run = await enqueue_run(conn, n, batch, dedup=False, tag=f"p{rep}")
-                    samples[name].append(run)
-    return {
-        name: summarize(
-            runs,
-            (
-                "enqueue_jobs_s",
-                "end_to_end_jobs_s",
-                "cpu_bound_jobs_s",
-                "build_cpu_us_job",
-                "client_us_job",
-                "server_us_job",
-                "others_cores",
-            ),
-        )
-        for name, runs in samples.items()
-    }
-
-
 # -- orchestration ------------------------------------------------------------------------------
 
 
@@ -872,6 +764,7 @@ def summarize(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, 
         out[key] = statistics.median(values) if values else None
         if key.endswith("jobs_s") and values:
             out[key + "_best"] = max(values)
+            out[key + "_worst"] = min(values)
             out[key + "_all"] = [round(v) for v in values]
     return out
 
@@ -879,6 +772,8 @@ def summarize(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, 
 @dataclass
 class Options:
     dsn: str
+    database: str
+    enqueue_paths: list[str]
     enqueue_jobs: int
     drain_jobs: int
     enqueue_batches: list[int]
@@ -894,12 +789,12 @@ class Options:
 
 
 async def bench(opts: Options) -> dict[str, Any]:
-    dsn = await create_bench_db(opts.dsn)
+    dsn = await create_bench_db(opts.dsn, opts.database)
     try:
         async with await trioq.connect(dsn, autocommit=True) as conn:
             return await bench_in(conn, dsn, opts)
     finally:
-        await drop_bench_db(opts.dsn)
+        await drop_bench_db(opts.dsn, opts.database)
 
 
 async def bench_in(conn: Conn, dsn: str, opts: Options) -> dict[str, Any]:
@@ -913,7 +808,7 @@ async def bench_in(conn: Conn, dsn: str, opts: Options) -> dict[str, Any]:
         "profile": None,
     }
     if "enqueue" not in opts.skip:
-        report["enqueue"] = await bench_enqueue(conn, opts, quiet)
+        report["enqueue"] = await bench_enqueue(conn, dsn, opts, quiet, report["environment"])
     if "drain" not in opts.skip:
         report["drain"] = await bench_drain(conn, dsn, opts, quiet, report["environment"])
     if opts.profile:
@@ -939,26 +834,61 @@ async def environment(conn: Conn) -> dict[str, Any]:
 
 
 async def bench_enqueue(
-    conn: Conn, opts: Options, quiet: Callable[[], Awaitable[float]]
+    conn: Conn, dsn: str, opts: Options, quiet: Callable[[], Awaitable[float]], env: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    rows = []
-    keys = ("enqueue_jobs_s", "end_to_end_jobs_s", "client_us_job", "server_us_job", "others_cores")
-    for dedup in (False, True):
-        for batch in opts.enqueue_batches:
-            runs = []
-            for rep in range(opts.repeat):
+    """Every enqueue path at every batch size, and pgbench's 100-row INSERTs (1 and 2
+    clients), interleaved: each repetition runs each of them once, in turn."""
+    major = int(str(env["server"]["server_version"]).split(".")[0])
+    pgbench = None if "pgbench" in opts.skip else find_pgbench(opts.pgbench, major)
+    if pgbench:
+        env["pgbench"] = pgbench
+        version = await trio.run_process([pgbench, "--version"], capture_stdout=True)
+        env["pgbench_version"] = version.stdout.decode().strip()
+    keys = ("enqueue_jobs_s", "end_to_end_jobs_s", "client_us_job", "server_us_job",
+            "build_cpu_us_job", "cpu_bound_jobs_s", "others_cores")  # fmt: skip
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="trioq-bench-") as tmp:
+        script = Path(tmp) / "insert_100.sql"
+        script.write_text(pgbench_insert_script(100))
+        for rep in range(opts.repeat):
+            for batch in opts.enqueue_batches:
+                for path in opts.enqueue_paths:
+                    await reset_jobs(conn)
+                    await quiet()
+                    run = await enqueue_run(
+                        conn, opts.enqueue_jobs, batch, path=path, tag=f"r{rep}-b{batch}"
+                    )
+                    samples.setdefault((path, batch), []).append(run)
+            for clients in (1, 2) if pgbench else ():
                 await reset_jobs(conn)
                 await quiet()
-                tag = f"r{rep}-b{batch}"
-                runs.append(await enqueue_run(conn, opts.enqueue_jobs, batch, dedup=dedup, tag=tag))
-            path = "unnest (dedup keys)" if dedup else "COPY (no dedup)"
-            row = {"path": path, "batch": batch, "jobs": opts.enqueue_jobs, **summarize(runs, keys)}
-            rows.append(row)
-            print(
-                f"  enqueue {path:20} batch {batch:>6}: {row['enqueue_jobs_s']:>9,.0f} jobs/s"
-                f" (end to end {row['end_to_end_jobs_s']:,.0f})",
-                flush=True,
+                run = await pgbench_insert(
+                    pgbench, dsn, script, jobs=opts.enqueue_jobs, rows=100, clients=clients
+                )
+                samples.setdefault((f"pgbench{clients}", 100), []).append(run)
+            print(f"  enqueue: repetition {rep + 1} of {opts.repeat} done", flush=True)
+    rows = []
+    ceiling = [r["enqueue_jobs_s"] for r in samples.get(("pgbench1", 100), [])]
+    for (path, batch), runs in samples.items():
+        if path.startswith("pgbench"):
+            clients = path.removeprefix("pgbench")
+            label = f"pgbench 100-row INSERT, {clients} client{'s' if clients != '1' else ''}"
+            row = {"path": label, "batch": batch, "pgbench": True, **summarize(runs, keys)}
+            row["command"] = runs[0]["command"]
+        else:
+            row = {"path": ENQUEUE_PATHS[path][0], "key": path, "batch": batch,
+                   "jobs": opts.enqueue_jobs, **summarize(runs, keys)}  # fmt: skip
+            quiet_runs = [r for r in runs if (r["others_cores"] or 0) <= opts.quiet_cores]
+            row["quiet_n"] = len(quiet_runs)
+            row["quiet_end_to_end_jobs_s"] = (
+                statistics.median(r["end_to_end_jobs_s"] for r in quiet_runs)
+                if quiet_runs
+                else None
             )
+            if len(ceiling) == len(runs):  # each repetition against its own pgbench run
+                ratios = [r["enqueue_jobs_s"] / c for r, c in zip(runs, ceiling, strict=True)]
+                row["vs_pgbench"] = statistics.median(ratios)
+        rows.append(row)
     return rows
 
 
@@ -1066,8 +996,10 @@ async def bench_profile(
         await quiet()
         out["raw_copy"] = await raw_copy_rate(conn, n, batch)
         await reset_jobs(conn)
+        await quiet()
+        out["bulk_stages_s"] = await bulk_breakdown(conn, n, batch)
+        await reset_jobs(conn)
         out["cprofile"] = await cprofile_enqueue(conn, n, batch, top=25)
-        out["prototypes"] = await run_prototypes(conn, n, batch, opts.repeat, quiet)
     if "drain" not in opts.skip:
         out["drain_prototypes"] = await run_drain_prototypes(
             conn, dsn, opts.drain_jobs, opts.repeat, quiet
@@ -1123,39 +1055,10 @@ def print_table(report: dict[str, Any]) -> None:
     def line(*cells: str) -> str:
         return " ".join(format(c, f"{a}{w}") for c, (_, w, a) in zip(cells, cols, strict=True))
 
-    print()
-    print(line(*(name for name, _, _ in cols)))
-    print("-" * len(line(*(name for name, _, _ in cols))))
-    for row in report["enqueue"]:
-        b = str(row["batch"])
-        print(
-            line(
-                f"enqueue_many, {row['path']}",
-                b,
-                "1",
-                both(row, "enqueue_jobs_s"),
-                "",
-                "",
-                fmt(row["client_us_job"], ".1f"),
-                "",
-                fmt(row["server_us_job"], ".1f"),
-                fmt(row["others_cores"], ".2f"),
-            )
-        )
-        print(
-            line(
-                "  same, incl. building the JobSpecs",
-                b,
-                "1",
-                both(row, "end_to_end_jobs_s"),
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-            )
-        )
+    if report["drain"]:
+        print()
+        print(line(*(name for name, _, _ in cols)))
+        print("-" * len(line(*(name for name, _, _ in cols))))
     for row in report["drain"]:
         t, p = row["trioq"], row.get("pgbench", {})
         server_us = None if t["server_cpu"] is None else t["server_cpu"] / row["jobs"] * 1e6
@@ -1173,23 +1076,70 @@ def print_table(report: dict[str, Any]) -> None:
                 fmt(t["others_cores"], ".2f"),
             )
         )
-    print()
-    print(
-        "medians of",
-        report["enqueue"][0]["n"] if report["enqueue"] else "-",
-        "runs, as median (best); trioq/pgbench compares medians; 'others' = cores busy with"
-        " other processes during the trioq run; us/job = CPU microseconds per job.",
-    )
-    copy_rows = [r for r in report["enqueue"] if r["path"].startswith("COPY")]
-    if copy_rows:
-        best = max(r["enqueue_jobs_s"] for r in copy_rows)
-        verdict = "meets" if best >= TARGET_ENQUEUE else "is BELOW"
+    if report["drain"]:
+        print()
         print(
-            f"enqueue_many (COPY path) best median {best:,.0f} jobs/s {verdict} the "
-            f"{TARGET_ENQUEUE:,} jobs/s target."
+            "medians of",
+            report["drain"][0]["trioq"]["n"],
+            "runs, as median (best); trioq/pgbench compares medians; 'others' = cores busy with"
+            " other processes during the trioq run; us/job = CPU microseconds per job.",
         )
+    if report["enqueue"]:
+        print_enqueue_table(report["enqueue"])
     if report["profile"]:
         print_profile(report["profile"])
+
+
+def spread(summary: dict[str, Any], key: str) -> str:
+    """``median [worst-best] ±x%`` of a jobs/s figure (x: half the range, of the median)."""
+    median, lo, hi = summary.get(key), summary.get(key + "_worst"), summary.get(key + "_best")
+    if median is None or lo is None or hi is None:
+        return "-"
+    return f"{median:,.0f} [{lo:,.0f}-{hi:,.0f}] ±{(hi - lo) / 2 / median:.0%}"
+
+
+def print_enqueue_table(rows: Sequence[dict[str, Any]]) -> None:
+    jobs = next((r["jobs"] for r in rows if "key" in r), 0)
+    print(
+        f"\nenqueue: {jobs:,} jobs, one transaction per batch, runs interleaved; jobs/s as "
+        "median [worst-best] ±half-range"
+    )
+    head = (
+        f"{'path':42} {'batch':>6} {'enqueue jobs/s':>30} {'end to end jobs/s':>30} "
+        f"{'quiet e2e (n)':>14} {'1/cpu':>7} {'vs pgb':>6} "
+        f"{'build':>5} {'client':>6} {'server':>6} {'others':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        end_to_end = "" if r.get("pgbench") else spread(r, "end_to_end_jobs_s")
+        quiet = "" if r.get("pgbench") else f"{fmt(r['quiet_end_to_end_jobs_s'])} ({r['quiet_n']})"
+        print(
+            f"{r['path']:42} {r['batch']:>6} {spread(r, 'enqueue_jobs_s'):>30} "
+            f"{end_to_end:>30} {quiet:>14} {fmt(r.get('cpu_bound_jobs_s')):>7} "
+            f"{fmt(r.get('vs_pgbench'), '.2f'):>6} {fmt(r.get('build_cpu_us_job'), '.1f'):>5} "
+            f"{fmt(r.get('client_us_job'), '.1f'):>6} {fmt(r.get('server_us_job'), '.1f'):>6} "
+            f"{fmt(r.get('others_cores'), '.2f'):>6}"
+        )
+    print(
+        f"  {rows[0]['n']} runs each. 'enqueue': the call(s) alone, inputs built beforehand; "
+        "'end to end': including building the\n  args dicts (enqueue_bulk) or the JobSpecs "
+        "(build: CPU us per job for that). client/server: CPU us per job of this\n  process "
+        "(pgbench's, for its rows) / of the server backend; others: cores busy with other "
+        "processes meanwhile.\n  quiet e2e: median end to end of the runs with others <= "
+        "--quiet-cores (how many). 1/cpu: 1e6 / (client + server us/job), the rate with\n  "
+        "client and server back to back and nothing else running. vs pgb: median over "
+        "repetitions of enqueue jobs/s / pgbench 1 client's in the same repetition."
+    )
+    for r in rows:
+        if r.get("pgbench"):
+            print(f"  {r['path']}: {r['command']}")
+    best = max((r for r in rows if "key" in r), key=lambda r: r["end_to_end_jobs_s"] or 0)
+    verdict = "meets" if (best["end_to_end_jobs_s"] or 0) >= TARGET_ENQUEUE else "is BELOW"
+    print(
+        f"fastest path end to end: {best['path']}, batch {best['batch']:,}: median "
+        f"{best['end_to_end_jobs_s']:,.0f} jobs/s {verdict} the {TARGET_ENQUEUE:,} jobs/s target."
+    )
 
 
 def print_profile(profile: dict[str, Any]) -> None:
@@ -1197,35 +1147,24 @@ def print_profile(profile: dict[str, Any]) -> None:
         print_enqueue_profile(profile)
     print_drain_prototypes(profile)
     if "cprofile" in profile:
-        print("\ncProfile (specs + enqueue_many), top by own time:")
+        print("\ncProfile (enqueue_bulk, then specs + enqueue_many), top by own time:")
         print(profile["cprofile"])
 
 
 def print_enqueue_profile(profile: dict[str, Any]) -> None:
     n = profile["jobs"]
-    print(f"\nenqueue_many COPY path, {n:,} jobs in batches of {profile['batch']:,}: stages")
+    print(
+        f"\nenqueue_many COPY path (mixed priorities), {n:,} jobs, batches of {profile['batch']:,}:"
+    )
     for name, seconds in profile["stages_s"].items():
         print(f"  {name:52} {seconds:7.3f} s  {seconds / n * 1e6:6.2f} us/job")
     print("\nserver ingest ceiling (prebuilt COPY text, no per-row Python):")
     for name, value in profile["raw_copy"].items():
         print(f"  {name:52} {value:>10,.1f}")
-    print("\nprototypes (monkeypatched, trioq/ untouched): median (best) jobs/s, CPU us per job")
-    print(
-        f"  {'variant':40} {'enqueue_many':>16} {'incl. JobSpec':>16} {'JobSpec':>7} "
-        f"{'client':>6} {'server':>6} {'1/cpu':>8} {'others':>6}"
-    )
-    for name, s in profile["prototypes"].items():
-        print(
-            f"  {name:40} {both(s, 'enqueue_jobs_s'):>16} {both(s, 'end_to_end_jobs_s'):>16} "
-            f"{fmt(s['build_cpu_us_job'], '.1f'):>7} {fmt(s['client_us_job'], '.1f'):>6} "
-            f"{fmt(s['server_us_job'], '.1f'):>6} {fmt(s['cpu_bound_jobs_s']):>8} "
-            f"{fmt(s['others_cores'], '.2f'):>6}"
-        )
-    print(
-        "  JobSpec/client/server: CPU us per job (building the specs / rest of the client /"
-        " server backend);\n  1/cpu: jobs/s if client and server ran back to back with no"
-        " other load (P4/P6 overlap them, so they can beat it)."
-    )
+    if "bulk_stages_s" in profile:
+        print(f"\nenqueue_bulk, {n:,} jobs in batches of {profile['batch']:,}: stages")
+        for name, seconds in profile["bulk_stages_s"].items():
+            print(f"  {name:52} {seconds:7.3f} s  {seconds / n * 1e6:6.2f} us/job")
 
 
 def print_drain_prototypes(profile: dict[str, Any]) -> None:
@@ -1258,7 +1197,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="admin DSN; the script creates and drops the database trioq_bench "
         "(default: $TRIOQ_DSN or %(default)s)",
     )
+    p.add_argument(
+        "--database", default=BENCH_DB, help="scratch database, dropped first and at the end"
+    )
     p.add_argument("--enqueue-jobs", type=int, default=200_000)
+    p.add_argument(
+        "--enqueue-paths",
+        default=",".join(ENQUEUE_PATHS),
+        help=f"comma list of: {', '.join(f'{k} ({v[0]})' for k, v in ENQUEUE_PATHS.items())}",
+    )
     p.add_argument("--enqueue-batches", type=int_list, default=[1_000, 10_000])
     p.add_argument("--drain-jobs", type=int, default=20_000)
     p.add_argument("--drain-batches", type=int_list, default=[1, 10, 100])
@@ -1278,8 +1225,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--skip", default="", help="comma list of: enqueue, drain, pgbench")
     p.add_argument("--json", type=Path, help="also write the results here")
     a = p.parse_args(argv)
+    unknown = set(a.enqueue_paths.split(",")) - set(ENQUEUE_PATHS) - {""}
+    if unknown:
+        p.error(f"unknown --enqueue-paths: {', '.join(sorted(unknown))}")
     opts = Options(
         dsn=a.dsn,
+        database=a.database,
+        enqueue_paths=[x for x in a.enqueue_paths.split(",") if x],
         enqueue_jobs=a.enqueue_jobs,
         drain_jobs=a.drain_jobs,
         enqueue_batches=a.enqueue_batches,
@@ -1301,7 +1253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = conninfo_to_dict(opts.dsn)
     print(
         f"trioq queue benchmark against {target.get('host', 'local socket')}:"
-        f"{target.get('port', 5432)} (database {BENCH_DB}, created and dropped)",
+        f"{target.get('port', 5432)} (database {opts.database}, created and dropped)",
         flush=True,
     )
     report = trio.run(bench, opts)

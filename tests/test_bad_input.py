@@ -148,11 +148,6 @@ async def test_args_that_are_not_json_fail_before_any_sql(
         await trioq.enqueue_many(conn, [JobSpec(task="t"), JobSpec(task="t", args=args)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trioq/_job.py: a lone surrogate passes JSON encoding and fails later with "
-    "UnicodeEncodeError ('utf-8' codec can't encode ...), which does not name args",
-)
 async def test_args_with_a_lone_surrogate_name_args(dsn: str) -> None:
     conn = await closed_connection(dsn)
     with pytest.raises(ValueError, match="args"):
@@ -235,11 +230,6 @@ def test_config_and_registry_refuse_a_trailing_newline() -> None:
         trioq.Queue(schema="trioq\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trioq/_job.py: QUEUE_NAME_RE/TASK_NAME_RE are used with re.match and '$', so a "
-    "trailing newline passes (a queue no worker can serve; it breaks COPY rows)",
-)
 @pytest.mark.parametrize("field", ["queue", "task"])
 def test_job_spec_refuses_a_trailing_newline(field: str) -> None:
     with pytest.raises(ValueError, match=field):
@@ -415,11 +405,6 @@ def test_commands_before_migrate_say_run_migrate(
         assert conn.execute("SELECT to_regnamespace('trioq')").fetchone() == (None,)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trioq/_queue.py: enqueue before migrate raises UndefinedTable "
-    "('relation \"trioq.jobs\" does not exist') instead of saying `run trioq migrate`",
-)
 async def test_enqueue_before_migrate_says_run_migrate(dsn: str) -> None:
     async with await trioq.connect(dsn, autocommit=True) as conn:
         with pytest.raises(trioq.SchemaMissingError, match="trioq migrate"):

@@ -21,6 +21,8 @@ TOP_LEVEL = {
     "Snooze",
     "Task",
     "ConnectError",
+    "DatabaseReadOnlyError",
+    "InvalidDSNError",
     "DeadFilter",
     "DeadJob",
     "EnqueueResult",
@@ -43,6 +45,7 @@ TOP_LEVEL = {
     "check_schema",
     "connect",
     "enqueue",
+    "enqueue_bulk",
     "enqueue_many",
     "migrate",
     "pg",
@@ -84,3 +87,6 @@ def test_errors_subclass_the_closest_base() -> None:
     assert issubclass(trioq.SchemaError, RuntimeError)
     assert issubclass(trioq.MigrationError, trioq.SchemaError)
     assert issubclass(trioq.ConnectError, psycopg.OperationalError)
+    assert issubclass(trioq.DatabaseReadOnlyError, trioq.SchemaError)
+    assert issubclass(trioq.InvalidDSNError, ValueError)
+    assert issubclass(trioq.InvalidDSNError, psycopg.ProgrammingError)

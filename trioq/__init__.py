@@ -9,6 +9,7 @@ from ._cron import CronEntry as CronEntry
 from ._dead import DeadFilter as DeadFilter
 from ._dead import DeadJob as DeadJob
 from ._enqueue import enqueue as enqueue
+from ._enqueue import enqueue_bulk as enqueue_bulk
 from ._enqueue import enqueue_many as enqueue_many
 from ._exceptions import FatalError as FatalError
 from ._exceptions import LeaseLostError as LeaseLostError
@@ -22,6 +23,7 @@ from ._migrate import migrate as migrate
 from ._pg import TrioConnection as TrioConnection
 from ._pg import connect as connect
 from ._pg_errors import ConnectError as ConnectError
+from ._pg_errors import InvalidDSNError as InvalidDSNError
 from ._queue import CancelOutcome as CancelOutcome
 from ._queue import FailResult as FailResult
 from ._queue import Failure as Failure
@@ -34,6 +36,7 @@ from ._registry import Registry as Registry
 from ._registry import Task as Task
 from ._runtime import Runtime as Runtime
 from ._runtime import RuntimeStatistics as RuntimeStatistics
+from ._schema import DatabaseReadOnlyError as DatabaseReadOnlyError
 from ._schema import SchemaError as SchemaError
 from ._schema import SchemaMissingError as SchemaMissingError
 from ._schema import SchemaOutdatedError as SchemaOutdatedError
