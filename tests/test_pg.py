@@ -196,6 +196,27 @@ async def test_listen_while_others_work_and_leave_early(dsn: str) -> None:
             assert [n async for n in listener.notifies(timeout=0.05)] == []
 
 
+async def test_leaving_notifies_early_loses_none_already_received(dsn: str) -> None:
+    """Notifications that arrived together are not dropped with the iterator that left."""
+    async with (
+        await trioq.connect(dsn, autocommit=True) as listener,
+        await trioq.connect(dsn, autocommit=True) as sender,
+    ):
+        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier("chan")))
+        for i in range(5):
+            await sender.execute("SELECT pg_notify('chan', %s)", (str(i),))
+        # The listening backend sends committed notifications before it is ready for
+        # the next query: after this, all five have been read by the client.
+        await listener.execute("SELECT 1")
+        got = []
+        async for note in listener.notifies():
+            got.append(note.payload)
+            break
+        async for note in listener.notifies(timeout=2.0, stop_after=4):
+            got.append(note.payload)
+        assert got == ["0", "1", "2", "3", "4"]
+
+
 @pytest.fixture
 def silent_server() -> Iterator[int]:
     """A TCP port that accepts connections and never answers."""

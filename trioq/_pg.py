@@ -22,7 +22,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
-from collections import deque
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -256,13 +255,17 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
 
 
 class Notifications:
-    """Async iterator over a connection's notifications; see `TrioConnection.notifies`."""
+    """Async iterator over a connection's notifications; see `TrioConnection.notifies`.
+
+    Notifications are taken one at a time from the connection's backlog (where
+    psycopg puts every notification it reads, during queries too), never copied
+    into the iterator: leaving the loop early loses none of them.
+    """
 
     def __init__(self, conn: TrioConnection[Any], deadline: float, stop_after: int | None):
         self._conn = conn
         self._deadline = deadline
         self._left = math.inf if stop_after is None else stop_after
-        self._batch: deque[psycopg.Notify] = deque()
 
     def __aiter__(self) -> Self:
         return self
@@ -270,14 +273,16 @@ class Notifications:
     async def __anext__(self) -> psycopg.Notify:
         if self._left <= 0:
             raise StopAsyncIteration
-        while not self._batch:
-            if not await self._fill():
+        backlog = self._conn._notifies_backlog
+        assert backlog is not None  # psycopg's own notifies() (which unsets it) is overridden
+        while not backlog:
+            if not await self._wait():
                 raise StopAsyncIteration
         self._left -= 1
-        return self._batch.popleft()
+        return backlog.popleft()
 
-    async def _fill(self) -> bool:
-        """Move the backlog, or the next batch from the server, into ``_batch``."""
+    async def _wait(self) -> bool:
+        """Wait for the server to send something; False once the deadline has passed."""
         conn = self._conn
         async with conn.lock:
             with trio.move_on_at(self._deadline):
@@ -285,10 +290,6 @@ class Notifications:
                     await conn.wait(psycopg.generators.notifies(conn.pgconn))
                 else:
                     await trio.lowlevel.checkpoint()
-                backlog = conn._notifies_backlog
-                if backlog:
-                    self._batch.extend(backlog)
-                    backlog.clear()
                 return True
         return False
 
