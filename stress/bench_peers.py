@@ -68,6 +68,7 @@ from typing import Any
 
 import psycopg
 import trio
+from _common import machine_busy, process_cpu, wait_quiet
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -82,7 +83,6 @@ DB_PREFIX = "trioq_peers_"
 BASELINE = "baseline"
 TARGET_RATIO = 2.0  # trioq's best >= 2 x pgqueuer's best, same run
 PGQUEUER_REFERENCE = {10: 5_600, 100: 12_000}  # jobs/s measured earlier on this kind of box
-TICK = os.sysconf("SC_CLK_TCK")
 VENV_PYTHON = sys.executable  # /work/venv/bin/python when run by `just bench-peers`
 
 
@@ -185,34 +185,6 @@ class Options:
 
 
 # -- the machine --------------------------------------------------------------------------------
-
-
-def machine_busy() -> float:
-    """CPU seconds the whole machine spent not idle since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
-
-
-def process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system, all threads) of process ``pid``."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-async def wait_quiet(max_others: float, patience: float) -> float:
-    """Wait until the machine (minus this process) is below ``max_others`` busy cores."""
-    deadline = time.monotonic() + patience
-    while True:
-        m0, c0, t0 = machine_busy(), time.process_time(), time.monotonic()
-        await trio.sleep(0.5)
-        others = (machine_busy() - m0 - (time.process_time() - c0)) / (time.monotonic() - t0)
-        if others <= max_others or time.monotonic() >= deadline:
-            return max(0.0, others)
 
 
 # -- venvs --------------------------------------------------------------------------------------

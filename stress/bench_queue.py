@@ -73,8 +73,9 @@ from typing import Any
 import attrs
 import psycopg
 import trio
+from _common import create_bench_db, drop_bench_db, machine_busy, process_cpu, wait_quiet
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 import trioq
 import trioq._job as trioq_job
@@ -89,7 +90,6 @@ QUEUE_NAME = "bench"
 LEASE = dt.timedelta(seconds=30)
 TARGET_ENQUEUE = 90_000  # jobs/s, the no-dedup path
 SQL = statements("trioq")
-TICK = os.sysconf("SC_CLK_TCK")
 
 Conn = Any  # trioq.TrioConnection
 
@@ -97,40 +97,9 @@ Conn = Any  # trioq.TrioConnection
 # -- machine noise ------------------------------------------------------------------------------
 
 
-def machine_busy() -> float:
-    """CPU seconds the whole machine spent not idle since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
-
-
-def process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) of process ``pid``, if its /proc is readable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def children_cpu() -> float:
     usage = os.times()
     return usage.children_user + usage.children_system
-
-
-async def wait_quiet(max_others: float, patience: float) -> float:
-    """Wait until the machine (minus this process) is below ``max_others`` busy cores.
-
-    Returns the last sample; gives up after ``patience`` seconds (the noise is then reported).
-    """
-    deadline = time.monotonic() + patience
-    while True:
-        m0, c0, t0 = machine_busy(), time.process_time(), time.monotonic()
-        await trio.sleep(0.5)
-        others = (machine_busy() - m0 - (time.process_time() - c0)) / (time.monotonic() - t0)
-        if others <= max_others or time.monotonic() >= deadline:
-            return max(0.0, others)
 
 
 @dataclass
@@ -175,24 +144,6 @@ class Meter:
 
 
 # -- database setup -----------------------------------------------------------------------------
-
-
-async def create_bench_db(admin_dsn: str, database: str) -> str:
-    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
-        name = sql.Identifier(database)
-        await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        await admin.execute(sql.SQL("CREATE DATABASE {}").format(name))
-    dsn = make_conninfo(admin_dsn, dbname=database)
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-    return dsn
-
-
-async def drop_bench_db(admin_dsn: str, database: str) -> None:
-    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
-        await admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
-        )
 
 
 async def server_info(conn: Conn) -> dict[str, Any]:

@@ -84,8 +84,8 @@ from typing import Any
 import attrs
 import psycopg
 import trio
+from _common import create_bench_db, drop_bench_db, machine_busy, wait_quiet
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import trioq
 from trioq import Queue, Runtime
@@ -215,24 +215,6 @@ def summary(values_s: Sequence[float]) -> dict[str, float]:
         "max": ms[-1],
         "mean": statistics.fmean(ms),
     }
-
-
-def machine_busy() -> float:
-    """CPU seconds the whole machine spent not idle since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
-
-
-async def wait_quiet(max_others: float, patience: float) -> float:
-    """Wait until the machine (minus this process) uses under ``max_others`` cores, or give up."""
-    deadline = time.monotonic() + patience
-    while True:
-        m0, c0, t0 = machine_busy(), time.process_time(), time.monotonic()
-        await trio.sleep(0.5)
-        others = (machine_busy() - m0 - (time.process_time() - c0)) / (time.monotonic() - t0)
-        if others <= max_others or time.monotonic() >= deadline:
-            return max(0.0, others)
 
 
 def process_times(pid: int) -> tuple[float, float]:
@@ -565,24 +547,6 @@ def prototype(name: str | None) -> contextlib.AbstractContextManager[None]:
 
 
 # -- database --------------------------------------------------------------------------------------
-
-
-async def create_bench_db(admin_dsn: str) -> str:
-    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
-        name = sql.Identifier(BENCH_DB)
-        await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        await admin.execute(sql.SQL("CREATE DATABASE {}").format(name))
-    dsn = make_conninfo(admin_dsn, dbname=BENCH_DB)
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-    return dsn
-
-
-async def drop_bench_db(admin_dsn: str) -> None:
-    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
-        await admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB))
-        )
 
 
 async def scalar(conn: Conn, query: str, params: Sequence[Any] = ()) -> Any:
@@ -975,7 +939,7 @@ async def run_phase(
 
 
 async def bench(opts: Options) -> dict[str, Any]:
-    dsn = await create_bench_db(opts.admin_dsn)
+    dsn = await create_bench_db(opts.admin_dsn, BENCH_DB)
     rng = random.Random(opts.seed)
     rec = Recorder()
     try:
@@ -991,7 +955,7 @@ async def bench(opts: Options) -> dict[str, Any]:
         return {"environment": env, "options": vars(opts), "runs": runs}
     finally:
         if not opts.keep_db:
-            await drop_bench_db(opts.admin_dsn)
+            await drop_bench_db(opts.admin_dsn, BENCH_DB)
 
 
 # -- output ----------------------------------------------------------------------------------------
