@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+from clitool import trioq_cli as cli
 from psycopg import sql
 
 import trioq
@@ -101,20 +99,6 @@ async def jobs_locked(dsn: str) -> AsyncIterator[None]:
         await locker.execute("LOCK TABLE trioq.jobs IN ACCESS EXCLUSIVE MODE")
         yield
         await locker.rollback()
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real ``trioq`` command, with tests/ on the path (for ``serve_app``)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-    return subprocess.run(
-        [sys.executable, "-m", "trioq._cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=TESTS,
-        timeout=120,
-        check=False,
-    )
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import psycopg
 import pytest
+from clitool import trioq_cli as trioq
 
 from trioq._migrate import latest_version
-
-
-def trioq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "trioq._cli", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_help_has_examples() -> None:

@@ -30,6 +30,7 @@ import attrs
 import psycopg
 import pytest
 import trio
+from clitool import trioq_cli
 from pgcluster import copy_cluster, scratch_dir, template_cluster
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -81,20 +82,6 @@ def _wait_for_password_check(dsn: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("the cluster never started checking passwords")
-
-
-def trioq_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "trioq._cli", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=TESTS,
-        timeout=120,
-        check=False,
-    )
 
 
 def assert_no_password(*texts: str, password: str = PASSWORD) -> None:

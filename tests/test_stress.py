@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from clitool import cli_env, trioq_cli
 from psycopg import sql
 
 from trioq._pg import connect
@@ -31,19 +32,8 @@ from trioq._stress_verify import verify
 SCHEMA = "trioq_stress"
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-
-
 def _stress(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trioq._cli", "stress", *args],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=timeout,
-        check=False,
-    )
+    return trioq_cli("stress", *args, timeout=timeout)
 
 
 def _start(*args: str) -> subprocess.Popen[str]:
@@ -52,7 +42,7 @@ def _start(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=cli_env(),
     )
 
 
@@ -158,7 +148,7 @@ def test_embedded_postgres_restarted_mid_run_loses_nothing(tmp_path: pathlib.Pat
     root = tempfile.mkdtemp(prefix="trioq-stress-")
     os.chmod(root, 0o711)  # the server may run as another user (root runs it as postgres)
     data_dir = os.path.join(root, "pg")
-    env = {**_env(), "TRIOQ_EMBEDDED_DIR": data_dir}
+    env = {**cli_env(), "TRIOQ_EMBEDDED_DIR": data_dir}
     path = tmp_path / "report.json"
     try:
         out = subprocess.run(
@@ -361,7 +351,7 @@ def test_a_graceful_stop_fails_the_run_on_a_bad_exit_or_a_job_left_running() -> 
 def test_refuses_to_empty_a_schema_it_did_not_create(dsn: str) -> None:
     migrated = subprocess.run(
         [sys.executable, "-m", "trioq._cli", "migrate", "--dsn", dsn],
-        capture_output=True, text=True, env=_env(), timeout=60, check=False,
+        capture_output=True, text=True, env=cli_env(), timeout=60, check=False,
     )  # fmt: skip
     assert migrated.returncode == 0, migrated.stderr
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -376,7 +366,7 @@ def test_refuses_to_empty_a_schema_it_did_not_create(dsn: str) -> None:
 def test_a_worker_that_cannot_start_fails_the_run_with_its_output(dsn: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "trioq._cli", "stress", "--dsn", dsn, "--jobs", "10", "--quiet"],
-        capture_output=True, text=True, env={**_env(), "TRIOQ_STRESS_POLL": "soon"}, timeout=120,
+        capture_output=True, text=True, env={**cli_env(), "TRIOQ_STRESS_POLL": "soon"}, timeout=120,
         check=False,
     )  # fmt: skip
     assert out.returncode == 1, out.stderr
