@@ -26,6 +26,7 @@ from ._cli_serve import add_serve_parser
 from ._cli_stress import add_stress_parser
 from ._dsn import DSN_ENV_VARS
 from ._embedded import EmbeddedPostgresError
+from ._exceptions import leaves
 from ._migrate import migrate
 from ._pg import connect
 from ._pg_errors import dsn_secrets, redact
@@ -161,16 +162,9 @@ def _fail(args: argparse.Namespace, ex: BaseException) -> int:
 
 def _expected_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The first error of a group (trio nurseries raise groups) if every one is expected."""
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        ex = pending.pop(0)
-        if isinstance(ex, BaseExceptionGroup):
-            pending.extend(ex.exceptions)
-        else:
-            leaves.append(ex)
-    if leaves and all(isinstance(ex, _EXPECTED_ERRORS) for ex in leaves):
-        return leaves[0]
+    found = leaves(group)
+    if all(isinstance(ex, _EXPECTED_ERRORS) for ex in found):
+        return found[0]
     return None
 
 

@@ -12,6 +12,7 @@ import trio
 
 from ._dsn import configured_dsn
 from ._embedded import EmbeddedPostgres, EmbeddedPostgresError
+from ._exceptions import leaves
 from ._schema import SchemaError
 from ._stress import MODES, StressError, StressOptions, Target, run_stress
 from ._stress_report import StressReport, render
@@ -154,21 +155,15 @@ def _stress(args: argparse.Namespace) -> int:
     try:
         report = _run(options, args.dsn)
     except BaseException as ex:  # trio wraps errors of concurrent tasks in exception groups
-        leaves = _leaves(ex)
-        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        found = leaves(ex)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in found):
             raise KeyboardInterrupt from None  # `trioq` exits with 130
-        if not all(isinstance(leaf, _EXPECTED) for leaf in leaves):
+        if not all(isinstance(leaf, _EXPECTED) for leaf in found):
             raise
-        print(f"trioq: error: {leaves[0]}", file=sys.stderr)
+        print(f"trioq: error: {found[0]}", file=sys.stderr)
         return 1
     _output(report, args.json)
     return report.exit_code
-
-
-def _leaves(ex: BaseException) -> list[BaseException]:
-    if isinstance(ex, BaseExceptionGroup):
-        return [leaf for inner in ex.exceptions for leaf in _leaves(inner)]
-    return [ex]
 
 
 def _run(options: StressOptions, cli_dsn: str | None) -> StressReport:

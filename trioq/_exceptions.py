@@ -29,3 +29,14 @@ class Snooze(Exception):
 
 class LeaseLostError(RuntimeError):
     """The job's lease is no longer ours (expired and reclaimed); nothing was written."""
+
+
+def leaves(ex: BaseException) -> list[BaseException]:
+    """``ex`` with every (nested) exception group flattened: its plain exceptions, in order.
+
+    trio's nurseries wrap the errors of their tasks in groups; callers that decide what an
+    error means look at these.
+    """
+    if isinstance(ex, BaseExceptionGroup):
+        return [leaf for inner in ex.exceptions for leaf in leaves(inner)]
+    return [ex]

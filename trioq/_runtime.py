@@ -40,7 +40,7 @@ from ._completer import Completer
 from ._config import Config, QueueConfig
 from ._context import JobContext
 from ._cron import fire_due, next_fire_time
-from ._exceptions import FatalError, LeaseLostError, Snooze
+from ._exceptions import FatalError, LeaseLostError, Snooze, leaves
 from ._job import Job, encode_args
 from ._migrate import latest_version
 from ._outcome import Kind, Outcome
@@ -637,16 +637,9 @@ def _describe(ex: BaseException) -> str:
     text = str(ex)
     described = f"{type(ex).__name__}: {text}" if text else type(ex).__name__
     if isinstance(ex, BaseExceptionGroup):
-        leaves = ", ".join(_describe(leaf) for leaf in _leaves(ex))
-        described = f"{described}: {leaves}"
+        members = ", ".join(_describe(leaf) for leaf in leaves(ex))
+        described = f"{described}: {members}"
     return described
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    leaves: list[BaseException] = []
-    for ex in group.exceptions:
-        leaves.extend(_leaves(ex) if isinstance(ex, BaseExceptionGroup) else [ex])
-    return leaves
 
 
 def _failure(
