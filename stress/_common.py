@@ -1,6 +1,6 @@
 """What the benchmark scripts share: machine noise, a process's CPU, a scratch database.
 
-The CPU readings are trioq's own (`trioq._stress_cpu`, also behind `trioq stress`), so
+The CPU readings are trioq's own (`trioq._stress.cpu`, also behind `trioq stress`), so
 every script and the load test count busy time the same way. The scripts run as
 ``python stress/bench_X.py``, which puts this folder on ``sys.path``.
 """
@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import trioq
-from trioq import _stress_cpu
+from trioq._stress import cpu as _stress_cpu
 
 __all__ = ["create_bench_db", "drop_bench_db", "machine_busy", "process_cpu", "wait_quiet"]
 

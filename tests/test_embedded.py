@@ -32,7 +32,7 @@ from pgcluster import (
 )
 from psycopg.conninfo import conninfo_to_dict
 
-from trioq._cli_db import EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, add_db_parser
+from trioq._cli.db import EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, add_db_parser
 from trioq._embedded import (
     EmbeddedPostgres,
     EmbeddedPostgresError,
@@ -46,7 +46,7 @@ from trioq._embedded import _pid_alive as pid_alive
 IS_ROOT = os.geteuid() == 0
 CLI_MAIN = """\
 import argparse, sys
-from trioq._cli_db import add_db_parser
+from trioq._cli.db import add_db_parser
 parser = argparse.ArgumentParser(prog="trioq")
 add_db_parser(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])

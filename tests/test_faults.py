@@ -30,8 +30,8 @@ from pgcluster import copy_cluster, scratch_dir, template_cluster
 
 from trioq._pg import connect
 from trioq._queue import Queue
-from trioq._stress_ledger import reset
-from trioq._stress_load import IdRanges, Workload, enqueue_backlog
+from trioq._stress.ledger import reset
+from trioq._stress.load import IdRanges, Workload, enqueue_backlog
 
 pytestmark = pytest.mark.slow
 
@@ -223,7 +223,7 @@ def test_serve_without_a_connection_slot_exits_with_a_clear_message(small_cluste
     hogs = _hog_every_slot(small_cluster)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress_app:config"],
+            [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress.app:config"],
             env=_env(TRIOQ_DSN=small_cluster), capture_output=True, text=True, timeout=60,
             check=False,
         )  # fmt: skip
@@ -301,7 +301,7 @@ def test_fetcher_resumes_promptly_after_an_outage(dsn: str) -> None:
     trio.run(_reset_stress_schema, dsn)
     env = _env(TRIOQ_DSN=dsn, TRIOQ_STRESS_POLL="0.2", TRIOQ_STRESS_SCHEMA="trioq_stress")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress_app:config"],
+        [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress.app:config"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -35,7 +35,7 @@ from pgcluster import copy_cluster, scratch_dir, template_cluster
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import trioq
-from trioq._cli_serve import RedactingFormatter
+from trioq._cli.serve import RedactingFormatter
 from trioq._pg_errors import check_dsn, dsn_secrets, redact, redact_dsn
 
 TESTS = Path(__file__).parent

@@ -22,12 +22,12 @@ from clitool import cli_env, trioq_cli
 from psycopg import sql
 
 from trioq._pg import connect
-from trioq._stress import StressOptions
-from trioq._stress_faults import Fault, GracefulStop, recovery, recovery_summary
-from trioq._stress_ledger import reset, statements
-from trioq._stress_load import IdRanges
-from trioq._stress_report import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, exit_code
-from trioq._stress_verify import verify
+from trioq._stress.faults import Fault, GracefulStop, recovery, recovery_summary
+from trioq._stress.ledger import reset, statements
+from trioq._stress.load import IdRanges
+from trioq._stress.report import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, exit_code
+from trioq._stress.run import StressOptions
+from trioq._stress.verify import verify
 
 SCHEMA = "trioq_stress"
 

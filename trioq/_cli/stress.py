@@ -10,12 +10,12 @@ from typing import Any
 import psycopg
 import trio
 
-from ._dsn import configured_dsn
-from ._embedded import EmbeddedPostgres, EmbeddedPostgresError
-from ._exceptions import leaves
-from ._schema import SchemaError
-from ._stress import MODES, StressError, StressOptions, Target, run_stress
-from ._stress_report import StressReport, render
+from .._dsn import configured_dsn
+from .._embedded import EmbeddedPostgres, EmbeddedPostgresError
+from .._exceptions import leaves
+from .._schema import SchemaError
+from .._stress.report import StressReport, render
+from .._stress.run import MODES, StressError, StressOptions, Target, run_stress
 
 __all__ = ["add_stress_parser"]
 

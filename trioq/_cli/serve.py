@@ -13,14 +13,14 @@ from contextlib import contextmanager
 import attrs
 import trio
 
-from ._config import Config, QueueConfig
-from ._dsn import DSN_ENV_VARS, configured_dsn
-from ._embedded import EmbeddedPostgres
-from ._migrate import migrate
-from ._pg import connect
-from ._pg_errors import dsn_secrets, redact
-from ._registry import Registry
-from ._supervisor import supervise
+from .._config import Config, QueueConfig
+from .._dsn import DSN_ENV_VARS, configured_dsn
+from .._embedded import EmbeddedPostgres
+from .._migrate import migrate
+from .._pg import connect
+from .._pg_errors import dsn_secrets, redact
+from .._registry import Registry
+from .supervisor import supervise
 
 __all__ = ["add_serve_parser", "load_app"]
 
@@ -175,7 +175,7 @@ async def _migrate(dsn: str, schema: str) -> None:
 
 
 async def _run(config: Config, run_migrations: bool) -> None:
-    from ._serve import serve
+    from .._serve import serve
 
     if run_migrations:
         assert config.dsn is not None

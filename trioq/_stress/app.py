@@ -1,6 +1,6 @@
 """The stress workload, served by each worker process of `trioq stress`::
 
-    trioq serve --app trioq._stress_app:config
+    trioq serve --app trioq._stress.app:config
 
 `trioq stress` starts the workers with their settings in ``TRIOQ_STRESS_*`` environment
 variables (see `ENV`); run by hand, the defaults below apply. The one task sleeps
@@ -15,12 +15,12 @@ import time
 
 import trio
 
-from ._config import Config, QueueConfig
-from ._context import JobContext
-from ._registry import Registry
-from ._retry import Constant
-from ._stress_ledger import statements
-from ._stress_load import MAX_ATTEMPTS, QUEUE, RETRY_DELAY, TASK
+from .._config import Config, QueueConfig
+from .._context import JobContext
+from .._registry import Registry
+from .._retry import Constant
+from .ledger import statements
+from .load import MAX_ATTEMPTS, QUEUE, RETRY_DELAY, TASK
 
 __all__ = ["ENV", "config", "tasks"]
 

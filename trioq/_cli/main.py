@@ -18,19 +18,19 @@ from typing import Any
 import psycopg
 import trio
 
-from . import __version__
-from ._cli_db import add_db_parser
-from ._cli_demo import demo
-from ._cli_ops import add_ops_parsers
-from ._cli_serve import add_serve_parser
-from ._cli_stress import add_stress_parser
-from ._dsn import DSN_ENV_VARS
-from ._embedded import EmbeddedPostgresError
-from ._exceptions import leaves
-from ._migrate import migrate
-from ._pg import connect
-from ._pg_errors import dsn_secrets, redact
-from ._schema import SchemaError
+from .. import __version__
+from .._dsn import DSN_ENV_VARS
+from .._embedded import EmbeddedPostgresError
+from .._exceptions import leaves
+from .._migrate import migrate
+from .._pg import connect
+from .._pg_errors import dsn_secrets, redact
+from .._schema import SchemaError
+from .db import add_db_parser
+from .demo import demo
+from .ops import add_ops_parsers
+from .serve import add_serve_parser
+from .stress import add_stress_parser
 
 __all__ = ["main"]
 
@@ -107,7 +107,7 @@ def _add(
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from ._dsn import database
+    from .._dsn import database
 
     with database(args.dsn) as dsn:
         result = trio.run(_migrate_async, dsn, args.schema)
@@ -167,6 +167,3 @@ def _expected_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | 
         return found[0]
     return None
 
-
-if __name__ == "__main__":
-    sys.exit(main())

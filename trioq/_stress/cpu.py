@@ -1,7 +1,7 @@
 """CPU accounting for `trioq stress`, from ``/proc`` (Linux; psutil is not a dependency).
 
 - A process: ``utime + stime`` of ``/proc/<pid>/stat``; a reaped worker's total comes
-  from ``os.wait4`` instead (see `trioq._stress_workers`).
+  from ``os.wait4`` instead (see `trioq._stress.workers`).
 - The Postgres server: the postmaster's own time and ``cutime + cstime`` (every backend
   or background process it has reaped), plus the time of its live children. The sum is
   monotonic across backends that come and go, so a window is the difference of two samples.

@@ -12,10 +12,10 @@ The run, in order::
     stop the workers (SIGTERM, bounded); read timings from the ledger; verify;
     recovery time of each fault, from the ledger
 
-Modules: `_stress_app` (the workers' task), `_stress_ledger` (its table and timings),
-`_stress_workers` (processes), `_stress_load` (enqueueing), `_stress_monitor` and
-`_stress_progress` (watching), `_stress_chaos` and `_stress_faults` (faults and recovery),
-`_stress_cpu`, `_stress_verify`, `_stress_report`.
+Modules: `app` (the workers' task), `ledger` (its table and timings),
+`workers` (processes), `load` (enqueueing), `monitor` and
+`progress` (watching), `chaos` and `faults` (faults and recovery),
+`cpu`, `verify`, `report`.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ import attrs
 import trio
 from psycopg.conninfo import make_conninfo
 
-from ._embedded import EmbeddedPostgres
-from ._pg import connect as pg_connect
-from ._pg_errors import redact_dsn
-from ._queue import Queue
-from ._schema import validate_schema_name
-from ._stress_chaos import ChaosLog, kill_at, kill_loop, restart_at, terminate_loop
-from ._stress_cpu import ServerMeter, machine_busy, postmaster_of
-from ._stress_faults import (
+from .._embedded import EmbeddedPostgres
+from .._pg import connect as pg_connect
+from .._pg_errors import redact_dsn
+from .._queue import Queue
+from .._schema import validate_schema_name
+from .chaos import ChaosLog, kill_at, kill_loop, restart_at, terminate_loop
+from .cpu import ServerMeter, machine_busy, postmaster_of
+from .faults import (
     GracefulStop,
     HeldJobs,
     Starvation,
@@ -52,13 +52,13 @@ from ._stress_faults import (
     starve,
     vacuum_after,
 )
-from ._stress_ledger import LEDGER_TABLE, reset, timings
-from ._stress_load import IdRanges, Producer, Workload, enqueue_backlog
-from ._stress_monitor import Monitor
-from ._stress_progress import Progress, ProgressLine
-from ._stress_report import CpuStats, Rate, StressReport
-from ._stress_verify import verify
-from ._stress_workers import StressError, WorkerGroup, open_workers
+from .ledger import LEDGER_TABLE, reset, timings
+from .load import IdRanges, Producer, Workload, enqueue_backlog
+from .monitor import Monitor
+from .progress import Progress, ProgressLine
+from .report import CpuStats, Rate, StressReport
+from .verify import verify
+from .workers import StressError, WorkerGroup, open_workers
 
 __all__ = ["StressError", "StressOptions", "Target", "run_stress"]
 
@@ -371,7 +371,7 @@ def _start_chaos(run: _Run, nursery: trio.Nursery, group: WorkerGroup) -> None:
 
 
 def _start_faults(run: _Run, nursery: trio.Nursery, group: WorkerGroup, held: HeldJobs) -> None:
-    """The one-shot faults of `trioq._stress_faults`; the run waits for each to finish."""
+    """The one-shot faults of `trioq._stress.faults`; the run waits for each to finish."""
     options, chaos = run.options, run.chaos
     record, note = chaos.fault, _noter(run)
     if options.starve_at is not None:

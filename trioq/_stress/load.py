@@ -16,15 +16,15 @@ import psycopg
 import trio
 from psycopg import sql
 
-from ._job import JobSpec
-from ._queue import Queue
-from ._schema import qualified
+from .._job import JobSpec
+from .._queue import Queue
+from .._schema import qualified
 
 __all__ = ["MAX_ATTEMPTS", "QUEUE", "TASK", "IdRanges", "Producer", "Workload", "enqueue_backlog"]
 
 logger = logging.getLogger("trioq.stress")
 
-#: The workload's one task and queue (the workers serve it: `trioq._stress_app`).
+#: The workload's one task and queue (the workers serve it: `trioq._stress.app`).
 QUEUE = "stress"
 TASK = "trioq.stress"
 #: Chaos spends attempts (a killed worker's jobs); the workload itself never fails.

@@ -16,12 +16,12 @@ import attrs
 import psycopg
 import trio
 
-from ._dead import DeadFilter
-from ._dsn import database
-from ._migrate import latest_version
-from ._pg import connect
-from ._queue import Queue
-from ._schema import check_schema
+from .._dead import DeadFilter
+from .._dsn import database
+from .._migrate import latest_version
+from .._pg import connect
+from .._queue import Queue
+from .._schema import check_schema
 
 __all__ = ["add_ops_parsers"]
 

@@ -19,8 +19,8 @@ import psycopg
 import trio
 from psycopg import sql
 
-from ._schema import qualified
-from ._stress_ledger import LEDGER_TABLE
+from .._schema import qualified
+from .ledger import LEDGER_TABLE
 
 __all__ = ["Monitor", "Snapshot"]
 

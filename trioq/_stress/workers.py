@@ -1,6 +1,6 @@
 """The worker processes of `trioq stress`: real ``trioq serve`` subprocesses.
 
-Each worker runs ``python -m trioq._cli serve --app trioq._stress_app:config``, with the
+Each worker runs ``python -m trioq._cli serve --app trioq._stress.app:config``, with the
 DSN in ``TRIOQ_DSN`` (never on a command line, where ``ps`` shows passwords) and an
 ``application_name`` naming the worker, so the driver can find its connections in
 ``pg_stat_activity`` (readiness: its LISTEN is active; chaos: terminate them).
@@ -28,11 +28,11 @@ import attrs
 import trio
 from psycopg.conninfo import make_conninfo
 
-from ._stress_cpu import process_cpu
+from .cpu import process_cpu
 
 __all__ = ["LogTail", "StressError", "Worker", "WorkerGroup", "open_workers"]
 
-APP = "trioq._stress_app:config"
+APP = "trioq._stress.app:config"
 #: Workers that exit on their own (not killed by the chaos) before the run gives up.
 MAX_UNEXPECTED_EXITS = 10
 RESTART_DELAY = 0.5

@@ -18,14 +18,14 @@ import attrs
 import trio
 from psycopg import sql
 
-from ._config import Config, QueueConfig
-from ._dsn import configured_dsn, database
-from ._job import JobSpec
-from ._migrate import migrate
-from ._pg import connect
-from ._pg_errors import redact_dsn
-from ._queue import Queue
-from ._schema import qualified
+from .._config import Config, QueueConfig
+from .._dsn import configured_dsn, database
+from .._job import JobSpec
+from .._migrate import migrate
+from .._pg import connect
+from .._pg_errors import redact_dsn
+from .._queue import Queue
+from .._schema import qualified
 
 __all__ = ["DemoReport", "demo"]
 
@@ -68,7 +68,7 @@ def _jobs() -> list[JobSpec]:
 
 
 async def _demo(dsn: str, schema: str, embedded: bool, verbose: bool) -> DemoReport:
-    from .examples.hello import tasks
+    from ..examples.hello import tasks
 
     async with await connect(dsn, autocommit=True) as conn:
         result = await migrate(conn, schema)
@@ -106,7 +106,7 @@ async def _demo(dsn: str, schema: str, embedded: bool, verbose: bool) -> DemoRep
 
 
 async def _serve(config: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    from ._serve import serve
+    from .._serve import serve
 
     await serve(config, task_status=task_status)
 

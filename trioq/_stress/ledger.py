@@ -14,8 +14,8 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from ._migrate import migrate
-from ._schema import qualified
+from .._migrate import migrate
+from .._schema import qualified
 
 __all__ = ["LEDGER_TABLE", "Statements", "Timings", "reset", "statements", "timings"]
 

@@ -4,7 +4,7 @@ Each loop runs until cancelled (the driver cancels them once the queue has drain
 counts what it did in `ChaosLog`, with a `Fault` per act for the recovery report. None of
 them touches the driver's own connections. A kill picks a worker that holds running jobs
 (a kill mid-batch), and records which jobs it held. One-shot faults (``--kill-at``, the
-restart, and those of `trioq._stress_faults`) register an event the run waits for.
+restart, and those of `trioq._stress.faults`) register an event the run waits for.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import attrs
 import psycopg
 import trio
 
-from ._stress_faults import Fault, HeldJobs, like_prefix
-from ._stress_workers import Worker, WorkerGroup
+from .faults import Fault, HeldJobs, like_prefix
+from .workers import Worker, WorkerGroup
 
 __all__ = ["ChaosLog", "kill_at", "kill_loop", "restart_at", "terminate_loop"]
 

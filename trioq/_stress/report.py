@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ._stress_verify import Verification
+from .verify import Verification
 
 __all__ = [
     "EXIT_FAILED",

@@ -24,9 +24,9 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from ._schema import qualified
-from ._stress_ledger import LEDGER_TABLE
-from ._stress_load import IdRanges
+from .._schema import qualified
+from .ledger import LEDGER_TABLE
+from .load import IdRanges
 
 __all__ = ["Verification", "judge", "verify"]
 

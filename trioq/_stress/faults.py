@@ -32,9 +32,9 @@ import psycopg
 import trio
 from psycopg import sql
 
-from ._schema import qualified
-from ._stress_ledger import LEDGER_TABLE
-from ._stress_workers import STOP_TIMEOUT, WorkerGroup
+from .._schema import qualified
+from .ledger import LEDGER_TABLE
+from .workers import STOP_TIMEOUT, WorkerGroup
 
 __all__ = [
     "Fault",
