@@ -24,13 +24,11 @@ from psycopg import sql
 
 import trioq
 import trioq._migrate
-from trioq import CronEntry, JobSpec
+from trioq import CronEntry, DatabaseReadOnlyError, InvalidDSNError, JobSpec
 from trioq._cli import main as cli_main
 from trioq._cron import fire_due, next_fire_time
 from trioq._dsn import configured_dsn
 from trioq._migrate import Migration, latest_version
-from trioq._pg_errors import InvalidDSNError
-from trioq._schema import DatabaseReadOnlyError
 from trioq._sql import statements
 
 UTC = dt.UTC
@@ -198,7 +196,8 @@ def test_injected_queue_name_for_serve_is_refused_before_it_connects() -> None:
               "--dsn", "postgresql://nobody@127.0.0.1:1/nothing")  # fmt: skip
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1] == (
-        'trioq: error: queues: queue name "x\'; DROP TABLE jobs;--" is invalid'
+        'trioq: error: queues: queue name "x\'; DROP TABLE jobs;--" is invalid: use 1-64 '
+        "letters, digits, '_', '.', ':' or '-', not starting with a punctuation mark"
     )
 
 

@@ -32,10 +32,10 @@ from pgcluster import (
 )
 from psycopg.conninfo import conninfo_to_dict
 
+from trioq import EmbeddedPostgresError
 from trioq._cli.db import EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, add_db_parser
 from trioq._embedded import (
     EmbeddedPostgres,
-    EmbeddedPostgresError,
     binary_version,
     default_data_dir,
     default_server_user,

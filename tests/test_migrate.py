@@ -11,14 +11,16 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import trioq
-from trioq._migrate import MigrationError, latest_version, migrate, migrations
-from trioq._schema import (
+from trioq import (
+    MigrationError,
     SchemaMissingError,
     SchemaOutdatedError,
     SchemaTooNewError,
     check_schema,
-    validate_schema_name,
+    migrate,
 )
+from trioq._migrate import latest_version, migrations
+from trioq._sql import validate_schema_name
 
 CATALOG_SNAPSHOT = """
 SELECT 'column', c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)

@@ -1,47 +1,73 @@
-"""trioq: a Postgres-backed job queue and worker runtime for trio."""
+"""trioq: a Postgres-backed job queue and worker runtime for trio.
+
+General layout (``docs/architecture.md`` has the module map and the nursery tree):
+
+- Public names are re-exported here and from ``trioq.pg`` and ``trioq.retry``; every
+  implementation module is private (``trioq._x``) and shows up as ``trioq.X`` in reprs
+  and tracebacks.
+- What a job is: ``_job`` (the field rules, `JobSpec`, `Job`, `Lease`, `Failure`),
+  ``_exceptions`` (every exception), ``_registry`` (tasks), ``_retry``, ``_cron``.
+- The queue as a library: ``_queue`` (enqueue, claim, outcomes, sweep, status), ``_dead``,
+  ``_enqueue`` (the default queue), and ``_sql``, which holds every statement.
+- The worker runtime: ``_serve`` -> ``_runtime`` (fetchers and slots), ``_execute``
+  (handlers and their outcomes), ``_context`` (what a handler gets), ``_leases``,
+  ``_completer``, and one module per service: ``_listener``, ``_heartbeat``,
+  ``_sweeper``, ``_scheduler``.
+- The database: ``_pg``, ``_pg_wait``, ``_pg_errors``, ``_pool`` (psycopg on trio),
+  ``_schema`` and ``_migrate`` (the version check, migrations), ``_embedded`` and
+  ``_dsn`` (the private Postgres used when no DSN is configured).
+- Tools built on all this, which no library module imports: ``_cli`` (the ``trioq``
+  command) and ``_stress`` (``trioq stress``, the load tester).
+"""
 
 from . import pg as pg
 from . import retry as retry
 from ._config import Config as Config
 from ._config import QueueConfig as QueueConfig
 from ._context import JobContext as JobContext
+from ._context import JobServices as JobServices
 from ._cron import CronEntry as CronEntry
 from ._dead import DeadFilter as DeadFilter
 from ._dead import DeadJob as DeadJob
 from ._enqueue import enqueue as enqueue
 from ._enqueue import enqueue_bulk as enqueue_bulk
 from ._enqueue import enqueue_many as enqueue_many
+from ._exceptions import ConnectError as ConnectError
+from ._exceptions import DatabaseReadOnlyError as DatabaseReadOnlyError
+from ._exceptions import EmbeddedPostgresError as EmbeddedPostgresError
 from ._exceptions import FatalError as FatalError
+from ._exceptions import InvalidDSNError as InvalidDSNError
 from ._exceptions import LeaseLostError as LeaseLostError
+from ._exceptions import MigrationError as MigrationError
+from ._exceptions import PayloadTooLargeError as PayloadTooLargeError
+from ._exceptions import SchemaError as SchemaError
+from ._exceptions import SchemaMissingError as SchemaMissingError
+from ._exceptions import SchemaOutdatedError as SchemaOutdatedError
+from ._exceptions import SchemaTooNewError as SchemaTooNewError
 from ._exceptions import Snooze as Snooze
 from ._job import EnqueueResult as EnqueueResult
+from ._job import Failure as Failure
 from ._job import Job as Job
 from ._job import JobSpec as JobSpec
-from ._migrate import MigrationError as MigrationError
+from ._job import Lease as Lease
+from ._metadata import fixup_module_metadata
 from ._migrate import MigrationResult as MigrationResult
 from ._migrate import migrate as migrate
 from ._pg import TrioConnection as TrioConnection
 from ._pg import connect as connect
-from ._pg_errors import ConnectError as ConnectError
-from ._pg_errors import InvalidDSNError as InvalidDSNError
 from ._queue import CancelOutcome as CancelOutcome
 from ._queue import FailResult as FailResult
-from ._queue import Failure as Failure
 from ._queue import HeartbeatResult as HeartbeatResult
-from ._queue import Lease as Lease
-from ._queue import PayloadTooLargeError as PayloadTooLargeError
 from ._queue import Queue as Queue
 from ._queue import SweepResult as SweepResult
 from ._registry import Registry as Registry
 from ._registry import Task as Task
 from ._runtime import Runtime as Runtime
 from ._runtime import RuntimeStatistics as RuntimeStatistics
-from ._schema import DatabaseReadOnlyError as DatabaseReadOnlyError
-from ._schema import SchemaError as SchemaError
-from ._schema import SchemaMissingError as SchemaMissingError
-from ._schema import SchemaOutdatedError as SchemaOutdatedError
-from ._schema import SchemaTooNewError as SchemaTooNewError
 from ._schema import check_schema as check_schema
 from ._serve import serve as serve
 
 __version__ = "0.1.0"
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

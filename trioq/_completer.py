@@ -17,9 +17,10 @@ from typing import Any
 import psycopg
 import trio
 
+from ._job import Lease
 from ._outcome import Kind, Outcome
 from ._pool import Pool
-from ._queue import Lease, Queue
+from ._queue import Queue
 
 __all__ = ["Completer"]
 

@@ -12,12 +12,11 @@ from typing import Any
 
 import attrs
 
-from ._cron import CronEntry
-from ._job import QUEUE_NAME_RE, encode_args
+from ._cron import CronEntry, check_entries
+from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
 from ._pg_errors import check_dsn, redact_dsn
-from ._queue import DEFAULT_MAX_PAYLOAD
 from ._registry import Registry
-from ._schema import validate_schema_name
+from ._sql import validate_schema_name
 
 __all__ = ["Config", "QueueConfig"]
 
@@ -32,7 +31,9 @@ def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> N
 
 
 def _positive_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{attribute.name} must be a positive int, got {value!r}")
+    if value < 1:
         raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
 
 
@@ -66,8 +67,7 @@ def _queues(
 
 def _check_queues(_inst: object, attribute: attrs.Attribute[Any], value: dict[str, Any]) -> None:
     for name, cfg in value.items():
-        if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
-            raise ValueError(f"{attribute.name}: queue name {name!r} is invalid")
+        check_queue_name(name, f"{attribute.name}: queue name")
         if not isinstance(cfg, QueueConfig):
             raise TypeError(f"{attribute.name}[{name!r}] must be a QueueConfig, got {cfg!r}")
 
@@ -75,10 +75,6 @@ def _check_queues(_inst: object, attribute: attrs.Attribute[Any], value: dict[st
 def _registry(_inst: object, attribute: attrs.Attribute[Any], value: Registry) -> None:
     if not isinstance(value, Registry):
         raise TypeError(f"{attribute.name} must be a trioq.Registry, got {value!r}")
-
-
-def _schema(_inst: object, _attribute: attrs.Attribute[Any], value: str) -> None:
-    validate_schema_name(value)
 
 
 def _dsn(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -116,7 +112,7 @@ class Config:
     registry: Registry = attrs.field(validator=_registry)
     #: None: ``TRIOQ_DSN`` / ``DATABASE_URL``, else the embedded Postgres.
     dsn: str | None = attrs.field(default=None, validator=_dsn, repr=_dsn_repr)
-    schema: str = attrs.field(default="trioq", validator=_schema)
+    schema: str = attrs.field(default="trioq", validator=rule(validate_schema_name))
     #: Queues this process serves; default: every queue a registered task uses.
     queues: dict[str, QueueConfig] = attrs.field(
         factory=dict, converter=_queues, validator=_check_queues
@@ -135,7 +131,9 @@ class Config:
     #: Connections for handlers: ``job.connection()``, ``job.transaction()``, ``job.enqueue()``.
     #: Separate, so handlers holding connections can never starve the heartbeat.
     app_pool_size: int = attrs.field(default=10, validator=_positive_int)
-    max_payload_bytes: int = attrs.field(default=DEFAULT_MAX_PAYLOAD, validator=_positive_int)
+    max_payload_bytes: int = attrs.field(
+        default=DEFAULT_MAX_PAYLOAD, validator=rule(check_max_payload)
+    )
     #: Install SIGINT/SIGTERM handlers (main thread only): first = graceful, second = now.
     handle_signals: bool = False
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
@@ -151,16 +149,7 @@ class Config:
         for entry in self.cron:
             if not isinstance(entry, CronEntry):
                 raise TypeError(f"cron entries must be trioq.CronEntry, got {entry!r}")
-        names = [entry.name for entry in self.cron]
-        if len(names) != len(set(names)):
-            raise ValueError(f"cron entry names must be unique, got {names}")
-        for entry in self.cron:
-            size = len(encode_args(entry.args).encode())
-            if size > self.max_payload_bytes:
-                raise ValueError(
-                    f"cron entry {entry.name!r}: args are {size} bytes of JSON, over "
-                    f"max_payload_bytes ({self.max_payload_bytes})"
-                )
+        check_entries(self.cron, max_payload_bytes=self.max_payload_bytes)
 
     def served_queues(self) -> dict[str, QueueConfig]:
         """The queues to serve: the configured ones, else those of registered tasks."""

@@ -21,7 +21,6 @@ The policies (first sight, ``skip``, ``run_once``) are in `_decide` and
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import re
 import zoneinfo
@@ -31,21 +30,21 @@ from typing import Any, Literal
 import attrs
 import psycopg
 from croniter import CroniterBadDateError, croniter
-from psycopg import sql
 
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     JSONValue,
-    _args,
-    _max_attempts,
-    _priority,
-    _queue_name,
-    _task_name,
+    args_or_empty,
+    check_max_attempts,
+    check_payload,
+    check_priority,
+    check_queue_name,
+    check_task_name,
     encode_args,
+    rule,
 )
-from ._queue import PayloadTooLargeError, Queue
-from ._schema import qualified
-from ._sql import NOW
+from ._queue import Queue
+from ._sql import Statements, statements
 
 __all__ = [
     "DEFAULT_MISFIRE_GRACE",
@@ -53,6 +52,7 @@ __all__ = [
     "CronEntry",
     "Fired",
     "Misfire",
+    "check_entries",
     "fire_due",
     "next_fire_time",
 ]
@@ -95,11 +95,8 @@ def _in_entry(validator: Validator) -> Validator:
     return check
 
 
-def _name(inst: CronEntry, attribute: attrs.Attribute[str], value: str) -> None:
-    try:
-        _task_name(inst, attribute, value)
-    except ValueError as ex:
-        raise ValueError(f"cron entry {ex}") from None
+def _name(_inst: CronEntry, _attribute: attrs.Attribute[str], value: str) -> None:
+    check_task_name(value, "cron entry name")
 
 
 def _schedule(inst: CronEntry, _attribute: attrs.Attribute[str], value: str) -> None:
@@ -126,8 +123,8 @@ def _schedule(inst: CronEntry, _attribute: attrs.Attribute[str], value: str) -> 
         raise ValueError(f"{where} is invalid: {ex}") from None
 
 
-def _json_args(_inst: object, _attribute: attrs.Attribute[Any], value: JSONValue) -> None:
-    encode_args(value)
+def _json_args(value: JSONValue, field: str) -> None:
+    encode_args(value, field=field)
 
 
 def _misfire(inst: CronEntry, attribute: attrs.Attribute[str], value: str) -> None:
@@ -178,12 +175,14 @@ class CronEntry:
     name: str = attrs.field(validator=_name)
     #: croniter syntax: 5 fields, a 6th (last) for seconds, or an alias such as ``@daily``.
     schedule: str = attrs.field(validator=_schedule)
-    task: str = attrs.field(validator=_in_entry(_task_name))
-    args: JSONValue = attrs.field(default=None, converter=_args, validator=_in_entry(_json_args))
-    queue: str = attrs.field(default="default", validator=_in_entry(_queue_name))
-    priority: int = attrs.field(default=0, validator=_in_entry(_priority))
+    task: str = attrs.field(validator=_in_entry(rule(check_task_name)))
+    args: JSONValue = attrs.field(
+        default=None, converter=args_or_empty, validator=_in_entry(rule(_json_args))
+    )
+    queue: str = attrs.field(default="default", validator=_in_entry(rule(check_queue_name)))
+    priority: int = attrs.field(default=0, validator=_in_entry(rule(check_priority)))
     max_attempts: int = attrs.field(
-        default=DEFAULT_MAX_ATTEMPTS, validator=_in_entry(_max_attempts)
+        default=DEFAULT_MAX_ATTEMPTS, validator=_in_entry(rule(check_max_attempts))
     )
     #: After downtime: drop the missed ticks (``skip``) or run one job for them (``run_once``).
     misfire: Misfire = attrs.field(default="skip", validator=_misfire)
@@ -286,53 +285,6 @@ def _offset(local: dt.datetime) -> dt.timedelta:
     return offset
 
 
-# -- SQL ----------------------------------------------------------------------------------------
-
-_LAST_TICKS = """
-SELECT name, max(tick) FROM {ticks} WHERE name = ANY(%(names)s::text[]) GROUP BY name
-"""
-
-# Claims the tick: only the transaction that inserts the row goes on to enqueue. The same
-# statement prunes the entry's old rows (never its latest), so the table stays small.
-_RECORD_TICK = """
-WITH claimed AS (
-    INSERT INTO {ticks} (name, tick, fired_at) VALUES (%(name)s, %(tick)s, {now})
-    ON CONFLICT (name, tick) DO NOTHING
-    RETURNING tick
-), pruned AS (
-    DELETE FROM {ticks}
-     WHERE name = %(name)s AND tick < %(tick)s AND fired_at < {now} - %(keep)s
-       AND EXISTS (SELECT 1 FROM claimed)
-)
-SELECT tick FROM claimed
-"""
-
-_SET_JOB = """
-UPDATE {ticks} SET job_id = %(job_id)s WHERE name = %(name)s AND tick = %(tick)s
-"""
-
-
-@attrs.frozen
-class _Statements:
-    last_ticks: sql.Composed
-    record_tick: sql.Composed
-    set_job: sql.Composed
-
-
-@functools.cache
-def _statements(schema: str) -> _Statements:
-    names = {"ticks": qualified(schema, "cron_ticks"), "now": sql.SQL(NOW)}
-
-    def compose(text: str) -> sql.Composed:
-        return sql.SQL(text.strip()).format(**names)
-
-    return _Statements(
-        last_ticks=compose(_LAST_TICKS),
-        record_tick=compose(_RECORD_TICK),
-        set_job=compose(_SET_JOB),
-    )
-
-
 # -- firing -------------------------------------------------------------------------------------
 
 
@@ -348,18 +300,18 @@ async def fire_due(
 ) -> list[Fired]:
     """Enqueue the due tick of each entry, once across all processes; return those fired here.
 
-    ``now`` is the database clock (``SELECT`` `trioq._sql.NOW`). Each tick is
+    ``now`` is the database clock (`trioq._sql.Statements.clock`). Each tick is
     decided in its own ``conn.transaction()`` (a savepoint if the caller has a
     transaction open): its ``cron_ticks`` row is inserted and, only if this
     call inserted it, the job is enqueued and its id stored in the row.
     """
     _check_aware("now", now)
-    checked = _checked(entries, queue)
+    checked = check_entries(entries, max_payload_bytes=queue.max_payload_bytes)
     if not checked:
         return []
-    st = _statements(queue.schema)
+    st = statements(queue.schema)
     async with conn.transaction():
-        cur = await conn.execute(st.last_ticks, {"names": [e.name for e in checked]})
+        cur = await conn.execute(st.cron_last_ticks, {"names": [e.name for e in checked]})
         last: dict[str, dt.datetime] = dict(await cur.fetchall())
     fired: list[Fired] = []
     for entry in checked:
@@ -378,20 +330,19 @@ async def fire_due(
     return fired
 
 
-def _checked(entries: Iterable[CronEntry], queue: Queue) -> list[CronEntry]:
-    """The entries in name order (one lock order for every process), checked before any SQL."""
+def check_entries(entries: Iterable[CronEntry], *, max_payload_bytes: int) -> list[CronEntry]:
+    """The entries in name order (one lock order for every process), checked before any SQL:
+    names unique, args within the payload limit."""
     checked = sorted(entries, key=lambda e: e.name)
     names = [e.name for e in checked]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"cron entry names must be unique, repeated: {duplicates}")
     for entry in checked:
-        size = len(encode_args(entry.args).encode())
-        if size > queue.max_payload_bytes:
-            raise PayloadTooLargeError(
-                f"cron entry {entry.name!r}: args are {size} bytes of JSON, over the limit of "
-                f"{queue.max_payload_bytes} (Queue.max_payload_bytes)"
-            )
+        check_payload(
+            encode_args(entry.args), task=None, max_bytes=max_payload_bytes,
+            where=f"cron entry {entry.name!r}: args",
+        )  # fmt: skip
     return checked
 
 
@@ -414,15 +365,15 @@ def _decide(
     return latest, False  # skip: missed by more than the grace
 
 
-async def _record(conn: Conn, st: _Statements, name: str, tick: dt.datetime) -> bool:
+async def _record(conn: Conn, st: Statements, name: str, tick: dt.datetime) -> bool:
     """Insert the tick's row; False if some process already recorded this tick."""
     params = {"name": name, "tick": tick, "keep": TICK_RETENTION}
-    cur = await conn.execute(st.record_tick, params)
+    cur = await conn.execute(st.cron_record_tick, params)
     return await cur.fetchone() is not None
 
 
 async def _fire(
-    conn: Conn, queue: Queue, st: _Statements, entry: CronEntry, tick: dt.datetime
+    conn: Conn, queue: Queue, st: Statements, entry: CronEntry, tick: dt.datetime
 ) -> Fired | None:
     async with conn.transaction():
         if not await _record(conn, st, entry.name, tick):
@@ -432,7 +383,7 @@ async def _fire(
             max_attempts=entry.max_attempts, dedup_key=_dedup_key(entry.name, tick),
         )  # fmt: skip
         params = {"job_id": result.job_id, "name": entry.name, "tick": tick}
-        await conn.execute(st.set_job, params)
+        await conn.execute(st.cron_set_job, params)
     return Fired(name=entry.name, tick=tick, job_id=result.job_id)
 
 

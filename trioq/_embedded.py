@@ -58,9 +58,10 @@ import attrs
 import trio
 from psycopg import sql
 
+from ._exceptions import EmbeddedPostgresError
+
 __all__ = [
     "EmbeddedPostgres",
-    "EmbeddedPostgresError",
     "EmbeddedStatus",
     "binary_version",
     "default_data_dir",
@@ -88,10 +89,6 @@ _VERSION = re.compile(r"\(PostgreSQL\) (\d+)([.\w]*)")
 
 _T = TypeVar("_T")
 _Steps = Generator[float, None, _T]  # yields seconds to sleep, returns the result
-
-
-class EmbeddedPostgresError(RuntimeError):
-    """The embedded Postgres server could not be found, initialized, started or stopped."""
 
 
 # ---------------------------------------------------------------------------------------------

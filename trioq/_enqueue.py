@@ -1,62 +1,54 @@
-"""``trioq.enqueue``, ``enqueue_many``, ``enqueue_bulk``: the default `Queue` (``trioq``)."""
+"""``trioq.enqueue``, ``enqueue_many``, ``enqueue_bulk``: `Queue`'s methods on the default queue.
+
+Each is the `Queue` method itself, bound to `DEFAULT_QUEUE` (schema ``trioq``) by
+`on_default_queue`: its signature, types and docstring are written once, in
+`trioq._queue`. `trioq.JobContext.enqueue` is bound the same way (`trioq._context`).
+"""
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Iterable
-from typing import Any
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import psycopg
+from ._queue import Conn, Queue
 
-from ._job import DEFAULT_MAX_ATTEMPTS, EnqueueResult, JobSpec, JSONValue
-from ._queue import Queue
+__all__ = ["DEFAULT_QUEUE", "enqueue", "enqueue_bulk", "enqueue_many", "without_first"]
 
-__all__ = ["DEFAULT_QUEUE", "enqueue", "enqueue_bulk", "enqueue_many"]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 DEFAULT_QUEUE = Queue()
 
 
-async def enqueue(
-    conn: psycopg.AsyncConnection[Any],
-    task: str,
-    args: JSONValue = None,
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: dt.datetime | None = None,
-    delay: dt.timedelta | float | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    dedup_key: str | None = None,
-    unique: bool = False,
-) -> EnqueueResult:
-    """Enqueue one job on ``conn`` (in its open transaction, if any); see `Queue.enqueue`."""
-    return await DEFAULT_QUEUE.enqueue(
-        conn, task, args, queue=queue, priority=priority, run_at=run_at, delay=delay,
-        max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
-    )  # fmt: skip
+def without_first(
+    wrapper: Callable[..., Any], method: Callable[..., Any], *, name: str, first: str = ""
+) -> None:
+    """Give ``wrapper`` the name, docstring and signature of ``method`` less its first
+    parameter (``self``), for ``help()`` and the docs. With ``first``, the next parameter
+    (``conn``) is replaced by a positional one of that name."""
+    parameters = list(inspect.signature(method).parameters.values())[1:]
+    if first:
+        parameters[0] = inspect.Parameter(first, inspect.Parameter.POSITIONAL_ONLY)
+    wrapper.__signature__ = inspect.signature(method).replace(  # type: ignore[attr-defined]
+        parameters=parameters
+    )
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = method.__doc__
 
 
-async def enqueue_many(
-    conn: psycopg.AsyncConnection[Any], jobs: Iterable[JobSpec]
-) -> list[EnqueueResult]:
-    """Enqueue many jobs in a few statements; see `Queue.enqueue_many`."""
-    return await DEFAULT_QUEUE.enqueue_many(conn, jobs)
+def on_default_queue(
+    method: Callable[Concatenate[Queue, Conn, P], Awaitable[R]],
+) -> Callable[Concatenate[Conn, P], Awaitable[R]]:
+    """``method`` of `DEFAULT_QUEUE`, as a function taking the connection first."""
+
+    async def call(conn: Conn, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await method(DEFAULT_QUEUE, conn, *args, **kwargs)
+
+    without_first(call, method, name=method.__name__)
+    return call
 
 
-async def enqueue_bulk(
-    conn: psycopg.AsyncConnection[Any],
-    task: str,
-    args: Iterable[JSONValue],
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: dt.datetime | None = None,
-    delay: dt.timedelta | float | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-) -> list[int]:
-    """One job of ``task`` per item of ``args``, sharing the other fields; their ids in input
-    order. The fastest way in; see `Queue.enqueue_bulk`."""
-    return await DEFAULT_QUEUE.enqueue_bulk(
-        conn, task, args, queue=queue, priority=priority, run_at=run_at, delay=delay,
-        max_attempts=max_attempts,
-    )  # fmt: skip
+enqueue = on_default_queue(Queue.enqueue)
+enqueue_many = on_default_queue(Queue.enqueue_many)
+enqueue_bulk = on_default_queue(Queue.enqueue_bulk)

@@ -1,18 +1,59 @@
-"""Exceptions a handler raises to steer its job, and those the runtime raises.
+"""Every exception trioq defines, in one place.
 
-::
+Each subclasses the closest builtin (or psycopg's own class, where code already catches
+that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps working::
 
     Exception
-     ├── FatalError        raised by a handler: no retry, the job goes to dead_jobs
-     ├── Snooze            raised by a handler (job.snooze()): run again later, attempt refunded
-     └── LeaseLostError    the job's lease was reclaimed: its result is not ours to write
+     ├── FatalError                 a handler raises it: no retry, the job goes to dead_jobs
+     ├── Snooze                     job.snooze(): run again later, the attempt refunded
+     ├── ValueError
+     │    └── PayloadTooLargeError  a job's JSON args are over Queue.max_payload_bytes
+     ├── RuntimeError
+     │    ├── LeaseLostError        the job's lease was reclaimed: its outcome is not ours
+     │    ├── PoolClosedError       a connection was asked of a closed pool
+     │    ├── EmbeddedPostgresError the embedded server could not be set up, started or stopped
+     │    └── SchemaError           the database schema is not what this trioq needs
+     │         ├── SchemaMissingError      never migrated: run `trioq migrate`
+     │         ├── SchemaOutdatedError     older than this trioq: run `trioq migrate`
+     │         ├── SchemaTooNewError       migrated by a newer trioq: upgrade trioq
+     │         ├── DatabaseReadOnlyError   a standby, or default_transaction_read_only
+     │         └── MigrationError          a migration failed; nothing was changed
+     └── psycopg.Error
+          ├── psycopg.OperationalError
+          │    └── ConnectError      no connection could be made (the password never shown)
+          └── psycopg.ProgrammingError
+               └── InvalidDSNError   an unparseable DSN (also a ValueError; never echoed)
+
+Bad arguments raise the builtins themselves, one type per rule wherever the rule is
+checked (``trioq._job``): a value of the wrong type is a ``TypeError``, a value of the
+right type out of its range or form a ``ValueError``, and the message names the field.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-__all__ = ["FatalError", "LeaseLostError", "Snooze"]
+import psycopg
+
+__all__ = [
+    "ConnectError",
+    "DatabaseReadOnlyError",
+    "EmbeddedPostgresError",
+    "FatalError",
+    "InvalidDSNError",
+    "LeaseLostError",
+    "MigrationError",
+    "PayloadTooLargeError",
+    "PoolClosedError",
+    "SchemaError",
+    "SchemaMissingError",
+    "SchemaOutdatedError",
+    "SchemaTooNewError",
+    "Snooze",
+    "leaves",
+]
+
+# -- raised by handlers, to steer their job ------------------------------------------------------
 
 
 class FatalError(Exception):
@@ -27,8 +68,59 @@ class Snooze(Exception):
         self.delay = delay
 
 
+# -- raised by trioq -----------------------------------------------------------------------------
+
+
+class PayloadTooLargeError(ValueError):
+    """A job's JSON args exceed the queue's ``max_payload_bytes``."""
+
+
 class LeaseLostError(RuntimeError):
     """The job's lease is no longer ours (expired and reclaimed); nothing was written."""
+
+
+class PoolClosedError(RuntimeError):
+    """The pool was closed."""
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded Postgres server could not be found, initialized, started or stopped."""
+
+
+class SchemaError(RuntimeError):
+    """The database schema is not what this trioq needs."""
+
+
+class SchemaMissingError(SchemaError):
+    """The schema has not been created: run ``trioq migrate``."""
+
+
+class SchemaOutdatedError(SchemaError):
+    """The schema is older than this trioq: run ``trioq migrate``."""
+
+
+class SchemaTooNewError(SchemaError):
+    """The schema was migrated by a newer trioq: upgrade trioq."""
+
+
+class DatabaseReadOnlyError(SchemaError):
+    """The database refuses writes (a hot standby, or ``default_transaction_read_only``)."""
+
+
+class MigrationError(SchemaError):
+    """A migration could not be applied; nothing was changed."""
+
+
+class ConnectError(psycopg.OperationalError):
+    """No connection could be made; the message names the target, never the password."""
+
+
+class InvalidDSNError(psycopg.ProgrammingError, ValueError):
+    """The DSN cannot be parsed; the message says why without quoting the DSN.
+
+    A ``ValueError`` (a bad argument) and, like psycopg's own parse error, a
+    ``psycopg.ProgrammingError``, so code catching either keeps working.
+    """
 
 
 def leaves(ex: BaseException) -> list[BaseException]:

@@ -1,7 +1,13 @@
-"""What a job is: the spec a caller enqueues, and the row a worker claims.
+"""What a job is: the rules of its fields, the spec a caller enqueues, the row a worker
+claims, and the lease it holds while it runs.
 
-`JobSpec` validates everything before any SQL runs, each error naming the
-field. Limits are documented in ``docs/queue.md``.
+The field rules are checked here and only here: `JobSpec`, `trioq.Task`,
+`trioq.Config`, `trioq.CronEntry` and the command line all call the `check_*`
+functions (attrs classes through `rule`). Each rule raises one error type
+wherever it is checked: a value of the wrong type is a ``TypeError``, a value of
+the right type out of range or form a ``ValueError`` (`PayloadTooLargeError`
+for the payload limit), and the message names the field as the caller knows it.
+Limits are documented in ``docs/queue.md``.
 """
 
 from __future__ import annotations
@@ -9,24 +15,42 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from ._exceptions import PayloadTooLargeError
+
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_PAYLOAD",
     "ENCODE_CHUNK",
+    "MAX_ATTEMPTS_LIMIT",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "QUEUE_NAME_RE",
+    "TASK_NAME_RE",
     "EnqueueResult",
+    "Failure",
     "Job",
     "JobSpec",
-    "PayloadTooLargeError",
+    "Lease",
+    "args_or_empty",
+    "check_aware",
+    "check_dedup_key",
+    "check_max_attempts",
+    "check_max_payload",
     "check_payload",
+    "check_priority",
+    "check_queue_name",
+    "check_task_name",
     "encode_args",
     "encode_args_runs",
+    "rule",
+    "to_delay",
 ]
 
 # Use with fullmatch: "$" alone would also match before a final newline.
@@ -36,87 +60,131 @@ PRIORITY_MIN, PRIORITY_MAX = -100, 100  # lower runs first
 DEFAULT_MAX_ATTEMPTS = 25
 MAX_ATTEMPTS_LIMIT = 10_000
 DEDUP_KEY_MAX = 500
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # bytes of JSON args
 
 JSONValue = Any
+
 
 # A JSON escape of NUL (\u0000) not itself preceded by an escaped backslash.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # A lone UTF-16 surrogate: valid in a Python str, not encodable as UTF-8.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-
-def _queue_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not isinstance(value, str) or not QUEUE_NAME_RE.fullmatch(value):
-        raise ValueError(
-            f"{attribute.name} {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':' "
-            "or '-', not starting with a punctuation mark"
-        )
+# -- the rules ----------------------------------------------------------------------------------
 
 
-def _task_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{attribute.name} must be a non-empty string, got {value!r}")
+Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
+
+
+def rule(check: Callable[[Any, str], object]) -> Validator:
+    """An attrs validator applying ``check(value, field)`` with the attribute's name."""
+
+    def validate(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        check(value, attribute.name)
+
+    return validate
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_task_name(value: object, field: str = "task") -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a string, got {value!r}")
+    if not value:
+        raise ValueError(f"{field} must be a non-empty string, got {value!r}")
     if not TASK_NAME_RE.fullmatch(value):
         raise ValueError(
-            f"{attribute.name} {value!r} is invalid: use up to 200 letters, digits, '_', '.', "
+            f"{field} {value!r} is invalid: use up to 200 letters, digits, '_', '.', "
             "':' or '-', starting with a letter or '_'"
         )
+    return value
 
 
-def _priority(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{attribute.name} must be an int, got {value!r}")
+def check_queue_name(value: object, field: str = "queue") -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a string, got {value!r}")
+    if not QUEUE_NAME_RE.fullmatch(value):
+        raise ValueError(
+            f"{field} {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':' "
+            "or '-', not starting with a punctuation mark"
+        )
+    return value
+
+
+def check_priority(value: object, field: str = "priority") -> int:
+    if not _is_int(value):
+        raise TypeError(f"{field} must be an int, got {value!r}")
+    assert isinstance(value, int)
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise ValueError(
-            f"{attribute.name} must be between {PRIORITY_MIN} and {PRIORITY_MAX} "
+            f"{field} must be between {PRIORITY_MIN} and {PRIORITY_MAX} "
             f"(lower runs first), got {value}"
         )
+    return value
 
 
-def _max_attempts(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{attribute.name} must be an int, got {value!r}")
+def check_max_attempts(value: object, field: str = "max_attempts") -> int:
+    if not _is_int(value):
+        raise TypeError(f"{field} must be an int, got {value!r}")
+    assert isinstance(value, int)
     if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
-        raise ValueError(
-            f"{attribute.name} must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}"
-        )
+        raise ValueError(f"{field} must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}")
+    return value
 
 
-def _aware(_inst: object, attribute: attrs.Attribute[Any], value: dt.datetime | None) -> None:
+def check_max_payload(value: object, field: str = "max_payload_bytes") -> int:
+    """A payload limit: a positive number of bytes."""
+    if not _is_int(value):
+        raise TypeError(f"{field} must be an int (bytes), got {value!r}")
+    assert isinstance(value, int)
+    if value < 1:
+        raise ValueError(f"{field} must be positive, got {value}")
+    return value
+
+
+def check_aware(value: dt.datetime | None, field: str) -> dt.datetime | None:
+    """None, or a datetime with a timezone."""
     if value is None:
-        return
+        return None
     if not isinstance(value, dt.datetime):
-        raise TypeError(f"{attribute.name} must be a datetime, got {value!r}")
+        raise TypeError(f"{field} must be a datetime, got {value!r}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(
-            f"{attribute.name} {value.isoformat()} is a naive datetime: give it a timezone "
+            f"{field} {value.isoformat()} is a naive datetime: give it a timezone "
             "(e.g. datetime.now(timezone.utc))"
         )
+    return value
 
 
-def _to_delay(value: dt.timedelta | float | None) -> dt.timedelta:
+def to_delay(value: dt.timedelta | float | None, field: str = "delay") -> dt.timedelta:
+    """A delay given as a timedelta or seconds (None: none), checked: finite, not negative."""
     if value is None:
         return dt.timedelta(0)
     if isinstance(value, dt.timedelta):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"delay must be a timedelta or seconds, got {value!r}")
-    return dt.timedelta(seconds=value)
+        delay = value
+    elif _is_int(value) or isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{field} must be a finite number of seconds, got {value!r}")
+        delay = dt.timedelta(seconds=value)
+    else:
+        raise TypeError(f"{field} must be a timedelta or seconds, got {value!r}")
+    if delay < dt.timedelta(0):
+        raise ValueError(f"{field} must not be negative, got {delay.total_seconds():g} s")
+    return delay
 
 
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: dt.timedelta) -> None:
-    if value < dt.timedelta(0):
-        seconds = f"{value.total_seconds():g}"
-        raise ValueError(f"{attribute.name} must not be negative, got {seconds} s")
-
-
-def _dedup_key(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+def check_dedup_key(value: object, field: str = "dedup_key") -> str | None:
     if value is None:
-        return
-    if not isinstance(value, str) or not value or len(value) > DEDUP_KEY_MAX:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a string or None, got {value!r}")
+    if not value or len(value) > DEDUP_KEY_MAX:
         raise ValueError(
-            f"{attribute.name} must be a non-empty string of at most {DEDUP_KEY_MAX} characters"
+            f"{field} must be a non-empty string of at most {DEDUP_KEY_MAX} characters"
         )
+    return value
 
 
 # One encoder for every call: json.dumps with keyword arguments builds a new one each time.
@@ -127,10 +195,6 @@ _HAS_SURROGATE = "must not contain lone surrogates (U+D800 to U+DFFF are not val
 
 #: Jobs whose args `encode_args_runs` encodes with one json call (the unit of its checks).
 ENCODE_CHUNK = 1000
-
-
-class PayloadTooLargeError(ValueError):
-    """A job's JSON args exceed the queue's ``max_payload_bytes``."""
 
 
 def encode_args(args: JSONValue, *, field: str = "args") -> str:
@@ -179,19 +243,24 @@ def encode_args_runs(
     return runs
 
 
-def check_payload(text: str, *, task: str, max_bytes: int, where: str = "args") -> None:
-    """`PayloadTooLargeError` (naming ``where``) if ``text`` is over ``max_bytes`` of UTF-8."""
+def check_payload(
+    text: str, *, task: str | None, max_bytes: int, where: str = "args"
+) -> None:
+    """`PayloadTooLargeError` (naming ``where``, and ``task`` if given) if ``text`` is over
+    ``max_bytes`` of UTF-8."""
     if len(text) * 4 <= max_bytes:  # a character is at most 4 bytes of UTF-8
         return
     size = len(text.encode())
     if size > max_bytes:
+        of_task = "" if task is None else f" of task {task!r}"
         raise PayloadTooLargeError(
-            f"{where} of task {task!r} are {size} bytes of JSON, over the limit of "
-            f"{max_bytes} (Queue.max_payload_bytes)"
+            f"{where}{of_task} are {size} bytes of JSON, over the limit of "
+            f"{max_bytes} (max_payload_bytes)"
         )
 
 
-def _args(value: JSONValue) -> JSONValue:
+def args_or_empty(value: JSONValue) -> JSONValue:
+    """A job's args as stored: None means ``{}``."""
     return {} if value is None else value
 
 
@@ -199,16 +268,18 @@ def _args(value: JSONValue) -> JSONValue:
 class JobSpec:
     """A job to enqueue, validated at construction."""
 
-    task: str = attrs.field(validator=_task_name)
-    args: JSONValue = attrs.field(default=None, converter=_args)
-    queue: str = attrs.field(default="default", validator=_queue_name)
-    priority: int = attrs.field(default=0, validator=_priority)
-    run_at: dt.datetime | None = attrs.field(default=None, validator=_aware)
-    delay: dt.timedelta = attrs.field(default=None, converter=_to_delay, validator=_non_negative)
-    max_attempts: int = attrs.field(default=DEFAULT_MAX_ATTEMPTS, validator=_max_attempts)
+    task: str = attrs.field(validator=rule(check_task_name))
+    args: JSONValue = attrs.field(default=None, converter=args_or_empty)
+    queue: str = attrs.field(default="default", validator=rule(check_queue_name))
+    priority: int = attrs.field(default=0, validator=rule(check_priority))
+    run_at: dt.datetime | None = attrs.field(default=None, validator=rule(check_aware))
+    delay: dt.timedelta = attrs.field(default=None, converter=to_delay)
+    max_attempts: int = attrs.field(
+        default=DEFAULT_MAX_ATTEMPTS, validator=rule(check_max_attempts)
+    )
     #: An explicit deduplication key; with ``unique=True`` and no key, the fingerprint of
     #: task, queue and canonical args is used.
-    dedup_key: str | None = attrs.field(default=None, validator=_dedup_key)
+    dedup_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
     unique: bool = False
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
@@ -238,6 +309,25 @@ class EnqueueResult:
 
     job_id: int
     duplicate: bool = False
+
+
+@attrs.frozen
+class Lease:
+    """A claimed job's fence: its id and the attempt this worker holds."""
+
+    job_id: int
+    attempt: int
+
+
+@attrs.frozen(kw_only=True)
+class Failure:
+    """A failed attempt: retried after ``delay`` unless fatal or out of attempts."""
+
+    lease: Lease
+    error: str
+    traceback: str | None = None
+    delay: dt.timedelta = dt.timedelta(0)
+    fatal: bool = False
 
 
 def _column(index: int, name: str) -> Any:

@@ -16,17 +16,14 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import sql
 
-from ._schema import SchemaError, qualified, schema_version, validate_schema_name
+from ._exceptions import MigrationError
+from ._schema import schema_version
+from ._sql import statements, validate_schema_name
 
-__all__ = ["Migration", "MigrationError", "MigrationResult", "migrate", "migrations"]
+__all__ = ["Migration", "MigrationResult", "latest_version", "migrate", "migrations"]
 
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-
-
-class MigrationError(SchemaError):
-    """A migration could not be applied; nothing was changed."""
 
 
 @attrs.frozen
@@ -104,27 +101,17 @@ async def migrate(
 
 
 async def _lock(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtext('trioq.migrate'), hashtext(%s))", (schema,)
-    )
+    await conn.execute(statements(schema).migrate_lock, {"schema": schema})
 
 
 async def _create_bookkeeping(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-    await conn.execute(
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} ("
-            " version integer PRIMARY KEY,"
-            " name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        ).format(qualified(schema, "migrations"))
-    )
+    st = statements(schema)
+    await conn.execute(st.create_schema)
+    await conn.execute(st.create_migrations)
 
 
 async def _current_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
-    cur = await conn.execute(
-        sql.SQL("SELECT coalesce(max(version), 0) FROM {}").format(qualified(schema, "migrations"))
-    )
+    cur = await conn.execute(statements(schema).schema_version)
     row = await cur.fetchone()
     current = int(row[0]) if row else 0
     if current > latest_version():
@@ -136,9 +123,8 @@ async def _current_version(conn: psycopg.AsyncConnection[Any], schema: str) -> i
 
 
 async def _apply(conn: psycopg.AsyncConnection[Any], schema: str, migration: Migration) -> None:
-    await conn.execute(
-        sql.SQL("SET LOCAL search_path TO {}, pg_catalog").format(sql.Identifier(schema))
-    )
+    st = statements(schema)
+    await conn.execute(st.migration_search_path)
     try:
         await conn.execute(migration.sql.encode())
     except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction):
@@ -148,13 +134,8 @@ async def _apply(conn: psycopg.AsyncConnection[Any], schema: str, migration: Mig
             f"migration {migration.version:04d}_{migration.name} failed: {_first_line(ex)}; "
             "nothing was changed"
         ) from None
-    await conn.execute(
-        sql.SQL("INSERT INTO {} (version, name) VALUES (%s, %s)").format(
-            qualified(schema, "migrations")
-        ),
-        (migration.version, migration.name),
-    )
-    await conn.execute("RESET search_path")
+    await conn.execute(st.record_migration, {"version": migration.version, "name": migration.name})
+    await conn.execute(st.reset_search_path)
 
 
 def _first_line(ex: BaseException) -> str:

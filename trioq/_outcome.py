@@ -5,8 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 
-from ._job import JSONValue
-from ._queue import Failure, Lease
+from ._job import Failure, JSONValue, Lease
 
 __all__ = ["Kind", "Outcome"]
 

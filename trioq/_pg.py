@@ -33,7 +33,8 @@ from psycopg.conninfo import conninfo_attempts, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import AsyncRowFactory, Row
 
-from ._pg_errors import ConnectError, check_dsn, describe_target
+from ._exceptions import ConnectError
+from ._pg_errors import check_dsn, describe_target
 from ._pg_wait import readable_now as _readable_now
 from ._pg_wait import wait_conn_gen, wait_gen
 

@@ -16,9 +16,9 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from ._exceptions import InvalidDSNError
+
 __all__ = [
-    "ConnectError",
-    "InvalidDSNError",
     "check_dsn",
     "describe_target",
     "dsn_secrets",
@@ -33,18 +33,6 @@ REDACTED = "***"
 # A double-quoted span in a libpq message: it may quote (part of) the DSN.
 _QUOTED = re.compile(r'"([^"]*)"')
 _PUNCTUATION = frozenset("=[]:/@?&'")
-
-
-class ConnectError(psycopg.OperationalError):
-    """No connection could be made; the message names the target, never the password."""
-
-
-class InvalidDSNError(psycopg.ProgrammingError, ValueError):
-    """The DSN cannot be parsed; the message says why without quoting the DSN.
-
-    A ``ValueError`` (a bad argument) and, like psycopg's own parse error, a
-    ``psycopg.ProgrammingError``, so code catching either keeps working.
-    """
 
 
 def describe_target(params: Mapping[str, Any]) -> str:

@@ -22,9 +22,10 @@ import psycopg
 import trio
 from psycopg.pq import ConnStatus, TransactionStatus
 
+from ._exceptions import PoolClosedError
 from ._pg import TrioConnection
 
-__all__ = ["Pool", "PoolClosedError", "PoolStatistics"]
+__all__ = ["Pool", "PoolStatistics"]
 
 logger = logging.getLogger("trioq.pg")
 
@@ -47,10 +48,6 @@ class PoolStatistics:
     opened: int  # connections opened since the pool was created
     discarded: int  # connections closed because they were broken or dirty
     checkouts: int
-
-
-class PoolClosedError(RuntimeError):
-    """The pool was closed."""
 
 
 class Pool:

@@ -19,28 +19,29 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
+from ._exceptions import SchemaMissingError
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_PAYLOAD,
     ENCODE_CHUNK,
     EnqueueResult,
+    Failure,
     Job,
     JobSpec,
     JSONValue,
-    PayloadTooLargeError,
+    Lease,
+    check_max_payload,
     check_payload,
     encode_args,
     encode_args_runs,
+    rule,
 )
-from ._schema import SchemaMissingError, validate_schema_name
-from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements
+from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements, validate_schema_name
 
 __all__ = [
     "CancelOutcome",
     "FailResult",
-    "Failure",
     "HeartbeatResult",
-    "Lease",
-    "PayloadTooLargeError",
     "Queue",
     "QueueStatus",
     "SweepResult",
@@ -48,31 +49,10 @@ __all__ = [
 ]
 
 Conn = psycopg.AsyncConnection[Any]
-
-DEFAULT_MAX_PAYLOAD = 1024 * 1024  # bytes of JSON args
 # One bulk-insert statement carries at most this many jobs, or this many characters of JSON.
 _BULK_STATEMENT_JOBS = 20_000
 _BULK_STATEMENT_CHARS = 16 * 1024 * 1024
 _TWIN_LOOKUPS = 5  # a twin can finish between the conflict and the lookup: insert again
-
-
-@attrs.frozen
-class Lease:
-    """A claimed job's fence: its id and the attempt this worker holds."""
-
-    job_id: int
-    attempt: int
-
-
-@attrs.frozen(kw_only=True)
-class Failure:
-    """A failed attempt: retried after ``delay`` unless fatal or out of attempts."""
-
-    lease: Lease
-    error: str
-    traceback: str | None = None
-    delay: dt.timedelta = dt.timedelta(0)
-    fatal: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -121,21 +101,14 @@ class CancelOutcome:
     status: str
 
 
-def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
-
-
-def _schema(_inst: object, _attribute: attrs.Attribute[str], value: str) -> None:
-    validate_schema_name(value)
-
-
 @attrs.frozen(kw_only=True)
 class Queue:
     """trioq's tables in one schema, and the limits applied on the way in."""
 
-    schema: str = attrs.field(default="trioq", validator=_schema)
-    max_payload_bytes: int = attrs.field(default=DEFAULT_MAX_PAYLOAD, validator=_positive)
+    schema: str = attrs.field(default="trioq", validator=rule(validate_schema_name))
+    max_payload_bytes: int = attrs.field(
+        default=DEFAULT_MAX_PAYLOAD, validator=rule(check_max_payload)
+    )
 
     @property
     def sql(self) -> Statements:
@@ -539,6 +512,13 @@ class Queue:
         params = {"limit": limit, "notify": notify, "channel": self.sql.channel}
         cur = await conn.execute(self.sql.promote, params)
         return sorted(row[0] for row in await cur.fetchall())
+
+    async def clock(self, conn: Conn) -> dt.datetime:
+        """The database's clock (`trioq._sql.NOW`): what every statement takes for now."""
+        cur = await conn.execute(self.sql.clock)
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
 
     async def next_due(self, conn: Conn) -> dt.timedelta | None:
         """How long until the earliest scheduled job is due (negative if overdue), or None."""

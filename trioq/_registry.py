@@ -24,35 +24,20 @@ from typing import Any, overload
 import attrs
 import psycopg
 
+from ._enqueue import DEFAULT_QUEUE
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
-    MAX_ATTEMPTS_LIMIT,
-    QUEUE_NAME_RE,
-    TASK_NAME_RE,
     EnqueueResult,
     JSONValue,
+    check_max_attempts,
+    check_queue_name,
+    check_task_name,
 )
 from ._retry import RetryPolicy, Sidekiq
 
 __all__ = ["Registry", "Task"]
 
 Handler = Callable[..., Any]
-
-
-def _check_name(value: str) -> None:
-    if not isinstance(value, str) or not TASK_NAME_RE.fullmatch(value):
-        raise ValueError(
-            f"task name {value!r} is invalid: use up to 200 letters, digits, '_', '.', ':' "
-            "or '-', starting with a letter or '_'"
-        )
-
-
-def _check_queue(value: str) -> None:
-    if not isinstance(value, str) or not QUEUE_NAME_RE.fullmatch(value):
-        raise ValueError(
-            f"queue {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':' or '-', "
-            "not starting with a punctuation mark"
-        )
 
 
 def _timeout(value: float | dt.timedelta | None) -> float | None:
@@ -67,13 +52,6 @@ def _check_timeout(value: float | None) -> None:
     )
     if not ok:
         raise ValueError(f"timeout must be positive seconds, a timedelta or None, got {value!r}")
-
-
-def _check_attempts(value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"max_attempts must be an int, got {value!r}")
-    if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
-        raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}")
 
 
 def _check_retry(value: object) -> None:
@@ -105,10 +83,10 @@ class Task:
     def __attrs_post_init__(self) -> None:
         if not callable(self.fn):
             raise TypeError(f"task {self.name!r}: handler must be callable, got {self.fn!r}")
-        _check_name(self.name)
-        _check_queue(self.queue)
+        check_task_name(self.name, "task name")
+        check_queue_name(self.queue)
         _check_timeout(self.timeout)
-        _check_attempts(self.max_attempts)
+        check_max_attempts(self.max_attempts)
         _check_retry(self.retry)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -127,8 +105,6 @@ class Task:
         **kwargs: Any,
     ) -> EnqueueResult:
         """Enqueue this task on its queue: ``await send.enqueue(conn, user_id=1)``."""
-        from ._enqueue import DEFAULT_QUEUE
-
         if kwargs and args is not None:
             raise TypeError("give args or keyword arguments, not both")
         return await DEFAULT_QUEUE.enqueue(

@@ -1,4 +1,4 @@
-"""Every SQL statement trioq runs against its tables, in one place.
+"""Every SQL statement the library runs, in one place.
 
 Statements are composed once per schema with ``psycopg.sql`` (the schema name
 is a validated identifier, never text); everything else is a parameter. Times
@@ -7,18 +7,53 @@ come from `NOW`, which is the transaction's ``now()`` unless the session sets
 
 Every write after the claim is fenced by id, attempt and lease owner, so a
 worker whose lease was reclaimed changes nothing.
+
+The rest of the library runs only what `statements` returns. The exceptions
+are not about trioq's tables: the Postgres layer's health check (``SELECT 1``
+in `trioq._pool`), and the embedded server's ``CREATE DATABASE`` (before any
+schema exists). The tools keep their own (the load tester's ledger, the demo's
+counts).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 
 import attrs
 from psycopg import sql
 
-from ._schema import qualified
+__all__ = [
+    "NOW",
+    "SCHEDULED_PAYLOAD",
+    "SCHEMA_NAME_RE",
+    "WRITABLE",
+    "Statements",
+    "qualified",
+    "statements",
+    "validate_schema_name",
+]
 
-__all__ = ["NOW", "SCHEDULED_PAYLOAD", "Statements", "statements"]
+#: Lower-case identifiers only: they need no quoting in psql and cannot smuggle anything.
+#: Matched with ``fullmatch``: ``match`` would also accept a trailing newline (``$``).
+SCHEMA_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def validate_schema_name(schema: str, field: str = "schema") -> str:
+    """``schema`` if it is a valid trioq schema name; else TypeError or ValueError."""
+    if not isinstance(schema, str):
+        raise TypeError(f"{field} name must be a string, got {schema!r}")
+    if not SCHEMA_NAME_RE.fullmatch(schema):
+        raise ValueError(
+            f"{field} name {schema!r} is invalid: use 1-63 lower-case letters, digits and "
+            "underscores, not starting with a digit"
+        )
+    return schema
+
+
+def qualified(schema: str, name: str) -> sql.Identifier:
+    """``"schema"."name"`` as a composable identifier."""
+    return sql.Identifier(validate_schema_name(schema), name)
 
 #: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
 NOW = "coalesce(nullif(current_setting('trioq.now', true), '')::timestamptz, now())"
@@ -361,6 +396,62 @@ DELETE FROM {dead}
 RETURNING id
 """
 
+# -- cron ---------------------------------------------------------------------------------------
+
+_CRON_LAST_TICKS = """
+SELECT name, max(tick) FROM {ticks} WHERE name = ANY(%(names)s::text[]) GROUP BY name
+"""
+
+# Claims the tick: only the transaction that inserts the row goes on to enqueue. The same
+# statement prunes the entry's old rows (never its latest), so the table stays small.
+_CRON_RECORD_TICK = """
+WITH claimed AS (
+    INSERT INTO {ticks} (name, tick, fired_at) VALUES (%(name)s, %(tick)s, {now})
+    ON CONFLICT (name, tick) DO NOTHING
+    RETURNING tick
+), pruned AS (
+    DELETE FROM {ticks}
+     WHERE name = %(name)s AND tick < %(tick)s AND fired_at < {now} - %(keep)s
+       AND EXISTS (SELECT 1 FROM claimed)
+)
+SELECT tick FROM claimed
+"""
+
+_CRON_SET_JOB = """
+UPDATE {ticks} SET job_id = %(job_id)s WHERE name = %(name)s AND tick = %(tick)s
+"""
+
+# -- the clock, the schema's version, migrations -------------------------------------------------
+
+_CLOCK = "SELECT {now}"
+
+_SCHEMA_EXISTS = "SELECT to_regclass(%(migrations)s) IS NOT NULL"
+
+_SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM {migrations}"
+
+#: Whether a new transaction could write (names no table, so one for every schema).
+WRITABLE = sql.SQL("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::bool")
+
+# One migrator per schema at a time, until its transaction ends.
+_MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('trioq.migrate'), hashtext(%(schema)s))"
+
+_CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
+
+_CREATE_MIGRATIONS = """
+CREATE TABLE IF NOT EXISTS {migrations} (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+# A migration file runs with the schema first on the search_path (its names are unqualified).
+_MIGRATION_SEARCH_PATH = "SET LOCAL search_path TO {schema}, pg_catalog"
+
+_RECORD_MIGRATION = "INSERT INTO {migrations} (version, name) VALUES (%(version)s, %(name)s)"
+
+_RESET_SEARCH_PATH = "RESET search_path"
+
 
 @attrs.frozen
 class Statements:
@@ -391,6 +482,23 @@ class Statements:
     dead_list: sql.Composed
     dead_retry: sql.Composed
     dead_purge: sql.Composed
+    listen: sql.Composed
+    clock: sql.Composed
+    cron_last_ticks: sql.Composed
+    cron_record_tick: sql.Composed
+    cron_set_job: sql.Composed
+    schema_exists: sql.Composed
+    schema_version: sql.Composed
+    migrate_lock: sql.Composed
+    create_schema: sql.Composed
+    create_migrations: sql.Composed
+    migration_search_path: sql.Composed
+    record_migration: sql.Composed
+    reset_search_path: sql.Composed
+
+    def schema_exists_params(self) -> dict[str, str]:
+        """`schema_exists` looks the bookkeeping table up by its (qualified) name."""
+        return {"migrations": f"{self.schema}.migrations"}
 
 
 @functools.cache
@@ -406,9 +514,14 @@ def claim_query(schema: str) -> bytes:
 @functools.cache
 def statements(schema: str) -> Statements:
     """All statements for ``schema`` (validated), composed once and cached."""
+    channel = f"trioq_{schema}"
     names = {
+        "schema": sql.Identifier(validate_schema_name(schema)),
         "jobs": qualified(schema, "jobs"),
         "dead": qualified(schema, "dead_jobs"),
+        "ticks": qualified(schema, "cron_ticks"),
+        "migrations": qualified(schema, "migrations"),
+        "channel": sql.Identifier(channel),
         "now": sql.SQL(NOW),
         "live": sql.SQL(_LIVE),
         "fence": sql.SQL(_FENCE),
@@ -420,7 +533,7 @@ def statements(schema: str) -> Statements:
 
     return Statements(
         schema=schema,
-        channel=f"trioq_{schema}",
+        channel=channel,
         insert=compose(_INSERT),
         insert_many=compose(_INSERT_MANY),
         reserve_ids=compose(_RESERVE_IDS),
@@ -444,4 +557,17 @@ def statements(schema: str) -> Statements:
         dead_list=compose(_DEAD_LIST),
         dead_retry=compose(_DEAD_RETRY),
         dead_purge=compose(_DEAD_PURGE),
+        listen=compose("LISTEN {channel}"),
+        clock=compose(_CLOCK),
+        cron_last_ticks=compose(_CRON_LAST_TICKS),
+        cron_record_tick=compose(_CRON_RECORD_TICK),
+        cron_set_job=compose(_CRON_SET_JOB),
+        schema_exists=compose(_SCHEMA_EXISTS),
+        schema_version=compose(_SCHEMA_VERSION),
+        migrate_lock=compose(_MIGRATE_LOCK),
+        create_schema=compose(_CREATE_SCHEMA),
+        create_migrations=compose(_CREATE_MIGRATIONS),
+        migration_search_path=compose(_MIGRATION_SEARCH_PATH),
+        record_migration=compose(_RECORD_MIGRATION),
+        reset_search_path=compose(_RESET_SEARCH_PATH),
     )

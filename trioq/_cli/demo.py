@@ -25,7 +25,7 @@ from .._migrate import migrate
 from .._pg import connect
 from .._pg_errors import redact_dsn
 from .._queue import Queue
-from .._schema import qualified
+from .._sql import qualified
 
 __all__ = ["DemoReport", "demo"]
 

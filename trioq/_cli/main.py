@@ -20,12 +20,10 @@ import trio
 
 from .. import __version__
 from .._dsn import DSN_ENV_VARS
-from .._embedded import EmbeddedPostgresError
-from .._exceptions import leaves
+from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
 from .._migrate import migrate
 from .._pg import connect
 from .._pg_errors import dsn_secrets, redact
-from .._schema import SchemaError
 from .db import add_db_parser
 from .demo import demo
 from .ops import add_ops_parsers
@@ -166,4 +164,3 @@ def _expected_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | 
     if all(isinstance(ex, _EXPECTED_ERRORS) for ex in found):
         return found[0]
     return None
-

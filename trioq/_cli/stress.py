@@ -11,9 +11,8 @@ import psycopg
 import trio
 
 from .._dsn import configured_dsn
-from .._embedded import EmbeddedPostgres, EmbeddedPostgresError
-from .._exceptions import leaves
-from .._schema import SchemaError
+from .._embedded import EmbeddedPostgres
+from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
 from .._stress.report import StressReport, render
 from .._stress.run import MODES, StressError, StressOptions, Target, run_stress
 

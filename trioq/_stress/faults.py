@@ -32,7 +32,7 @@ import psycopg
 import trio
 from psycopg import sql
 
-from .._schema import qualified
+from .._sql import qualified
 from .ledger import LEDGER_TABLE
 from .workers import STOP_TIMEOUT, WorkerGroup
 

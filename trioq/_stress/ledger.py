@@ -15,7 +15,7 @@ import attrs
 from psycopg import sql
 
 from .._migrate import migrate
-from .._schema import qualified
+from .._sql import qualified
 
 __all__ = ["LEDGER_TABLE", "Statements", "Timings", "reset", "statements", "timings"]
 

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from .._job import JobSpec
 from .._queue import Queue
-from .._schema import qualified
+from .._sql import qualified
 
 __all__ = ["MAX_ATTEMPTS", "QUEUE", "TASK", "IdRanges", "Producer", "Workload", "enqueue_backlog"]
 

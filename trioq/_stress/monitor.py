@@ -19,7 +19,7 @@ import psycopg
 import trio
 from psycopg import sql
 
-from .._schema import qualified
+from .._sql import qualified
 from .ledger import LEDGER_TABLE
 
 __all__ = ["Monitor", "Snapshot"]

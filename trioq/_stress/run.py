@@ -37,7 +37,7 @@ from .._embedded import EmbeddedPostgres
 from .._pg import connect as pg_connect
 from .._pg_errors import redact_dsn
 from .._queue import Queue
-from .._schema import validate_schema_name
+from .._sql import validate_schema_name
 from .chaos import ChaosLog, kill_at, kill_loop, restart_at, terminate_loop
 from .cpu import ServerMeter, machine_busy, postmaster_of
 from .faults import (

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from .._schema import qualified
+from .._sql import qualified
 from .ledger import LEDGER_TABLE
 from .load import IdRanges
 
