@@ -1,29 +1,71 @@
-"""What a handler gets besides its args: the job's identity and a few powers."""
+"""What a handler gets besides its args: the job's identity and a few powers.
+
+A `JobContext` needs four things of the worker that runs it, handed over as a
+`JobServices`: the pool for the handler's own connections, the queue (schema and
+limits), the lease owner's name, and a way to say "this job's outcome is already
+written". It never sees the `trioq.Runtime` itself, so a test can build one around
+a real pool without running a worker.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
+import attrs
+
+from ._enqueue import without_first
 from ._exceptions import LeaseLostError, Snooze
-from ._job import EnqueueResult, Job, JSONValue
-from ._queue import Lease
+from ._job import Job, Lease, to_delay
+from ._pg import TrioConnection
+from ._pool import Pool
+from ._queue import Conn, Queue
 
-if TYPE_CHECKING:
-    from ._pg import TrioConnection
-    from ._runtime import Runtime
+__all__ = ["JobContext", "JobServices"]
 
-__all__ = ["JobContext"]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@attrs.frozen(kw_only=True)
+class JobServices:
+    """What a running job may use of its worker."""
+
+    #: Connections for handlers (``Config.app_pool_size``), apart from the worker's own.
+    app_pool: Pool
+    #: The worker's queue: its schema and payload limit.
+    queue: Queue
+    #: The lease owner (``Config.worker_id``), for the fence of ``job.transaction()``.
+    owner: str
+    #: Called once ``job.transaction()`` has written the outcome: stop heartbeating it.
+    forget: Callable[[Lease], None]
+
+
+def _on_app_connection(
+    method: Callable[Concatenate[Queue, Conn, P], Awaitable[R]],
+) -> Callable[Concatenate[JobContext, P], Awaitable[R]]:
+    """``method`` of the worker's queue, on a connection of the app pool."""
+
+    async def call(self: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        async with self.services.app_pool.connection() as conn:
+            return await method(self.services.queue, conn, *args, **kwargs)
+
+    without_first(call, method, name=method.__name__, first="self")
+    call.__doc__ = (
+        "Enqueue another job, committed at once (independently of this job), on a connection "
+        f"of the app pool; the arguments are those of `Queue.{method.__name__}` after ``conn``."
+    )
+    return call
 
 
 class JobContext:
     """The running job: ``job.id``, ``job.attempt``, ``job.queue``, ... and helpers."""
 
-    def __init__(self, job: Job, runtime: Runtime) -> None:
+    def __init__(self, job: Job, services: JobServices) -> None:
         self.job = job
-        self._runtime = runtime
+        self.services = services
         self.completed_in_transaction = False
 
     @property
@@ -56,20 +98,16 @@ class JobContext:
 
     def snooze(self, delay: dt.timedelta | float) -> NoReturn:
         """Stop now and run again after ``delay``; this attempt does not count."""
-        seconds = delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=delay)
-        if seconds < dt.timedelta(0):
-            raise ValueError(f"snooze delay must not be negative, got {delay}")
-        raise Snooze(seconds)
+        raise Snooze(to_delay(delay, "snooze delay"))
 
-    async def enqueue(self, task: str, args: JSONValue = None, **options: Any) -> EnqueueResult:
-        """Enqueue another job (committed at once, independently of this job)."""
-        async with self._runtime.app_pool.connection() as conn:
-            return await self._runtime.queue.enqueue(conn, task, args, **options)
+    enqueue = _on_app_connection(Queue.enqueue)
+    enqueue_many = _on_app_connection(Queue.enqueue_many)
+    enqueue_bulk = _on_app_connection(Queue.enqueue_bulk)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[TrioConnection[Any]]:
         """A pooled connection (autocommit) for work that is not the job's outcome."""
-        async with self._runtime.app_pool.connection() as conn:
+        async with self.services.app_pool.connection() as conn:
             yield conn
 
     @asynccontextmanager
@@ -82,16 +120,16 @@ class JobContext:
         back and `LeaseLostError` is raised, so the writes happen once even when
         the job runs twice.
         """
-        runtime = self._runtime
-        async with runtime.app_pool.connection() as conn, conn.transaction():
+        services = self.services
+        async with services.app_pool.connection() as conn, conn.transaction():
             yield conn
-            done = await runtime.queue.complete_many(
-                conn, owner=runtime.config.worker_id, leases=[self.lease]
+            done = await services.queue.complete_many(
+                conn, owner=services.owner, leases=[self.lease]
             )
             if self.lease.job_id not in done:
                 raise LeaseLostError(f"job {self.id} attempt {self.attempt}: lease lost")
             # Stop heartbeating before COMMIT: a heartbeat racing the commit would find
             # the row gone and take the lease for lost. (If COMMIT fails, the lease
             # simply expires and the sweeper returns the job.)
-            runtime.forget(self.lease)
+            services.forget(self.lease)
         self.completed_in_transaction = True
