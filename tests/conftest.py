@@ -12,6 +12,7 @@ import functools
 import inspect
 import itertools
 import os
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,3 +57,11 @@ def dsn(pg_admin_dsn: str) -> Iterator[str]:
     name = f"trioq_test_{os.getpid()}_{next(_db_counter)}"
     yield create_database(pg_admin_dsn, name)
     drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -201,18 +201,6 @@ def test_injected_queue_name_for_serve_is_refused_before_it_connects() -> None:
     )
 
 
-def test_config_and_registry_refuse_a_trailing_newline() -> None:
-    """``re.match`` with ``$`` accepts ``"q\\n"``: these validators use ``fullmatch``."""
-    with pytest.raises(ValueError, match="queue name 'q\\\\n' is invalid"):
-        trioq.Config(registry=trioq.Registry(), queues=["q\n"])
-    with pytest.raises(ValueError, match="queue 'q\\\\n' is invalid"):
-        trioq.Registry().task(name="t", queue="q\n")(lambda job: None)
-    with pytest.raises(ValueError, match="task name 't\\\\n' is invalid"):
-        trioq.Registry().task(name="t\n")(lambda job: None)
-    with pytest.raises(ValueError, match="schema name"):
-        trioq.Queue(schema="trioq\n")
-
-
 @pytest.mark.parametrize("field", ["queue", "task"])
 def test_job_spec_refuses_a_trailing_newline(field: str) -> None:
     with pytest.raises(ValueError, match=field):
@@ -251,23 +239,6 @@ async def _notes(listener: Any, n: int) -> list[tuple[str, str]]:
 
 
 # -- invalid cron, naive datetimes, negative delays ---------------------------------------------
-
-
-def test_bad_cron_fails_when_the_config_is_built() -> None:
-    """Schedules, zones and fields: ``tests/test_cron.py::test_validation_names_entry_and_field``.
-    Here: what the Config adds."""
-    entry = CronEntry(name="nightly", schedule="0 3 * * *", task="t")
-    with pytest.raises(ValueError, match="cron entry 'nightly': schedule '61 \\* \\* \\* \\*'"):
-        CronEntry(name="nightly", schedule="61 * * * *", task="t")
-    with pytest.raises(ValueError, match="never matches"):
-        CronEntry(name="never", schedule="0 0 30 2 *", task="t")
-    with pytest.raises(TypeError, match=r"cron must be a sequence of trioq\.CronEntry, got str"):
-        trioq.Config(registry=trioq.Registry(), cron="0 3 * * *")
-    with pytest.raises(TypeError, match=r"cron entries must be trioq\.CronEntry"):
-        trioq.Config(registry=trioq.Registry(), cron=["0 3 * * *"])
-    with pytest.raises(ValueError, match="cron entry names must be unique"):
-        trioq.Config(registry=trioq.Registry(), cron=[entry, entry])
-    assert trioq.Config(registry=trioq.Registry(), cron=entry).cron == (entry,)
 
 
 async def test_naive_datetimes_are_refused_before_any_sql(dsn: str) -> None:
@@ -356,15 +327,6 @@ async def test_serve_on_a_refused_port_is_a_connect_error(unused_port: int) -> N
     message = str(info.value)
     assert message.startswith(f"cannot connect to postgresql://app@127.0.0.1:{unused_port}/app")
     assert "Connection refused" in message and PASSWORD not in message
-
-
-@pytest.fixture
-def unused_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the schema: missing, outdated, newer -------------------------------------------------------

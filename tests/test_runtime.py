@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
@@ -405,48 +404,6 @@ async def test_unmigrated_database_is_refused(dsn: str) -> None:
         await trioq.serve(config)
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"heartbeat_interval": 20, "lease": 30}, "heartbeat_interval"),
-        ({"lease": -1}, "lease must be a positive finite number"),
-        ({"lease": float("inf")}, "lease must be a positive finite number"),
-        ({"pool_size": 2.5}, "pool_size must be a positive int"),
-        ({"queues": {"q": trioq.QueueConfig(concurrency=1)}, "sync_threads": 0}, "sync_threads"),
-        ({"queues": {"bad name": trioq.QueueConfig()}}, "queue name"),
-        ({"shutdown_grace": -1}, "shutdown_grace must be a finite number, not negative"),
-        ({"schema": "Bad"}, "schema name"),
-        ({"registry": object()}, "registry must be a trioq.Registry"),
-    ],
-)
-def test_config_errors_name_the_field(options: dict[str, Any], message: str) -> None:
-    with pytest.raises((ValueError, TypeError), match=message):
-        trioq.Config(**{"registry": trioq.Registry(), **options})
-
-
-def test_registry_validates() -> None:
-    tasks = trioq.Registry()
-
-    @tasks.task
-    async def one(job: trioq.JobContext) -> None: ...
-
-    with pytest.raises(ValueError, match="already registered"):
-        tasks.task(name="one")(one.fn)
-    with pytest.raises(ValueError, match="timeout"):
-        tasks.task(name="two", timeout=0)(one.fn)
-    with pytest.raises(ValueError, match="queue"):
-        tasks.task(name="three", queue="no spaces")(one.fn)
-    with pytest.raises(TypeError, match="retry must be a retry policy"):
-        tasks.task(name="four", retry=5)(one.fn)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="task name must not be empty"):
-        tasks.task(name="")
-    with pytest.raises(TypeError, match="must decorate a callable"):
-        tasks.task(5)  # type: ignore[call-overload]
-    assert tasks.task(name="five", timeout=dt.timedelta(seconds=2))(one.fn).timeout == 2.0
-    assert trioq.Config(registry=tasks, queues="email").queues == {"email": trioq.QueueConfig()}
-    assert attrs.evolve(tasks.get("one"), queue="q").queue == "q"  # type: ignore[misc]
-
-
 async def test_cron_entry_fires_through_the_runtime(dsn: str) -> None:
     tasks = trioq.Registry()
     seen = Counter()
@@ -460,12 +417,6 @@ async def test_cron_entry_fires_through_the_runtime(dsn: str) -> None:
         await seen.wait_for(2, timeout=10)
         ticks = await rows(conn, "SELECT count(*) FROM trioq.cron_ticks WHERE job_id IS NOT NULL")
         assert ticks[0][0] >= 2
-
-
-def test_cron_args_over_the_payload_limit_are_refused() -> None:
-    entry = trioq.CronEntry(name="big", schedule="* * * * *", task="t", args={"x": "y" * 100})
-    with pytest.raises(ValueError, match=r"cron entry 'big'.*max_payload_bytes"):
-        trioq.Config(registry=trioq.Registry(), cron=[entry], max_payload_bytes=50)
 
 
 async def test_a_backlog_drains_without_waiting_for_polls(dsn: str) -> None:
@@ -588,14 +539,6 @@ async def test_a_broken_retry_policy_does_not_kill_the_worker(dsn: str) -> None:
         assert a.job_id != b.job_id
         await fine.enqueue(conn)
         await seen.wait_for(1)  # the worker is alive
-
-
-def test_retry_policies_refuse_infinite_numbers() -> None:
-    with pytest.raises(ValueError, match="seconds must be a finite number"):
-        Constant(seconds=float("inf"))
-    with pytest.raises(ValueError, match="factor must be a finite number of at least 1"):
-        trioq.retry.Exponential(factor=float("nan"))
-    assert trioq.retry.Exponential(base=1e300, factor=1e10, cap=60).delay(50).total_seconds() == 60
 
 
 async def test_a_claimed_job_carries_the_rows_values(dsn: str) -> None:

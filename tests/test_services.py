@@ -1,0 +1,208 @@
+"""The maintenance services one round at a time: each test calls ``run_once()`` and reads
+what it returns, against real Postgres, instead of waiting for the loop's timers."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+import trioq
+from trioq._heartbeat import Heartbeat
+from trioq._leases import HeldJob, HeldJobs
+from trioq._listener import Listener
+from trioq._scheduler import MAX_SLEEP, Scheduler
+from trioq._sweeper import Sweeper
+
+UTC = dt.UTC
+T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
+LEASE = dt.timedelta(seconds=30)
+Q = trioq.Queue()
+
+
+@asynccontextmanager
+async def database(dsn: str) -> AsyncIterator[tuple[Any, trioq.pg.Pool]]:
+    """A migrated database, a connection, and a one-connection pool: the service's
+    statements and the test's share the clock set with `set_clock`."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            await set_clock(conn, pool, T0)
+            yield conn, pool
+
+
+async def set_clock(conn: Any, pool: trioq.pg.Pool, when: dt.datetime) -> None:
+    query = "SELECT set_config('trioq.now', %s, false)"
+    await conn.execute(query, (when.isoformat(),))
+    async with pool.connection() as service_conn:  # the pool's one connection keeps it
+        await service_conn.execute(query, (when.isoformat(),))
+
+
+async def claim_one(conn: Any, owner: str, lease: dt.timedelta = LEASE) -> trioq.Job:
+    (job,) = await Q.claim(conn, "default", owner=owner, limit=1, lease=lease)
+    return job
+
+
+# -- sweeper -----------------------------------------------------------------------------------
+
+
+async def test_sweeper_returns_expired_leases_and_wakes_the_fetchers(dsn: str) -> None:
+    async with database(dsn) as (conn, pool):
+        woken: list[None] = []
+        sweeper = Sweeper(pool, Q, interval=1, on_returned=lambda: woken.append(None))
+        expired = await trioq.enqueue(conn, "t")
+        await claim_one(conn, "crashed", lease=dt.timedelta(seconds=5))
+        fresh = await trioq.enqueue(conn, "t")
+        await claim_one(conn, "alive")
+        assert (await sweeper.run_once()).returned == frozenset()
+        assert woken == []
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=10))
+        swept = await sweeper.run_once()
+        assert (swept.returned, swept.dead, swept.cancelled) == ({expired.job_id}, set(), set())
+        assert woken == [None]
+        assert (await sweeper.run_once()).returned == frozenset()  # nothing twice
+        cur = await conn.execute("SELECT id, state FROM trioq.jobs ORDER BY id")
+        assert await cur.fetchall() == [(expired.job_id, "available"), (fresh.job_id, "running")]
+
+
+# -- heartbeat ---------------------------------------------------------------------------------
+
+
+def held_job(job: trioq.Job) -> HeldJob:
+    return HeldJob(job, trioq.Lease(job.id, job.attempt))
+
+
+async def test_heartbeat_extends_cancels_and_gives_up_lost_leases(dsn: str) -> None:
+    async with database(dsn) as (conn, pool):
+        held = HeldJobs()
+        beat = Heartbeat(pool, Q, held, owner="w", lease=60, interval=1)
+        assert await beat.run_once() == trioq._heartbeat.HeartbeatRound(
+            extended=0, lost=(), cancelled=()
+        )
+        for _ in range(3):
+            await trioq.enqueue(conn, "t")
+        kept = held_job(await claim_one(conn, "w", lease=dt.timedelta(seconds=5)))
+        stolen = held_job(await claim_one(conn, "w", lease=dt.timedelta(seconds=5)))
+        wanted = held_job(await claim_one(conn, "w"))
+        held.add([kept, stolen, wanted])
+        # `stolen` expires, is swept and claimed again by another worker; `kept` is heartbeaten
+        # just in time; someone asks to cancel `wanted`.
+        await conn.execute(
+            "UPDATE trioq.jobs SET lease_expires_at = %s WHERE id = %s",
+            (T0 - dt.timedelta(seconds=1), stolen.job.id),
+        )
+        assert (await Q.sweep(conn)).returned == {stolen.job.id}
+        again = await claim_one(conn, "other")
+        assert again.id == stolen.job.id
+        assert (await Q.cancel(conn, wanted.job.id)).status == "requested"
+
+        done = await beat.run_once()
+
+        assert done.extended == 2
+        assert done.lost == (stolen.lease,)
+        assert done.cancelled == (wanted.lease,)
+        assert (stolen.reason, wanted.reason, kept.reason) == ("lost", "cancel", None)
+        assert sorted(lease.job_id for lease in held.leases()) == [kept.job.id, wanted.job.id]
+        cur = await conn.execute(
+            "SELECT lease_expires_at FROM trioq.jobs WHERE id = %s", (kept.job.id,)
+        )
+        assert await cur.fetchone() == (T0 + dt.timedelta(seconds=60),)
+
+
+async def test_heartbeat_ignores_a_lost_lease_whose_outcome_was_written(dsn: str) -> None:
+    """The heartbeat raced the completer: the job finished; nothing to cancel."""
+    async with database(dsn) as (conn, pool):
+        held = HeldJobs()
+        beat = Heartbeat(pool, Q, held, owner="w", lease=60, interval=1)
+        await trioq.enqueue(conn, "t")
+        finished = held_job(await claim_one(conn, "w"))
+        held.add([finished])
+        await Q.complete_many(conn, owner="w", leases=[finished.lease])
+        finished.finished = True
+        done = await beat.run_once()
+        assert (done.extended, done.lost) == (0, ())
+        assert finished.reason is None
+
+
+# -- scheduler ---------------------------------------------------------------------------------
+
+
+async def test_scheduler_promotes_due_jobs_and_says_how_long_to_sleep(dsn: str) -> None:
+    async with database(dsn) as (conn, pool):
+        due: list[str] = []
+        scheduler = Scheduler(pool, Q, (), poll_interval=1, on_due=due.append)
+        assert await scheduler.run_once() == trioq._scheduler.ScheduleRound(
+            promoted=(), fired=(), sleep=MAX_SLEEP
+        )
+        soon = await trioq.enqueue(conn, "t", queue="mail", run_at=T0 + dt.timedelta(seconds=2))
+        await trioq.enqueue(conn, "t", queue="sms", run_at=T0 + dt.timedelta(hours=1))
+        first = await scheduler.run_once()
+        assert (first.promoted, first.sleep) == ((), 2.0)
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=3))
+        second = await scheduler.run_once()
+        assert (second.promoted, second.sleep) == (("mail",), MAX_SLEEP)
+        assert due == ["mail"]
+        cur = await conn.execute("SELECT state FROM trioq.jobs WHERE id = %s", (soon.job_id,))
+        assert await cur.fetchone() == ("available",)
+
+
+async def test_scheduler_fires_cron_ticks_once_and_sleeps_until_the_next(dsn: str) -> None:
+    async with database(dsn) as (conn, pool):
+        entry = trioq.CronEntry(name="every-minute", schedule="* * * * *", task="report")
+        scheduler = Scheduler(pool, Q, [entry], poll_interval=1, on_due=lambda q: None)
+        baseline = await scheduler.run_once()  # first sight records a baseline, fires nothing
+        assert (baseline.fired, baseline.sleep) == ((), MAX_SLEEP)
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=61))
+        fired = await scheduler.run_once()
+        assert [(f.name, f.tick) for f in fired.fired] == [
+            ("every-minute", T0 + dt.timedelta(minutes=1))
+        ]
+        assert (await scheduler.run_once()).fired == ()  # the same tick never twice
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=118))
+        assert (await scheduler.run_once()).sleep == 2.0  # until 00:02:00
+
+
+# -- listener ----------------------------------------------------------------------------------
+
+
+async def test_listener_dispatches_notifications_until_its_connection_is_lost(dsn: str) -> None:
+    async with database(dsn) as (conn, _pool):
+        payloads: list[str] = []
+        listening: list[None] = []
+        listener = Listener(
+            dsn, Q, on_notify=payloads.append, on_listening=lambda: listening.append(None)
+        )
+        async with trio.open_nursery() as nursery:
+            rounds: list[Any] = []
+
+            async def one_round(task_status: trio.TaskStatus[None]) -> None:
+                rounds.append(await listener.run_once(task_status=task_status))
+
+            await nursery.start(one_round)
+            assert listening == [None]
+            await conn.execute("SELECT pg_notify('trioq_trioq', 'mail')")
+            await conn.execute("SELECT pg_notify('trioq_other', 'not ours')")
+            await trioq.enqueue(conn, "t", queue="sms")
+            with trio.fail_after(10):
+                while len(payloads) < 2:  # noqa: ASYNC110 - the notifications are in flight
+                    await trio.sleep(0.01)
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE query ILIKE 'LISTEN%%' AND datname = current_database()"
+            )
+        assert payloads == ["mail", "sms"]
+        assert rounds[0].notifications == 2
+        assert "terminat" in rounds[0].error
+
+
+async def test_listener_raises_when_it_cannot_connect(unused_port: int) -> None:
+    listener = Listener(
+        f"postgresql://nobody@127.0.0.1:{unused_port}/nothing", Q,
+        on_notify=lambda p: None, on_listening=lambda: None,
+    )  # fmt: skip
+    with pytest.raises(trioq.ConnectError):
+        await listener.run_once()
