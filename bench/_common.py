@@ -2,7 +2,7 @@
 
 The CPU readings are trioq's own (`trioq._stress.cpu`, also behind `trioq stress`), so
 every script and the load test count busy time the same way. The scripts run as
-``python stress/bench_X.py``, which puts this folder on ``sys.path``.
+``python bench/bench_X.py``, which puts this folder on ``sys.path``.
 """
 
 from __future__ import annotations

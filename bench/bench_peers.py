@@ -5,7 +5,7 @@ through the library's own bulk enqueue, then ONE worker process drains them. Eac
 runs in its own process: trioq under /work/venv's Python (``trio.run(trioq.serve, config)``),
 pgqueuer and procrastinate under the Python of throwaway venvs that this script creates in
 ``--venvs`` (default /tmp/trioq-bench-peers) and fills from PyPI with the versions pinned in
-``stress/peers/requirements-*.txt``. Per measurement (a "cell"):
+``bench/peers/requirements-*.txt``. Per measurement (a "cell"):
 
 1. wait (up to ``--quiet-wait`` s) until other processes use fewer than ``--quiet-cores``;
 2. create a fresh database ``trioq_peers_<library>`` (dropping a leftover one) and install the
@@ -41,10 +41,10 @@ Settings per library (everything else is the library's default):
 
 Usage::
 
-    python stress/bench_peers.py                           # TRIOQ_DSN or the local test server
-    python stress/bench_peers.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
+    python bench/bench_peers.py                           # TRIOQ_DSN or the local test server
+    python bench/bench_peers.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
         --repeat 2 --json /tmp/peers.json
-    python stress/bench_peers.py --libraries trioq --concurrency 100 --py-spy /tmp/prof
+    python bench/bench_peers.py --libraries trioq --concurrency 100 --py-spy /tmp/prof
 """
 
 from __future__ import annotations
@@ -866,7 +866,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--cprofile", type=Path, help="cProfile the trioq worker into DIR")
     p.add_argument(
         "--trioq-prototypes", default="",
-        help="also measure trioq with these stress/peers/trioq_prototypes.py changes: comma "
+        help="also measure trioq with these bench/peers/trioq_prototypes.py changes: comma "
         "list of NAME[+NAME] (all retired: the runtime has them; see --trioq-baseline)",
     )  # fmt: skip
     p.add_argument(

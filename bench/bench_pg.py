@@ -42,8 +42,8 @@ The table ``trioq_bench_pg`` is created at the start and dropped at the end.
 
 Usage::
 
-    python stress/bench_pg.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
-    python stress/bench_pg.py --dsn '...' --repeat 5 --seconds 3 --json bench.json
+    python bench/bench_pg.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
+    python bench/bench_pg.py --dsn '...' --repeat 5 --seconds 3 --json bench.json
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ has (`copy_row_fn`), so the script follows schema changes such as the ``state`` 
 
 Usage::
 
-    python stress/bench_queue.py                       # TRIOQ_DSN or the local test server
-    python stress/bench_queue.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
+    python bench/bench_queue.py                       # TRIOQ_DSN or the local test server
+    python bench/bench_queue.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
         --repeat 3 --profile --json bench_queue.json
-    python stress/bench_queue.py --skip drain --enqueue-paths bulk,many --repeat 7
+    python bench/bench_queue.py --skip drain --enqueue-paths bulk,many --repeat 7
 """
 
 from __future__ import annotations

@@ -50,11 +50,11 @@ anything about trioq.
 
 Usage::
 
-    python stress/bench_schedule.py                      # TRIOQ_DSN or the local test server
-    python stress/bench_schedule.py --repeat 3 --trace
-    python stress/bench_schedule.py --separate-process --json sched.json
-    python stress/bench_schedule.py --phases pickup --pickup-autocommit
-    python stress/bench_schedule.py --phases pickup,floor --trace --prototype lean-claim
+    python bench/bench_schedule.py                      # TRIOQ_DSN or the local test server
+    python bench/bench_schedule.py --repeat 3 --trace
+    python bench/bench_schedule.py --separate-process --json sched.json
+    python bench/bench_schedule.py --phases pickup --pickup-autocommit
+    python bench/bench_schedule.py --phases pickup,floor --trace --prototype lean-claim
 """
 
 from __future__ import annotations

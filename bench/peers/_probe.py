@@ -1,4 +1,4 @@
-"""What every peer worker tells `stress/bench_peers.py` on stdout (no dependencies).
+"""What every peer worker tells `bench/bench_peers.py` on stdout (no dependencies).
 
 Each worker script imports this from its own directory, under its own venv's
 Python. The handler of the no-op task calls `Probe.hit` with the job id:

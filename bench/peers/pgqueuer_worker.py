@@ -1,4 +1,4 @@
-"""pgqueuer's side of `stress/bench_peers.py`, run by the Python of a throwaway venv.
+"""pgqueuer's side of `bench/bench_peers.py`, run by the Python of a throwaway venv.
 
     pgqueuer_worker.py install  --dsn DSN
     pgqueuer_worker.py prefill  --dsn DSN --jobs N

@@ -1,4 +1,4 @@
-"""procrastinate's side of `stress/bench_peers.py`, run by the Python of a throwaway venv.
+"""procrastinate's side of `bench/bench_peers.py`, run by the Python of a throwaway venv.
 
     procrastinate_worker.py install  --dsn DSN
     procrastinate_worker.py prefill  --dsn DSN --jobs N

@@ -1,6 +1,6 @@
-"""Two ceilings that bound trioq's burn-down in `stress/bench_peers.py` (prints numbers).
+"""Two ceilings that bound trioq's burn-down in `bench/bench_peers.py` (prints numbers).
 
-    python stress/peers/trioq_ceiling.py [--dsn ADMIN_DSN] [--jobs N] [--prototype NAME]
+    python bench/peers/trioq_ceiling.py [--dsn ADMIN_DSN] [--jobs N] [--prototype NAME]
                                          [--only queue|runtime]
 
 1. The queue layer alone: ``Queue.claim(limit=B)`` then ``Queue.complete_many`` of those

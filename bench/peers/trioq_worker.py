@@ -1,4 +1,4 @@
-"""trioq's side of `stress/bench_peers.py`, run by /work/venv/bin/python in its own process.
+"""trioq's side of `bench/bench_peers.py`, run by /work/venv/bin/python in its own process.
 
     trioq_worker.py install  --dsn DSN
     trioq_worker.py prefill  --dsn DSN --jobs N
