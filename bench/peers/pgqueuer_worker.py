@@ -15,17 +15,14 @@ Its stdout follows the protocol in `_probe`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import importlib.metadata
 import json
-import platform
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 import asyncpg
-from _probe import Probe, say
+from _probe import Probe, say, say_versions, worker_parser
 from pgqueuer import AsyncpgDriver, Queries, QueueManager
 from pgqueuer.domain.types import QueueExecutionMode
 from pgqueuer.models import Job
@@ -74,17 +71,6 @@ async def drain(dsn: str, jobs: int, batch: int, concurrency: int) -> None:
     probe.done()
 
 
-def versions() -> None:
-    found: dict[str, str | None] = {}
-    for name in ["pgqueuer", "asyncpg", "uvloop"]:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    found["python"] = platform.python_version()
-    say("VERSIONS " + json.dumps(found))
-
-
 def run(coro: Coroutine[Any, Any, None], loop: str) -> None:
     if loop == "uvloop":
         import uvloop
@@ -95,16 +81,13 @@ def run(coro: Coroutine[Any, Any, None], loop: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["install", "prefill", "drain", "versions"])
-    p.add_argument("--dsn")
-    p.add_argument("--jobs", type=int, default=20_000)
+    p = worker_parser()
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=0, help="max_concurrent_tasks; 0: none")
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     a = p.parse_args()
     if a.command == "versions":
-        versions()
+        say_versions(["pgqueuer", "asyncpg", "uvloop"])
     elif a.command == "install":
         run(install(a.dsn), a.loop)
     elif a.command == "prefill":

@@ -14,15 +14,11 @@ one job per statement: it has no batch setting. Its stdout follows the protocol 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import importlib.metadata
-import json
-import platform
 import time
 
 import procrastinate
-from _probe import Probe, say
+from _probe import Probe, say, say_versions, worker_parser
 
 QUEUE = "bench"
 TASK = "noop"
@@ -67,26 +63,12 @@ async def drain(dsn: str, jobs: int, concurrency: int) -> None:
     probe.done()
 
 
-def versions() -> None:
-    found: dict[str, str | None] = {}
-    for name in ["procrastinate", "psycopg", "psycopg-binary", "psycopg-pool"]:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    found["python"] = platform.python_version()
-    say("VERSIONS " + json.dumps(found))
-
-
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["install", "prefill", "drain", "versions"])
-    p.add_argument("--dsn")
-    p.add_argument("--jobs", type=int, default=20_000)
+    p = worker_parser()
     p.add_argument("--concurrency", type=int, default=10)
     a = p.parse_args()
     if a.command == "versions":
-        versions()
+        say_versions(["procrastinate", "psycopg", "psycopg-binary", "psycopg-pool"])
     elif a.command == "install":
         asyncio.run(install(a.dsn))
     elif a.command == "prefill":
