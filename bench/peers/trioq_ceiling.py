@@ -30,8 +30,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import trioq
-from trioq._job import Job
-from trioq._queue import Queue
+from trioq import Job, Queue
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 DB = "trioq_peers_ceiling"

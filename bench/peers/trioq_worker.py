@@ -98,11 +98,10 @@ class Stats:
         setattr(owner, method, timed)
 
     def install(self) -> None:
-        from trioq._completer import Completer
-        from trioq._queue import Queue
+        from trioq._completer import Completer  # private: no public name for it
 
-        self.wrap(Queue, "claim", "claim", lambda result, *a, **k: len(result))
-        self.wrap(Queue, "complete_many", "complete", lambda r, *a, **k: len(k["leases"]))
+        self.wrap(trioq.Queue, "claim", "claim", lambda result, *a, **k: len(result))
+        self.wrap(trioq.Queue, "complete_many", "complete", lambda r, *a, **k: len(k["leases"]))
         self.wrap(Completer, "submit", "submit", lambda r, *a, **k: 1)
 
     def report(self) -> dict[str, Any]:
