@@ -18,7 +18,7 @@ test *args:
 
 # Lint and type-check: ruff on everything, mypy --strict on the package
 check:
-    {{venv}}/bin/ruff check trioq tests stress
+    {{venv}}/bin/ruff check trioq tests bench
     {{venv}}/bin/mypy --strict trioq
 
 # Everything CI runs, exactly as CI runs it
@@ -27,11 +27,11 @@ ci:
 
 # Benchmark trioq.pg against psycopg on asyncio and sync psycopg (prints numbers)
 bench *args:
-    {{py}} stress/bench_pg.py {{args}}
+    {{py}} bench/bench_pg.py {{args}}
 
 # Benchmark the queue API: enqueue_many, claim+complete at batch 1/10/100 vs pgbench
 bench-queue *args:
-    {{py}} stress/bench_queue.py {{args}}
+    {{py}} bench/bench_queue.py {{args}}
 
 # Load test against Postgres (embedded by default); see docs/benchmarks.md
 stress *args:
@@ -47,4 +47,4 @@ prove:
 
 # Compare trioq with pgqueuer and procrastinate on the same burn-down (throwaway venvs)
 bench-peers *args:
-    {{py}} stress/bench_peers.py {{args}}
+    {{py}} bench/bench_peers.py {{args}}

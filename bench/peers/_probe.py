@@ -1,7 +1,10 @@
-"""What every peer worker tells `stress/bench_peers.py` on stdout (no dependencies).
+"""What every peer worker takes from and tells `bench/bench_peers.py` (no dependencies).
 
 Each worker script imports this from its own directory, under its own venv's
-Python. The handler of the no-op task calls `Probe.hit` with the job id:
+Python. `worker_parser` is the command line they share (``install``, ``prefill``,
+``drain``, ``versions``; ``--dsn``, ``--jobs``); ``versions`` prints one line
+``VERSIONS {json}`` (`say_versions`). The handler of the no-op task calls `Probe.hit`
+with the job id:
 
 * the first call prints ``FIRST <monotonic> <process_time>``: the start of the
   timed drain (first pickup), and the worker's CPU seconds at that moment;
@@ -16,6 +19,10 @@ machine, so the parent can compare it with its own.
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
+import json
+import platform
 import sys
 import time
 
@@ -46,3 +53,25 @@ class Probe:
 def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """The command and options every worker takes; each adds its own after these."""
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["install", "prefill", "drain", "versions"])
+    p.add_argument("--dsn")
+    p.add_argument("--jobs", type=int, default=20_000)
+    return p
+
+
+def say_versions(distributions: list[str]) -> None:
+    """``VERSIONS {json}``: the installed version of each distribution (None: absent), and
+    Python's."""
+    found: dict[str, str | None] = {}
+    for name in distributions:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    found["python"] = platform.python_version()
+    say("VERSIONS " + json.dumps(found))

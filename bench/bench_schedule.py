@@ -50,11 +50,11 @@ anything about trioq.
 
 Usage::
 
-    python stress/bench_schedule.py                      # TRIOQ_DSN or the local test server
-    python stress/bench_schedule.py --repeat 3 --trace
-    python stress/bench_schedule.py --separate-process --json sched.json
-    python stress/bench_schedule.py --phases pickup --pickup-autocommit
-    python stress/bench_schedule.py --phases pickup,floor --trace --prototype lean-claim
+    python bench/bench_schedule.py                      # TRIOQ_DSN or the local test server
+    python bench/bench_schedule.py --repeat 3 --trace
+    python bench/bench_schedule.py --separate-process --json sched.json
+    python bench/bench_schedule.py --phases pickup --pickup-autocommit
+    python bench/bench_schedule.py --phases pickup,floor --trace --prototype lean-claim
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ import argparse
 import contextlib
 import datetime as dt
 import gc
-import json
 import math
 import os
 import platform
@@ -84,14 +83,26 @@ from typing import Any
 import attrs
 import psycopg
 import trio
-from _common import create_bench_db, drop_bench_db, machine_busy, wait_quiet
+from _common import (
+    add_common_options,
+    client_versions,
+    cpu_model,
+    create_bench_db,
+    drop_bench_db,
+    machine_busy,
+    median_or_none,
+    patched,
+    scalar,
+    show_settings,
+    wait_quiet,
+    write_json,
+)
 from psycopg import sql
 
 import trioq
 from trioq import Queue, Runtime
 from trioq._sql import Statements, statements
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 BENCH_DB = "trioq_bench_sched"
 QUEUE = "bench_sched"
 PORT_ENV = "TRIOQ_BENCH_SCHED_PORT"
@@ -286,16 +297,6 @@ class Meter:
 
 
 # -- tracing (in-process only) ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    original = obj.__dict__[name]
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, original)
 
 
 class Tracer:
@@ -549,13 +550,6 @@ def prototype(name: str | None) -> contextlib.AbstractContextManager[None]:
 # -- database --------------------------------------------------------------------------------------
 
 
-async def scalar(conn: Conn, query: str, params: Sequence[Any] = ()) -> Any:
-    cur = await conn.execute(query, params)
-    row = await cur.fetchone()
-    assert row is not None
-    return row[0]
-
-
 async def clock_offset(conn: Conn, samples: int = 50) -> dict[str, float]:
     """DB ``clock_timestamp()`` minus Python ``time.time()``, from the tightest round trip."""
     best = (math.inf, 0.0)
@@ -568,20 +562,16 @@ async def clock_offset(conn: Conn, samples: int = 50) -> dict[str, float]:
 
 
 async def environment(conn: Conn) -> dict[str, Any]:
-    settings = {}
-    for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers"):
-        settings[name] = await scalar(conn, f"SHOW {name}")
+    settings = await show_settings(
+        conn, ("server_version", "fsync", "synchronous_commit", "shared_buffers")
+    )
     return {
         "postgres": settings,
-        "python": platform.python_version(),
-        "trio": trio.__version__,
-        "psycopg": psycopg.__version__,
-        "libpq": psycopg.pq.version(),
-        "psycopg_impl": psycopg.pq.__impl__,
+        **client_versions(),
         "trioq": trioq.__version__,
         "trioq_revision": _revision(),
         "kernel": platform.release(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "loadavg_at_start": os.getloadavg(),
         "clock": await clock_offset(conn),
@@ -600,14 +590,6 @@ def _revision() -> str:
     except OSError:
         return "?"
     return f"{head or '?'}{' + uncommitted changes in trioq/' if dirty else ''}"
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "?"
 
 
 # -- the worker: in this process or a child --------------------------------------------------------
@@ -634,7 +616,7 @@ class Options:
     seed: int
     quiet_cores: float
     quiet_wait: float
-    json_path: str | None
+    json_path: Path | None
     keep_db: bool
 
 
@@ -1077,8 +1059,8 @@ def print_medians(report: dict[str, Any]) -> None:
         for key in keys[phase]:
             cells = []
             for p in ("p50", "p95", "p99", "max"):
-                values = [r[key][p] for r in items if r[key].get("n")]
-                cells.append(f"{p} {statistics.median(values):7.2f}" if values else f"{p} -")
+                median = median_or_none(r[key][p] for r in items if r[key].get("n"))
+                cells.append(f"{p} -" if median is None else f"{p} {median:7.2f}")
             print(f"  {phase:<9} {key:<22} " + "  ".join(cells))
 
 
@@ -1087,10 +1069,9 @@ def print_medians(report: dict[str, Any]) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--dsn", default=os.environ.get("TRIOQ_DSN", DEFAULT_DSN),
-        help="admin DSN; the script creates and drops its own database "
-        f"{BENCH_DB} (default: $TRIOQ_DSN, else {DEFAULT_DSN})",
+    add_common_options(
+        p, creates=f"the database {BENCH_DB}", repeat=1, quiet_cores=0.5, quiet_wait=20.0,
+        pgbench=False,
     )  # fmt: skip
     p.add_argument("--jobs", type=int, default=1000, help="jobs per phase (default 1000)")
     p.add_argument("--rate", type=float, default=100.0, help="scheduled enqueues/s (default 100)")
@@ -1119,7 +1100,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--floor-samples", type=int, default=300, help="samples per floor measurement (300)"
     )
     p.add_argument("--concurrency", type=int, default=10, help="slots (default 10)")
-    p.add_argument("--repeat", type=int, default=1, help="runs of each phase (default 1)")
     p.add_argument(
         "--phases",
         default="scheduled,pickup,floor",
@@ -1137,16 +1117,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="run the in-process worker with this runtime change (monkeypatched; see the doc)",
     )
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    p.add_argument(
-        "--quiet-cores",
-        type=float,
-        default=0.5,
-        help="wait until others use fewer cores than this (default 0.5)",
-    )
-    p.add_argument(
-        "--quiet-wait", type=float, default=20.0, help="but at most this many seconds (default 20)"
-    )
-    p.add_argument("--json", dest="json_path", help="also write the full report here")
     p.add_argument("--keep-db", action="store_true", help=f"do not drop {BENCH_DB} at the end")
     a = p.parse_args(argv)
     phases = tuple(x.strip() for x in a.phases.split(",") if x.strip())
@@ -1164,7 +1134,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         pickup_autocommit=a.pickup_autocommit, floor_samples=a.floor_samples,
         concurrency=a.concurrency, repeat=a.repeat, phases=phases,
         separate_process=a.separate_process, trace=a.trace, prototype=a.prototype, seed=a.seed,
-        quiet_cores=a.quiet_cores, quiet_wait=a.quiet_wait, json_path=a.json_path,
+        quiet_cores=a.quiet_cores, quiet_wait=a.quiet_wait, json_path=a.json,
         keep_db=a.keep_db,
     )  # fmt: skip
 
@@ -1174,7 +1144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = trio.run(bench, opts)
     print_medians(report)
     if opts.json_path:
-        Path(opts.json_path).write_text(json.dumps(report, indent=2, default=str))
+        write_json(opts.json_path, report)
     return 0
 
 

@@ -1,6 +1,6 @@
-"""Two ceilings that bound trioq's burn-down in `stress/bench_peers.py` (prints numbers).
+"""Two ceilings that bound trioq's burn-down in `bench/bench_peers.py` (prints numbers).
 
-    python stress/peers/trioq_ceiling.py [--dsn ADMIN_DSN] [--jobs N] [--prototype NAME]
+    python bench/peers/trioq_ceiling.py [--dsn ADMIN_DSN] [--jobs N] [--prototype NAME]
                                          [--only queue|runtime]
 
 1. The queue layer alone: ``Queue.claim(limit=B)`` then ``Queue.complete_many`` of those
@@ -30,8 +30,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import trioq
-from trioq._job import Job
-from trioq._queue import Queue
+from trioq import Job, Queue
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 DB = "trioq_peers_ceiling"
@@ -91,7 +90,7 @@ async def runtime_alone(dsn: str, jobs: int, concurrency: int, label: str) -> No
         return frozenset(lease.job_id for lease in leases)
 
     saved = Queue.claim, Queue.complete_many
-    Queue.claim, Queue.complete_many = fake_claim, fake_complete  # type: ignore[assignment]
+    Queue.claim, Queue.complete_many = fake_claim, fake_complete  # type: ignore[method-assign]
     tasks = trioq.Registry()
     ran = [0]
     all_ran = trio.Event()

@@ -42,8 +42,8 @@ The table ``trioq_bench_pg`` is created at the start and dropped at the end.
 
 Usage::
 
-    python stress/bench_pg.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
-    python stress/bench_pg.py --dsn '...' --repeat 5 --seconds 3 --json bench.json
+    python bench/bench_pg.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
+    python bench/bench_pg.py --dsn '...' --repeat 5 --seconds 3 --json bench.json
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -616,42 +617,48 @@ def ratio(results: list[Result], res: Result) -> float | None:
 
 
 def render(results: list[Result], targets: list[Target]) -> str:
-    header = (
-        f"| {'driver':24} | {'query':19} | {'transport':9} | {'rt/s median':>11} |"
-        f" {'min-max':>13} | {'CPU us/rt':>9} | {'vs asyncio':>10} |"
+    # Parent side only, like every use of _common here: it imports trio, which the asyncio
+    # and sync workers must not.
+    from _common import Table
+
+    table = Table(
+        (
+            ("driver", 24, "<"),
+            ("query", 19, "<"),
+            ("transport", 9, "<"),
+            ("rt/s median", 11, ">"),
+            ("min-max", 13, ">"),
+            ("CPU us/rt", 9, ">"),
+            ("vs asyncio", 10, ">"),
+        ),
+        markdown=True,
     )
-    sep = "|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|"
-    lines = [header, sep]
     order = {d: i for i, d in enumerate(DRIVERS)}
     tidx = {t.transport: i for i, t in enumerate(targets)}
     qidx = {q: i for i, q in enumerate(QUERIES)}
+    rows = []
     for res in sorted(results, key=lambda r: (tidx[r.transport], qidx[r.query], order[r.driver])):
         r = ratio(results, res)
         mark = ""
         if res.driver == "trioq" and r is not None:
             mark = " ok" if r >= TARGET_RATIO else " MISS"
-        lines.append(
-            f"| {DRIVER_LABELS[res.driver]:24} | {QUERY_LABELS[res.query]:19} |"
-            f" {res.transport:9} | {res.median:11.0f} |"
-            f" {f'{min(res.rates):.0f}-{max(res.rates):.0f}':>13} |"
-            f" {res.cpu_median:9.1f} |"
-            f" {(f'{r:.2f}' if r is not None else '-') + mark:>10} |"
+        rows.append(
+            (
+                DRIVER_LABELS[res.driver],
+                QUERY_LABELS[res.query],
+                res.transport,
+                f"{res.median:.0f}",
+                f"{min(res.rates):.0f}-{max(res.rates):.0f}",
+                f"{res.cpu_median:.1f}",
+                (f"{r:.2f}" if r is not None else "-") + mark,
+            )
         )
-    return "\n".join(lines)
+    return table.render(rows)
 
 
 def environment(settings: dict[str, str]) -> dict[str, Any]:
-    import trio
+    from _common import client_versions, cpu_model
 
-    cpu_model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -664,15 +671,11 @@ def environment(settings: dict[str, str]) -> dict[str, Any]:
         commit = ""
     return {
         "trioq_commit": commit,
-        "python": platform.python_version(),
+        **client_versions(),
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "trio": trio.__version__,
-        "psycopg": psycopg.__version__,
-        "psycopg_impl": psycopg.pq.__impl__,
-        "libpq": psycopg.pq.version(),
+        "cpu_model": cpu_model(),
         "server_version": settings.get("server_version", ""),
         "server_fsync": settings.get("fsync", ""),
         "server_synchronous_commit": settings.get("synchronous_commit", ""),
@@ -793,6 +796,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" {TARGET_RATIO:.2f} target"
         )
     if args.json:
+        from _common import write_json
+
         payload = {
             "environment": env,
             "command": safe_argv(sys.argv),
@@ -811,8 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for r in results
             ],
         }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_json(Path(args.json), payload)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""trioq's side of `stress/bench_peers.py`, run by /work/venv/bin/python in its own process.
+"""trioq's side of `bench/bench_peers.py`, run by /work/venv/bin/python in its own process.
 
     trioq_worker.py install  --dsn DSN
     trioq_worker.py prefill  --dsn DSN --jobs N
@@ -21,17 +21,14 @@ microseconds per job: use it to explain a number, not to measure one.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import importlib.metadata
 import json
-import platform
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
-from _probe import Probe, say
+from _probe import Probe, say, say_versions, worker_parser
 
 import trioq
 
@@ -101,11 +98,10 @@ class Stats:
         setattr(owner, method, timed)
 
     def install(self) -> None:
-        from trioq._completer import Completer
-        from trioq._queue import Queue
+        from trioq._completer import Completer  # private: no public name for it
 
-        self.wrap(Queue, "claim", "claim", lambda result, *a, **k: len(result))
-        self.wrap(Queue, "complete_many", "complete", lambda r, *a, **k: len(k["leases"]))
+        self.wrap(trioq.Queue, "claim", "claim", lambda result, *a, **k: len(result))
+        self.wrap(trioq.Queue, "complete_many", "complete", lambda r, *a, **k: len(k["leases"]))
         self.wrap(Completer, "submit", "submit", lambda r, *a, **k: 1)
 
     def report(self) -> dict[str, Any]:
@@ -145,23 +141,8 @@ def _union(spans: list[tuple[float, float, int]]) -> float:
     return total
 
 
-def versions() -> None:
-    names = ["trioq", "trio", "psycopg", "psycopg-binary"]
-    found = {}
-    for name in names:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    found["python"] = platform.python_version()
-    say("VERSIONS " + json.dumps(found))
-
-
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["install", "prefill", "drain", "versions"])
-    p.add_argument("--dsn")
-    p.add_argument("--jobs", type=int, default=20_000)
+    p = worker_parser()
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--cprofile", help="drain: write a cProfile of the whole process here")
     p.add_argument("--stats", action="store_true", help="drain: print statement statistics")
@@ -175,7 +156,7 @@ def main() -> None:
     if stats is not None:
         stats.install()
     if a.command == "versions":
-        versions()
+        say_versions(["trioq", "trio", "psycopg", "psycopg-binary"])
     elif a.command == "install":
         trio.run(install, a.dsn)
     elif a.command == "prefill":
