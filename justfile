@@ -16,10 +16,10 @@ install:
 test *args:
     {{venv}}/bin/pytest {{args}}
 
-# Lint and type-check: ruff on everything, mypy --strict on the package
+# Lint and type-check: ruff and mypy --strict on the package, the tests and the benchmarks
 check:
     {{venv}}/bin/ruff check trioq tests bench
-    {{venv}}/bin/mypy --strict trioq
+    {{venv}}/bin/mypy --strict trioq tests bench
 
 # Everything CI runs, exactly as CI runs it
 ci:

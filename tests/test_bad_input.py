@@ -32,7 +32,12 @@ from trioq._migrate import Migration, latest_version
 from trioq._sql import statements
 
 UTC = dt.UTC
-FAST = {"lease": 30, "heartbeat_interval": 1, "poll_interval": 0.2, "sweep_interval": 1}
+FAST: dict[str, Any] = {
+    "lease": 30,
+    "heartbeat_interval": 1,
+    "poll_interval": 0.2,
+    "sweep_interval": 1,
+}
 TESTS = Path(__file__).parent
 PASSWORD = "SeCrEt-b4d-1nput"
 
@@ -204,7 +209,8 @@ def test_injected_queue_name_for_serve_is_refused_before_it_connects() -> None:
 @pytest.mark.parametrize("field", ["queue", "task"])
 def test_job_spec_refuses_a_trailing_newline(field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        JobSpec(**{"task": "t", field: f"{field}\n"})
+        fields: dict[str, Any] = {"task": "t", field: f"{field}\n"}
+        JobSpec(**fields)
 
 
 async def test_listen_channel_never_contains_user_input(dsn: str) -> None:
@@ -546,7 +552,7 @@ async def test_runtime_survives_statement_timeouts_on_its_own_statements(
             )
 
             async def drained() -> bool:
-                return await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
+                return bool(await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0)
 
             await wait_until(drained)
         assert await scalar(conn, "SELECT count(*) FROM trioq.dead_jobs") == 0

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import psycopg
@@ -166,7 +167,7 @@ async def test_running_async_stops_on_cancel(cluster: EmbeddedPostgres) -> None:
             assert await trio.to_thread.run_sync(query, status.dsn, "SELECT 2") == 2
             scope.cancel()
             await trio.sleep_forever()
-    assert not pid_alive(status.pid)
+    assert status.pid is not None and not pid_alive(status.pid)
 
 
 def test_owned_server_requires_main_thread(cluster: EmbeddedPostgres) -> None:
@@ -314,7 +315,7 @@ def interpreter_for(user: pwd.struct_passwd, env: dict[str, str]) -> list[str] |
     return None
 
 
-def as_user(user: pwd.struct_passwd) -> dict[str, object]:
+def as_user(user: pwd.struct_passwd) -> dict[str, Any]:
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [], "cwd": "/"}
 
 

@@ -37,7 +37,8 @@ async def rows(conn: Any, ids: list[int]) -> list[tuple[Any, ...]]:
     cur = await conn.execute(
         f"SELECT {ROW} FROM trioq.jobs WHERE id = ANY(%(ids)s) {order}", {"ids": ids}
     )
-    return await cur.fetchall()
+    result: list[tuple[Any, ...]] = await cur.fetchall()
+    return result
 
 
 async def count(conn: Any) -> int:
@@ -75,7 +76,7 @@ async def test_same_rows_as_one_enqueue_per_job(dsn: str, shared: dict[str, Any]
 
 async def test_copy_path_same_rows_as_one_enqueue_per_job(dsn: str) -> None:
     """Jobs that differ in more than args go through COPY; same rows again."""
-    specs = [
+    specs: list[dict[str, Any]] = [
         {"task": "a", "args": WEIRD},
         {"task": "b", "args": None, "queue": "q2", "priority": 5},
         {"task": "a", "args": [1], "delay": 30},

@@ -273,7 +273,7 @@ async def _generic_plan(
     tx = Transformer(conn)
     tx.dump_sequence(values, [PyFormat.AUTO] * len(values))
     types = []
-    for oid in tx.types:
+    for oid in tx.types or ():
         cur = await conn.execute("SELECT %s::regtype::text", (oid,))
         types.append("unknown" if oid == 0 else (await cur.fetchone())[0])
     prepare = f"PREPARE {name} ({', '.join(types)}) AS {positional.replace('%%', '%')}"

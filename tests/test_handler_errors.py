@@ -19,7 +19,12 @@ import trio
 import trioq
 from trioq.retry import Constant
 
-FAST = {"lease": 1.5, "heartbeat_interval": 0.3, "poll_interval": 0.2, "sweep_interval": 0.3}
+FAST: dict[str, Any] = {
+    "lease": 1.5,
+    "heartbeat_interval": 0.3,
+    "poll_interval": 0.2,
+    "sweep_interval": 0.3,
+}
 GOOD_JOBS = 10
 #: The failed job is retried after an hour: the test sees it waiting as ``scheduled``.
 LATER = Constant(seconds=3600)
@@ -83,7 +88,8 @@ async def serving(dsn: str, registry: trioq.Registry, **options: Any) -> AsyncIt
 
 async def rows(conn: Any, query: str, *params: Any) -> list[tuple[Any, ...]]:
     cur = await conn.execute(query, params)
-    return await cur.fetchall()
+    result: list[tuple[Any, ...]] = await cur.fetchall()
+    return result
 
 
 async def wait_for_rows(conn: Any, query: str, *params: Any) -> list[tuple[Any, ...]]:

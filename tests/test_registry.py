@@ -26,14 +26,16 @@ def test_registry_validates() -> None:
     with pytest.raises(ValueError, match="queue"):
         tasks.task(name="three", queue="no spaces")(one.fn)
     with pytest.raises(TypeError, match="retry must be a retry policy"):
-        tasks.task(name="four", retry=5)(one.fn)  # type: ignore[arg-type]
+        tasks.task(name="four", retry=5)(one.fn)  # type: ignore[call-overload]
     with pytest.raises(ValueError, match="task name must not be empty"):
         tasks.task(name="")
     with pytest.raises(TypeError, match="must decorate a callable"):
         tasks.task(5)  # type: ignore[call-overload]
     assert tasks.task(name="five", timeout=dt.timedelta(seconds=2))(one.fn).timeout == 2.0
     assert trioq.Config(registry=tasks, queues="email").queues == {"email": trioq.QueueConfig()}
-    assert attrs.evolve(tasks.get("one"), queue="q").queue == "q"  # type: ignore[misc]
+    first = tasks.get("one")
+    assert first is not None
+    assert attrs.evolve(first, queue="q").queue == "q"
 
 
 def test_registry_refuses_a_trailing_newline() -> None:

@@ -14,7 +14,12 @@ import trio
 import trioq
 from trioq.retry import Constant
 
-FAST = {"lease": 1.5, "heartbeat_interval": 0.3, "poll_interval": 0.2, "sweep_interval": 0.3}
+FAST: dict[str, Any] = {
+    "lease": 1.5,
+    "heartbeat_interval": 0.3,
+    "poll_interval": 0.2,
+    "sweep_interval": 0.3,
+}
 
 
 @asynccontextmanager
@@ -33,7 +38,8 @@ async def serving(dsn: str, registry: trioq.Registry, **options: Any) -> AsyncIt
 
 async def rows(conn: Any, query: str, *params: Any) -> list[tuple[Any, ...]]:
     cur = await conn.execute(query, params)
-    return await cur.fetchall()
+    result: list[tuple[Any, ...]] = await cur.fetchall()
+    return result
 
 
 class Counter:
@@ -339,7 +345,7 @@ async def test_a_prefetched_job_cancelled_before_it_starts_never_runs(dsn: str) 
         _prefetch(runtime, "default", 1)
 
         async def prefetched() -> bool:
-            return runtime.statistics().held_leases == 2
+            return bool(runtime.statistics().held_leases == 2)
 
         await wait_until(prefetched)
         assert (await trioq.Queue().cancel(conn, second.job_id)).status == "requested"

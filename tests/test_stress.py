@@ -294,7 +294,8 @@ def test_fault_options_are_checked_and_switch_to_chaos_timings() -> None:
     assert StressOptions(starve_at=1, processes=4).leave == 12  # 3 per worker process
     assert StressOptions(starve_at=1, starve_leave=2).leave == 2
     for fault in ("kill_at", "starve_at", "pin_xmin_at", "sigterm_at"):
-        assert StressOptions(**{fault: 1.0}).timings == (2.0, 0.5, 0.5), fault
+        options: dict[str, Any] = {fault: 1.0}
+        assert StressOptions(**options).timings == (2.0, 0.5, 0.5), fault
     assert StressOptions(grace=7).worker_env()["TRIOQ_STRESS_GRACE"] == "7"
 
 
@@ -306,7 +307,9 @@ async def test_recovery_times_come_from_the_ledger(dsn: str) -> None:
         # job: (enqueued at, finished at), seconds after t0 on the database clock
         jobs = {1: (0, 1), 2: (2, 3), 3: (4, 9), 4: (5, 6), 5: (8, 8.5)}
         cur = await conn.execute("SELECT extract(epoch FROM now())::float8")
-        t0 = (await cur.fetchone())[0]
+        row = await cur.fetchone()
+        assert row is not None
+        t0 = row[0]
         for job_id, (enq, fin) in jobs.items():
             await conn.execute(
                 sql.SQL(

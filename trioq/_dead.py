@@ -6,7 +6,7 @@ and purged, filtered by id, queue and task.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -20,11 +20,15 @@ __all__ = ["DeadFilter", "DeadJob", "list_dead", "purge_dead", "retry_dead"]
 Conn = psycopg.AsyncConnection[Any]
 
 
+def _ids(value: Iterable[int] | None) -> list[int] | None:
+    return None if value is None else list(value)
+
+
 @attrs.frozen(kw_only=True)
 class DeadFilter:
     """Which dead jobs: all of those matching every given field (None matches anything)."""
 
-    ids: Sequence[int] | None = attrs.field(default=None, converter=attrs.converters.optional(list))
+    ids: list[int] | None = attrs.field(default=None, converter=_ids)
     queue: str | None = None
     task: str | None = None
 
