@@ -6,28 +6,50 @@ loop takes whatever is waiting, up to `MAX_BATCH`, and writes it: complete,
 keep, fail, release and cancelled each in one statement. A database error
 keeps the batch and retries it with backoff: outcomes are never dropped (if the
 process dies first, the leases expire and the sweeper returns the jobs).
+
+No outcome holds the others hostage. A write that fails for a reason in the data
+(`DATA_ERRORS`: a value Postgres refuses, or one psycopg cannot send) would fail
+again, so the batch is split and each outcome written alone; one that still fails is
+written again made safe (`sanitized`: texts escaped and cut, delays clamped, a result
+that cannot be stored turned into a failure), and if even that fails the job goes to
+dead_jobs with the reason. Should that fail too, the outcome is dropped with an error
+in the log and the job's lease left to expire (the sweeper returns it): the completer
+never stops. Every fenced write is idempotent, so writing part of a batch again is safe.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import psycopg
 import trio
 
-from ._job import Lease
+from ._job import MAX_RETRY_DELAY, Failure, Lease, encode_args
 from ._outcome import Kind, Outcome
 from ._pool import Pool
 from ._queue import Queue
+from ._sanitize import DATA_ERRORS as VALUE_ERRORS
+from ._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, safe_text
 
-__all__ = ["Completer"]
+__all__ = ["DATA_ERRORS", "Completer", "dead_letter", "sanitized"]
 
 logger = logging.getLogger("trioq.runtime")
 
 MAX_BATCH = 500
 RETRY_MIN, RETRY_MAX = 0.05, 2.0
+
+#: A write that failed with one of these failed because of a value in it: the same write
+#: fails again, so the batch is split instead of retried. (Postgres's data exceptions,
+#: class 22, and program limits, class 54; psycopg's refusals to send a value.)
+DATA_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.DataError,
+    psycopg.errors.ProgramLimitExceeded,
+    *VALUE_ERRORS,
+)
 
 
 class Completer:
@@ -78,19 +100,60 @@ class Completer:
         self.finished.set()
 
     async def _write_until_done(self, batch: list[Outcome]) -> None:
+        """Write ``batch``, retrying database errors with backoff; isolate data errors."""
+        try:
+            await self._write_retrying(batch)
+        except DATA_ERRORS as ex:
+            if len(batch) > 1:
+                logger.warning("writing %d job outcomes failed on a value in them (%s): "
+                               "writing them one by one", len(batch), _one_line(ex))  # fmt: skip
+            for outcome in batch:
+                await self._write_alone(outcome)
+            return
+        self._done(batch)
+
+    async def _write_alone(self, outcome: Outcome) -> None:
+        """One outcome as it is, then made safe, then as a death; else dropped (logged)."""
+        try:
+            await self._write_retrying([outcome])
+        except DATA_ERRORS as first:
+            safe = sanitized(outcome, first)
+            try:
+                await self._write_retrying([safe])
+            except DATA_ERRORS as second:
+                try:
+                    await self._write_retrying([dead_letter(outcome, second)])
+                except DATA_ERRORS as third:
+                    logger.error("job %d: its outcome cannot be written (%s); it is left to its "
+                                 "lease, which will expire", outcome.lease.job_id,
+                                 _one_line(third))  # fmt: skip
+                else:
+                    logger.error("job %d: its outcome cannot be written (%s): moved to "
+                                 "dead_jobs", outcome.lease.job_id, _one_line(second))  # fmt: skip
+            else:
+                logger.warning("job %d: its outcome was written made safe (%s)",
+                               outcome.lease.job_id, _one_line(first))  # fmt: skip
+        self._done([outcome])
+
+    async def _write_retrying(self, batch: list[Outcome]) -> None:
+        """Write ``batch``; database errors other than `DATA_ERRORS` are retried forever."""
         delay = RETRY_MIN
         while True:
             try:
                 await self._write(batch)
+            except DATA_ERRORS:
+                raise
             except psycopg.Error as ex:
                 logger.warning("writing %d job outcomes failed, retrying: %s", len(batch), ex)
                 await trio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
                 continue
-            self.batches += 1
-            self.outcomes += len(batch)
-            self._written(batch)
             return
+
+    def _done(self, batch: list[Outcome]) -> None:
+        self.batches += 1
+        self.outcomes += len(batch)
+        self._written(batch)
 
     async def _write(self, batch: list[Outcome]) -> None:
         by_kind: dict[Kind, list[Outcome]] = {}
@@ -115,3 +178,41 @@ async def _write_kind(conn: Any, q: Queue, owner: str, kind: Kind, items: list[O
         await q.release_many(conn, owner=owner, leases=leases, delays=[o.delay for o in items])
     elif kind is Kind.CANCELLED:
         await q.cancel_running_many(conn, owner=owner, leases=leases)
+
+
+def _one_line(ex: BaseException) -> str:
+    text = safe_text(str(ex), ERROR_LIMIT).strip()
+    return f"{type(ex).__name__}: {text.splitlines()[0]}" if text else type(ex).__name__
+
+
+def sanitized(outcome: Outcome, why: BaseException) -> Outcome:
+    """``outcome`` made safe to store: texts escaped and cut, delays within bounds, and a
+    result that cannot be stored (``why`` it failed) turned into a fatal failure."""
+    delay = min(max(outcome.delay, dt.timedelta(0)), MAX_RETRY_DELAY)
+    if outcome.kind is Kind.FAIL and outcome.failure is not None:
+        f = outcome.failure
+        failure = attrs.evolve(
+            f, error=safe_text(f.error, ERROR_LIMIT),
+            traceback=None if f.traceback is None else safe_text(f.traceback, TRACEBACK_LIMIT),
+            delay=min(max(f.delay, dt.timedelta(0)), MAX_RETRY_DELAY),
+            reason=None if f.reason is None else safe_text(f.reason, 200),
+        )  # fmt: skip
+        return Outcome(kind=Kind.FAIL, lease=outcome.lease, failure=failure)
+    if outcome.kind is Kind.KEEP:
+        try:
+            encode_args(outcome.result)
+            error = f"the result could not be stored: {_one_line(why)}"
+        except ValueError as ex:
+            error = f"the result is not JSON: {ex}"
+        failure = Failure(lease=outcome.lease, error=safe_text(error, ERROR_LIMIT), fatal=True,
+                          reason="result not stored")  # fmt: skip
+        return Outcome(kind=Kind.FAIL, lease=outcome.lease, failure=failure)
+    return Outcome(kind=outcome.kind, lease=outcome.lease, delay=delay)
+
+
+def dead_letter(outcome: Outcome, why: BaseException) -> Outcome:
+    """The job goes to dead_jobs: its outcome could not be written, even made safe."""
+    error = safe_text(f"its outcome ({outcome.kind.value}) could not be written: "
+                      f"{_one_line(why)}", ERROR_LIMIT)  # fmt: skip
+    failure = Failure(lease=outcome.lease, error=error, fatal=True, reason="outcome not written")
+    return Outcome(kind=Kind.FAIL, lease=outcome.lease, failure=failure)

@@ -18,7 +18,7 @@ import attrs
 
 from ._enqueue import without_first
 from ._exceptions import LeaseLostError, Snooze
-from ._job import Job, Lease, to_delay
+from ._job import MAX_RETRY_DELAY, Job, Lease, to_delay
 from ._pg import TrioConnection
 from ._pool import Pool
 from ._queue import Conn, Queue
@@ -98,7 +98,7 @@ class JobContext:
 
     def snooze(self, delay: dt.timedelta | float) -> NoReturn:
         """Stop now and run again after ``delay``; this attempt does not count."""
-        raise Snooze(to_delay(delay, "snooze delay"))
+        raise Snooze(to_delay(delay, "snooze delay", MAX_RETRY_DELAY))
 
     enqueue = _on_app_connection(Queue.enqueue)
     enqueue_many = _on_app_connection(Queue.enqueue_many)

@@ -13,6 +13,7 @@ import attrs
 import psycopg
 
 from ._job import JSONValue
+from ._sanitize import decode_args
 from ._sql import Statements
 
 __all__ = ["DeadFilter", "DeadJob", "list_dead", "purge_dead", "retry_dead"]
@@ -54,8 +55,12 @@ class DeadJob:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> DeadJob:
-        names = [f.name for f in attrs.fields(cls)]
-        return cls(**dict(zip(names, row, strict=True)))
+        """From `trioq._sql`'s dead_list columns; args come as JSON text, decoded here
+        (an `UndecodableArgs` if Python cannot decode them: listing never fails on a row)."""
+        fields = dict(zip([f.name for f in attrs.fields(cls)], row, strict=True))
+        if isinstance(fields["args"], str):
+            fields["args"] = decode_args(fields["args"])
+        return cls(**fields)
 
 
 async def list_dead(

@@ -31,10 +31,11 @@ import trio
 
 from ._context import JobContext, JobServices
 from ._exceptions import FatalError, LeaseLostError, Snooze, leaves
-from ._job import Failure, Job, Lease, encode_args
+from ._job import MAX_RETRY_DELAY, Failure, Job, Lease, encode_args
 from ._outcome import Kind, Outcome
 from ._registry import Registry, Task
 from ._retry import Sidekiq
+from ._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, UndecodableArgs, safe_text
 
 __all__ = [
     "MAX_RETRY_DELAY",
@@ -49,9 +50,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("trioq.runtime")
-
-#: Longest a retry may be put off, whatever the policy says (Postgres timestamps are finite).
-MAX_RETRY_DELAY = dt.timedelta(days=365)
 
 
 class Executor:
@@ -68,6 +66,8 @@ class Executor:
         task = self.registry.get(job.task)
         if task is None:
             return unknown_task(job, self.registry, lease)
+        if isinstance(job.args, UndecodableArgs):
+            return undecodable(job, lease)
         ctx = JobContext(job, self.services)
         outcome = await self._call(task, ctx, lease)
         if ctx.completed_in_transaction:
@@ -141,9 +141,11 @@ def outcome_of_error(task: Task, job: Job, lease: Lease, ex: Exception) -> Outco
     if isinstance(ex, LeaseLostError):
         return Outcome(kind=Kind.NOTHING, lease=lease)
     fatal = isinstance(ex, FatalError)
+    error = describe(ex)
     if not fatal:
-        logger.info("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, ex)
-    return failure(task, lease, describe(ex), traceback.format_exc(), fatal=fatal)
+        logger.info("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt,
+                    safe_text(error, ERROR_LIMIT))  # fmt: skip
+    return failure(task, lease, error, _traceback(), fatal=fatal)
 
 
 def reraise_cancellation(ex: BaseException, job: Job) -> None:
@@ -176,15 +178,20 @@ def outcome_of_base_error(task: Task, job: Job, lease: Lease, ex: BaseException)
     error = describe(ex)
     if isinstance(ex, trio.Cancelled):
         error = "stray trio.Cancelled: raised while no enclosing cancel scope was cancelled"
-    logger.warning("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, error)
-    return failure(task, lease, error, traceback.format_exc())
+    logger.warning("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt,
+                   safe_text(error, ERROR_LIMIT))  # fmt: skip
+    return failure(task, lease, error, _traceback())
 
 
 def describe(ex: BaseException) -> str:
-    """``Type: message`` of an exception; a group's members follow."""
+    """``Type: message`` of an exception; a group's members follow. Never raises: an
+    exception whose ``str()`` fails is described by its type."""
     if isinstance(ex, trio.Cancelled):  # its text names no cause ("cancelled due to unknown")
         return "stray trio.Cancelled"
-    text = str(ex)
+    try:
+        text = str(ex)
+    except Exception as broken:
+        text = f"<str() failed: {type(broken).__name__}>"
     described = f"{type(ex).__name__}: {text}" if text else type(ex).__name__
     if isinstance(ex, BaseExceptionGroup):
         members = ", ".join(describe(leaf) for leaf in leaves(ex))
@@ -195,9 +202,17 @@ def describe(ex: BaseException) -> str:
 def failure(
     task: Task, lease: Lease, error: str, tb: str | None, *, fatal: bool = False
 ) -> Outcome:
-    """A failed attempt of ``task``, retried after its retry delay (unless fatal or last)."""
+    """A failed attempt of ``task``, retried after its retry delay (unless fatal or last).
+
+    The texts are made safe to store here (`safe_text`: NUL and lone surrogates escaped,
+    cut at a limit), so whatever an exception holds, its job's outcome can be written.
+    """
     delay = retry_delay(task, lease.attempt)
-    fail = Failure(lease=lease, error=error, traceback=tb, fatal=fatal, delay=delay)
+    fail = Failure(
+        lease=lease, error=safe_text(error, ERROR_LIMIT),
+        traceback=None if tb is None else safe_text(tb, TRACEBACK_LIMIT),
+        fatal=fatal, delay=delay,
+    )  # fmt: skip
     return Outcome(kind=Kind.FAIL, lease=lease, failure=fail)
 
 
@@ -212,6 +227,23 @@ def retry_delay(task: Task, attempt: int) -> dt.timedelta:
     if not seconds >= 0:  # also catches NaN
         return dt.timedelta(0)
     return min(delay, MAX_RETRY_DELAY)
+
+
+def undecodable(job: Job, lease: Lease) -> Outcome:
+    """Args Python cannot decode: the job goes to dead_jobs alone, with the decode error."""
+    assert isinstance(job.args, UndecodableArgs)
+    error = f"args cannot be decoded: {job.args.reason}"
+    logger.error("job %d (%s): %s: moved to dead_jobs", job.id, job.task, error)
+    fail = Failure(lease=lease, error=error, fatal=True, reason="undecodable args")
+    return Outcome(kind=Kind.FAIL, lease=lease, failure=fail)
+
+
+def _traceback() -> str:
+    """The traceback being handled, as text; never raises (a frame's repr may)."""
+    try:
+        return traceback.format_exc()
+    except Exception as ex:
+        return f"<the traceback could not be formatted: {type(ex).__name__}>"
 
 
 def unknown_task(job: Job, registry: Registry, lease: Lease) -> Outcome:

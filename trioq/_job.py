@@ -23,12 +23,15 @@ from typing import Any
 import attrs
 
 from ._exceptions import PayloadTooLargeError
+from ._sanitize import decode_args
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD",
     "ENCODE_CHUNK",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_ENQUEUE_DELAY",
+    "MAX_RETRY_DELAY",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "QUEUE_NAME_RE",
@@ -61,6 +64,10 @@ DEFAULT_MAX_ATTEMPTS = 25
 MAX_ATTEMPTS_LIMIT = 10_000
 DEDUP_KEY_MAX = 500
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # bytes of JSON args
+#: Longest a retry or a snooze may put a job off (Postgres timestamps are finite).
+MAX_RETRY_DELAY = dt.timedelta(days=365)
+#: Longest an enqueue may put a job off.
+MAX_ENQUEUE_DELAY = dt.timedelta(days=365 * 100)
 
 JSONValue = Any
 
@@ -158,21 +165,28 @@ def check_aware(value: dt.datetime | None, field: str) -> dt.datetime | None:
     return value
 
 
-def to_delay(value: dt.timedelta | float | None, field: str = "delay") -> dt.timedelta:
-    """A delay given as a timedelta or seconds (None: none), checked: finite, not negative."""
+def to_delay(
+    value: dt.timedelta | float | None,
+    field: str = "delay",
+    limit: dt.timedelta = MAX_ENQUEUE_DELAY,
+) -> dt.timedelta:
+    """A delay given as a timedelta or seconds (None: none), checked: finite, not negative,
+    at most ``limit``."""
     if value is None:
         return dt.timedelta(0)
     if isinstance(value, dt.timedelta):
-        delay = value
+        seconds = value.total_seconds()
     elif _is_int(value) or isinstance(value, float):
-        if not math.isfinite(value):
+        seconds = float(value)
+        if not math.isfinite(seconds):
             raise ValueError(f"{field} must be a finite number of seconds, got {value!r}")
-        delay = dt.timedelta(seconds=value)
     else:
         raise TypeError(f"{field} must be a timedelta or seconds, got {value!r}")
-    if delay < dt.timedelta(0):
-        raise ValueError(f"{field} must not be negative, got {delay.total_seconds():g} s")
-    return delay
+    if seconds < 0:
+        raise ValueError(f"{field} must not be negative, got {seconds:g} s")
+    if seconds > limit.total_seconds():
+        raise ValueError(f"{field} must be at most {limit.days} days, got {seconds:g} s")
+    return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=seconds)
 
 
 def check_dedup_key(value: object, field: str = "dedup_key") -> str | None:
@@ -203,6 +217,8 @@ def encode_args(args: JSONValue, *, field: str = "args") -> str:
         text = _ENCODER.encode(args)
     except (TypeError, ValueError) as ex:
         raise ValueError(f"{field} {_NOT_JSON}: {ex}") from None
+    except RecursionError:
+        raise ValueError(f"{field} {_NOT_JSON}: nested too deep to encode") from None
     if "\\u0000" in text and _JSON_NUL.search(text):
         raise ValueError(f"{field} {_HAS_NUL}")
     if _SURROGATE.search(text):
@@ -225,7 +241,7 @@ def encode_args_runs(
         chunk = [{} if v is None else v for v in values[start : start + ENCODE_CHUNK]]
         try:
             text = _ENCODER.encode(chunk)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             text = ""
         suspect = (
             not text
@@ -328,6 +344,8 @@ class Failure:
     traceback: str | None = None
     delay: dt.timedelta = dt.timedelta(0)
     fatal: bool = False
+    #: Why it goes to dead_jobs when it does (default: "fatal error" or "attempts exhausted").
+    reason: str | None = None
 
 
 def _column(index: int, name: str) -> Any:
@@ -405,11 +423,13 @@ class Job:
     def from_row(cls, row: Sequence[Any]) -> Job:
         """From the claim's RETURNING columns, in `COLUMNS` order (see `trioq._sql`).
 
-        ``args`` may be JSON text (the claim returns it so: decoded here) and the
-        times int8 microseconds since the Unix epoch (converted when read).
+        ``args`` may be JSON text (the claim returns it so: decoded here; args that
+        Python cannot decode become an `UndecodableArgs`, so one bad row never fails
+        the claim of the others) and the times int8 microseconds since the Unix
+        epoch (converted when read).
         """
         if isinstance(args := row[3], str):
-            row = (*row[:3], json.loads(args), *row[4:])
+            row = (*row[:3], decode_args(args), *row[4:])
         job = object.__new__(cls)
         object.__setattr__(job, "_row", tuple(row))
         return job

@@ -427,6 +427,7 @@ class Queue:
             "errors": [f.error for f in failures],
             "tracebacks": [f.traceback for f in failures],
             "fatal": [f.fatal for f in failures],
+            "reasons": [f.reason for f in failures],
         }
         cur = await conn.execute(self.sql.fail, params)
         rows = await cur.fetchall()

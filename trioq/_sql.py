@@ -204,17 +204,19 @@ RETURNING j.id
 _FAIL = """
 WITH f AS (
     SELECT * FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(delays)s::interval[],
-                         %(errors)s::text[], %(tracebacks)s::text[], %(fatal)s::bool[])
-           AS f(id, attempt, delay, error, traceback, fatal)
+                         %(errors)s::text[], %(tracebacks)s::text[], %(fatal)s::bool[],
+                         %(reasons)s::text[])
+           AS f(id, attempt, delay, error, traceback, fatal, reason)
 ), target AS (
     SELECT j.id, (f.fatal OR j.attempt >= j.max_attempts) AS dies,
-           f.delay, f.error, f.traceback, f.fatal
+           f.delay, f.error, f.traceback, f.fatal, f.reason
       FROM {jobs} j JOIN f ON {fence}
        FOR UPDATE OF j
 ), died AS (
     DELETE FROM {jobs} j USING target t WHERE j.id = t.id AND t.dies
     RETURNING j.*, t.error AS error, t.traceback AS traceback,
-              CASE WHEN t.fatal THEN 'fatal error' ELSE 'attempts exhausted' END AS reason
+              coalesce(t.reason, CASE WHEN t.fatal THEN 'fatal error'
+                                      ELSE 'attempts exhausted' END) AS reason
 ), buried AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
                         reason, last_error, traceback, enqueued_at, died_at)
@@ -359,8 +361,9 @@ SELECT lease_owner, count(*), min(lease_expires_at) - {now}
   FROM {jobs} WHERE state = 'running' GROUP BY lease_owner ORDER BY lease_owner
 """
 
+# args as text: a row another producer wrote may hold jsonb Python cannot decode.
 _DEAD_LIST = """
-SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, reason,
+SELECT id, queue, task, args::text, priority, attempt, max_attempts, dedup_key, reason,
        last_error, traceback, enqueued_at, died_at
   FROM {dead}
  WHERE (%(ids)s::int8[] IS NULL OR id = ANY(%(ids)s))
