@@ -386,6 +386,7 @@ class QueueMachine(RuleBasedStateMachine):
                 False,
                 self.clock,
             )
+            model.cancel_requested = False  # a retried dead job is a new job: no cancel left
 
     # -- invariants ----------------------------------------------------------------------------
 

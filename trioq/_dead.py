@@ -80,10 +80,21 @@ async def retry_dead(conn: Conn, sql: Statements, where: DeadFilter) -> list[int
 
 
 async def purge_dead(
-    conn: Conn, sql: Statements, where: DeadFilter, *, before: dt.datetime | None = None
+    conn: Conn,
+    sql: Statements,
+    where: DeadFilter,
+    *,
+    before: dt.datetime | None = None,
+    older_than: dt.timedelta | None = None,
 ) -> list[int]:
-    """Delete matching dead jobs (optionally only those that died before ``before``)."""
+    """Delete matching dead jobs (optionally only those that died before ``before``, or
+    more than ``older_than`` ago on the database's clock)."""
     if before is not None and before.utcoffset() is None:
         raise ValueError(f"before {before.isoformat()} is a naive datetime: give it a time zone")
-    cur = await conn.execute(sql.dead_purge, {**where.params(), "before": before})
+    if older_than is not None and not (
+        isinstance(older_than, dt.timedelta) and older_than >= dt.timedelta(0)
+    ):
+        raise ValueError(f"older_than must be a timedelta, not negative, got {older_than!r}")
+    params = {**where.params(), "before": before, "older_than": older_than}
+    cur = await conn.execute(sql.dead_purge, params)
     return sorted(row[0] for row in await cur.fetchall())

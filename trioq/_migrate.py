@@ -18,12 +18,22 @@ import attrs
 import psycopg
 
 from ._exceptions import MigrationError
-from ._schema import schema_version
+from ._schema import check_schema, missing_tables, schema_version
 from ._sql import statements, validate_schema_name
 
-__all__ = ["Migration", "MigrationResult", "latest_version", "migrate", "migrations"]
+__all__ = [
+    "Migration",
+    "MigrationResult",
+    "check_current",
+    "expected_tables",
+    "latest_version",
+    "migrate",
+    "migrations",
+]
 
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_CREATE_TABLE = re.compile(r"^\s*CREATE TABLE (?:IF NOT EXISTS )?(\w+)", re.MULTILINE | re.I)
+_DROP_TABLE = re.compile(r"^\s*DROP TABLE (?:IF EXISTS )?(\w+)", re.MULTILINE | re.I)
 
 
 @attrs.frozen
@@ -60,6 +70,26 @@ def latest_version() -> int:
     return len(migrations())
 
 
+def expected_tables(version: int | None = None) -> tuple[str, ...]:
+    """The tables a schema at ``version`` (default: the latest) has: those the migrations
+    up to it create and do not drop, and the bookkeeping table."""
+    goal = latest_version() if version is None else version
+    tables = {"migrations"}
+    for migration in migrations()[:goal]:
+        tables |= set(_CREATE_TABLE.findall(migration.sql))
+        tables -= set(_DROP_TABLE.findall(migration.sql))
+    return tuple(sorted(tables))
+
+
+async def check_current(
+    conn: psycopg.AsyncConnection[Any], schema: str, *, writable: bool = True
+) -> int:
+    """`check_schema` for this trioq: the latest version, and every table of it."""
+    return await check_schema(
+        conn, schema, latest_version(), writable=writable, tables=expected_tables()
+    )
+
+
 async def migrate(
     conn: psycopg.AsyncConnection[Any], schema: str = "trioq", *, target: int | None = None
 ) -> MigrationResult:
@@ -80,6 +110,8 @@ async def migrate(
                 await _create_bookkeeping(conn, schema)
             current = await _current_version(conn, schema)
             pending = [m for m in migrations() if current < m.version <= goal]
+            if current and not pending:
+                await _check_tables(conn, schema, current)
             for migration in pending:
                 await _apply(conn, schema, migration)
     except psycopg.errors.InsufficientPrivilege as ex:
@@ -108,6 +140,17 @@ async def _create_bookkeeping(conn: psycopg.AsyncConnection[Any], schema: str) -
     st = statements(schema)
     await conn.execute(st.create_schema)
     await conn.execute(st.create_migrations)
+
+
+async def _check_tables(conn: psycopg.AsyncConnection[Any], schema: str, version: int) -> None:
+    missing = await missing_tables(conn, schema, expected_tables(version))
+    if missing:
+        raise MigrationError(
+            f"schema {schema!r} is at version {version} but its tables {', '.join(missing)} "
+            "are missing (dropped by hand?); nothing was changed: restore them from a "
+            f"backup, or drop the schema (DROP SCHEMA {schema} CASCADE, which deletes its "
+            "jobs) and run `trioq migrate` again"
+        )
 
 
 async def _current_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ from ._job import (
     encode_args_runs,
     rule,
 )
+from ._migrate import latest_version
+from ._schema import check_schema, schema_version
 from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements, validate_schema_name
 
 __all__ = [
@@ -109,6 +112,10 @@ class Queue:
     max_payload_bytes: int = attrs.field(
         default=DEFAULT_MAX_PAYLOAD, validator=rule(check_max_payload)
     )
+    #: Connections whose schema version was found current (see `_check_version`).
+    _current: weakref.WeakKeyDictionary[Conn, bool] = attrs.field(
+        factory=weakref.WeakKeyDictionary, init=False, repr=False, eq=False
+    )
 
     @property
     def sql(self) -> Statements:
@@ -157,6 +164,7 @@ class Queue:
             "channel": self.sql.channel,
         }
         with _migrated(conn, self.schema):
+            await self._check_version(conn)
             for _ in range(_TWIN_LOOKUPS):
                 cur = await conn.execute(self.sql.insert, params)
                 row = await cur.fetchone()
@@ -189,6 +197,7 @@ class Queue:
             check_payload(spec.args_json, task=spec.task, max_bytes=limit, where=f"jobs[{i}].args")
         keys = [spec.effective_dedup_key() for spec in specs]
         with _migrated(conn, self.schema):
+            await self._check_version(conn)
             return await self._insert_specs(conn, specs, keys, notify)
 
     async def _insert_specs(
@@ -254,7 +263,21 @@ class Queue:
         values = args if isinstance(args, Sequence) else list(args)
         runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)
         with _migrated(conn, self.schema):
+            await self._check_version(conn)
             return await self._insert_bulk(conn, spec, runs, notify)
+
+    async def _check_version(self, conn: Conn) -> None:
+        """Refuse to enqueue into a schema of another version than this trioq's (a newer
+        trioq may have changed what a row means), as ``serve`` refuses to start. Checked
+        once per connection; a schema that does not exist is left to the insert to report."""
+        if conn in self._current:
+            return
+        version = await schema_version(conn, self.schema)
+        if version is None:
+            return
+        if version != latest_version():
+            await check_schema(conn, self.schema, latest_version(), writable=False)
+        self._current[conn] = True
 
     def _check_payload(self, spec: JobSpec) -> None:
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
@@ -561,9 +584,18 @@ class Queue:
         return await retry_dead(conn, self.sql, where or DeadFilter())
 
     async def dead_purge(
-        self, conn: Conn, where: DeadFilter | None = None, *, before: dt.datetime | None = None
+        self,
+        conn: Conn,
+        where: DeadFilter | None = None,
+        *,
+        before: dt.datetime | None = None,
+        older_than: dt.timedelta | None = None,
     ) -> list[int]:
-        return await purge_dead(conn, self.sql, where or DeadFilter(), before=before)
+        """Delete matching dead jobs; with ``before``, only those that died before it; with
+        ``older_than``, only those that died longer ago than that by the database's clock."""
+        return await purge_dead(
+            conn, self.sql, where or DeadFilter(), before=before, older_than=older_than
+        )
 
 
 def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -39,6 +39,10 @@ __all__ = ["Registry", "Task"]
 
 Handler = Callable[..., Any]
 
+#: The names `Task.enqueue` takes for itself: a handler parameter of one of these names
+#: could never be given as a keyword argument there (it would be taken as the option).
+ENQUEUE_OPTIONS = frozenset({"conn", "args", "priority", "run_at", "delay", "dedup_key", "unique"})
+
 
 def _timeout(value: float | dt.timedelta | None) -> float | None:
     if isinstance(value, dt.timedelta):
@@ -52,6 +56,24 @@ def _check_timeout(value: float | None) -> None:
     )
     if not ok:
         raise ValueError(f"timeout must be positive seconds, a timedelta or None, got {value!r}")
+
+
+def _check_parameters(name: str, fn: Handler) -> None:
+    """Refuse a handler whose parameters (after the job context) include an option name
+    of `Task.enqueue`, where ``send.enqueue(conn, delay=5)`` would silently mean the option."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):  # no signature to read (some builtins): nothing to refuse
+        return
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    clash = sorted(p.name for p in parameters if p.kind in kinds and p.name in ENQUEUE_OPTIONS)
+    if clash:
+        raise ValueError(
+            f"task {name!r}: handler parameter {clash[0]!r} has the name of an option of "
+            f"Task.enqueue ({', '.join(sorted(ENQUEUE_OPTIONS))}), so "
+            f"`{name}.enqueue(conn, {clash[0]}=...)` would set the option, not the argument: "
+            "rename the parameter"
+        )
 
 
 def _check_retry(value: object) -> None:
@@ -88,6 +110,7 @@ class Task:
         _check_timeout(self.timeout)
         check_max_attempts(self.max_attempts)
         _check_retry(self.retry)
+        _check_parameters(self.name, self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

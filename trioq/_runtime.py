@@ -30,12 +30,11 @@ from ._heartbeat import Heartbeat
 from ._job import Job, Lease
 from ._leases import HeldJob, HeldJobs
 from ._listener import Listener
-from ._migrate import latest_version
+from ._migrate import check_current
 from ._outcome import Kind, Outcome
 from ._pool import Pool
 from ._queue import Queue
 from ._scheduler import Scheduler
-from ._schema import check_schema
 from ._sql import SCHEDULED_PAYLOAD
 from ._sweeper import Sweeper
 from ._wakeup import Wakeup
@@ -232,7 +231,7 @@ class Runtime:
 
     async def _check_schema(self) -> None:
         async with self.pool.connection() as conn:
-            await check_schema(conn, self.config.schema, latest_version())
+            await check_current(conn, self.config.schema)
 
     async def _run_jobs(self, task_status: trio.TaskStatus[Runtime]) -> None:
         async with trio.open_nursery() as jobs:

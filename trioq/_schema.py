@@ -7,6 +7,7 @@ validated (`trioq._sql.validate_schema_name`) and quoted with
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
@@ -19,7 +20,7 @@ from ._exceptions import (
 )
 from ._sql import WRITABLE, statements, validate_schema_name
 
-__all__ = ["check_schema", "check_writable", "schema_version"]
+__all__ = ["check_schema", "check_writable", "missing_tables", "schema_version"]
 
 
 async def schema_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:
@@ -35,9 +36,15 @@ async def schema_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int
 
 
 async def check_schema(
-    conn: psycopg.AsyncConnection[Any], schema: str, expected: int, *, writable: bool = True
+    conn: psycopg.AsyncConnection[Any],
+    schema: str,
+    expected: int,
+    *,
+    writable: bool = True,
+    tables: Collection[str] = (),
 ) -> int:
-    """Raise unless ``schema`` is at version ``expected``; return the version.
+    """Raise unless ``schema`` is at version ``expected`` and has all of ``tables``;
+    return the version.
 
     With ``writable`` (the default: the worker runtime needs it), also raise
     `DatabaseReadOnlyError` if the database refuses writes, so a worker pointed
@@ -58,9 +65,25 @@ async def check_schema(
             f"{where} is at version {version}, newer than this trioq knows ({expected}): "
             "upgrade trioq"
         )
+    if tables and (missing := await missing_tables(conn, schema, tables)):
+        raise SchemaMissingError(
+            f"{where} is at version {version} but its tables {', '.join(missing)} are missing "
+            "(dropped by hand?): restore them from a backup, or drop the schema "
+            f"(DROP SCHEMA {schema} CASCADE, which deletes its jobs) and run `trioq migrate`"
+        )
     if writable:
         await check_writable(conn)
     return version
+
+
+async def missing_tables(
+    conn: psycopg.AsyncConnection[Any], schema: str, tables: Collection[str]
+) -> list[str]:
+    """Those of ``tables`` that ``schema`` does not have, sorted."""
+    cur = await conn.execute(
+        statements(schema).missing_tables, {"tables": list(tables), "schema": schema}
+    )
+    return [row[0] for row in await cur.fetchall()]
 
 
 async def check_writable(conn: psycopg.AsyncConnection[Any]) -> None:

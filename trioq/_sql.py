@@ -8,6 +8,12 @@ come from `NOW`, which is the transaction's ``now()`` unless the session sets
 Every write after the claim is fenced by id, attempt and lease owner, so a
 worker whose lease was reclaimed changes nothing.
 
+Every function call is qualified (``pg_catalog.now()``): statements also run on the
+caller's connection, whose ``search_path`` may put another schema before
+``pg_catalog``, and a function of the same name there must not change what trioq
+does. (``unnest`` of several arrays is syntax that Postgres resolves in pg_catalog
+itself; types and operators still follow the ``search_path``: ``docs/security.md``.)
+
 The rest of the library runs only what `statements` returns. The exceptions
 are not about trioq's tables: the Postgres layer's health check (``SELECT 1``
 in `trioq._pool`), and the embedded server's ``CREATE DATABASE`` (before any
@@ -56,7 +62,10 @@ def qualified(schema: str, name: str) -> sql.Identifier:
     return sql.Identifier(validate_schema_name(schema), name)
 
 #: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
-NOW = "coalesce(nullif(current_setting('trioq.now', true), '')::timestamptz, now())"
+NOW = (
+    "coalesce(nullif(pg_catalog.current_setting('trioq.now', true), '')::timestamptz,"
+    " pg_catalog.now())"
+)
 
 _LIVE = "('scheduled', 'available', 'running')"
 
@@ -77,7 +86,7 @@ _JOB_COLUMNS = (
         # date_part is float8: exact to the µs within 285 years of 1970 (a claimed job's times
         # are about now, unless run_at was set centuries back: then a few µs off);
         # extract is numeric, which costs Postgres twice as much
-        f"epoch_us_{c}": f"(date_part('epoch', j.{c}) * 1000000)::int8"
+        f"epoch_us_{c}": f"(pg_catalog.date_part('epoch', j.{c}) * 1000000)::int8"
         for c in ("run_at", "enqueued_at", "lease_expires_at")
     }
 )
@@ -94,7 +103,7 @@ WITH v AS (
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue, state
 )
-SELECT id, CASE WHEN %(notify)s THEN pg_notify(
+SELECT id, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
            %(channel)s, CASE WHEN state = 'scheduled' THEN '@scheduled' ELSE queue END)::text
        END
   FROM ins
@@ -107,15 +116,17 @@ SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'avail
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
               %(dedup_keys)s::text[]) AS u(i, q, t, a, p, r, m, k)
+ ORDER BY k, i  -- one lock order for every transaction (overlapping batches wait, never
+              -- deadlock); among twins in one batch the first (lowest reserved id) wins
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
 RETURNING id
 """
 
 # The sequence is looked up once (MATERIALIZED), not once per reserved id.
 _RESERVE_IDS = """
-WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence(%(jobs)s, 'id') AS seq)
-SELECT {now}, array_agg(nextval(s.seq))
-  FROM s, generate_series(1, %(n)s)
+WITH s AS MATERIALIZED (SELECT pg_catalog.pg_get_serial_sequence(%(jobs)s, 'id') AS seq)
+SELECT {now}, pg_catalog.array_agg(pg_catalog.nextval(s.seq))
+  FROM s, pg_catalog.generate_series(1, %(n)s)
 """
 
 _COPY_JOBS = """
@@ -131,20 +142,20 @@ _INSERT_BULK = """
 WITH v AS (
     SELECT coalesce(%(run_at)s::timestamptz, {now} + %(delay)s::interval) AS run_at, {now} AS now
 ), s AS MATERIALIZED (
-    SELECT pg_get_serial_sequence(%(jobs)s, 'id')::regclass AS seq
+    SELECT pg_catalog.pg_get_serial_sequence(%(jobs)s, 'id')::regclass AS seq
 ), a AS MATERIALIZED (
-    SELECT nextval(s.seq) AS id, x.args, x.o
-      FROM s, jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS x(args, o)
+    SELECT pg_catalog.nextval(s.seq) AS id, x.args, x.o
+      FROM s, pg_catalog.jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS x(args, o)
 ), ins AS (
     INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts)
     SELECT a.id, %(queue)s, %(task)s, a.args, %(priority)s, v.run_at,
            CASE WHEN v.run_at > v.now THEN 'scheduled' ELSE 'available' END, %(max_attempts)s
       FROM a, v
 )
-SELECT count(*), min(a.id - a.o),
-       CASE WHEN min(a.id - a.o) <> max(a.id - a.o)
-            THEN (SELECT array_agg(id ORDER BY o) FROM a) END,
-       (SELECT count(pg_notify(%(channel)s,
+SELECT pg_catalog.count(*), pg_catalog.min(a.id - a.o),
+       CASE WHEN pg_catalog.min(a.id - a.o) <> pg_catalog.max(a.id - a.o)
+            THEN (SELECT pg_catalog.array_agg(id ORDER BY o) FROM a) END,
+       (SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s,
                                CASE WHEN v.run_at > v.now THEN '@scheduled' ELSE %(queue)s END))
           FROM v WHERE %(notify)s)
   FROM a
@@ -154,7 +165,9 @@ _LIVE_TWINS = """
 SELECT dedup_key, id FROM {jobs} WHERE dedup_key = ANY(%(keys)s) AND state IN {live}
 """
 
-_NOTIFY = "SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q"
+_NOTIFY = """
+SELECT pg_catalog.pg_notify(%(channel)s, q) FROM pg_catalog.unnest(%(queues)s::text[]) AS q
+"""
 
 _CLAIM = """
 WITH c AS (
@@ -274,7 +287,7 @@ WITH now_cancelled AS (
      WHERE id = %(id)s AND state = 'running'
     RETURNING id
 )
-SELECT (SELECT count(*) FROM now_cancelled), (SELECT count(*) FROM flagged)
+SELECT (SELECT pg_catalog.count(*) FROM now_cancelled), (SELECT pg_catalog.count(*) FROM flagged)
 """
 
 # Due scheduled jobs become available; the queues that got work are returned (to notify).
@@ -289,12 +302,12 @@ WITH due AS (
     UPDATE {jobs} j SET state = 'available' FROM due WHERE j.id = due.id
     RETURNING j.queue
 )
-SELECT queue, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue)::text END
+SELECT queue, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(%(channel)s, queue)::text END
   FROM (SELECT DISTINCT queue FROM promoted) AS q
 """
 
 _NEXT_DUE = """
-SELECT min(run_at) - {now} FROM {jobs} WHERE state = 'scheduled'
+SELECT pg_catalog.min(run_at) - {now} FROM {jobs} WHERE state = 'scheduled'
 """
 
 # Expired leases: back to available (the attempt stays spent), or dead on the last attempt.
@@ -340,14 +353,14 @@ UNION ALL SELECT id, 'available' FROM returned
 _STATUS_QUEUES = """
 WITH live AS (
     SELECT queue,
-           count(*) FILTER (WHERE state = 'available') AS available,
-           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
-           count(*) FILTER (WHERE state = 'running') AS running,
-           extract(epoch FROM {now} - min(run_at) FILTER (WHERE state = 'available'))
+           pg_catalog.count(*) FILTER (WHERE state = 'available') AS available,
+           pg_catalog.count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           pg_catalog.count(*) FILTER (WHERE state = 'running') AS running,
+           extract(epoch FROM {now} - pg_catalog.min(run_at) FILTER (WHERE state = 'available'))
                AS oldest_wait
       FROM {jobs} WHERE state IN {live} GROUP BY queue
 ), dead AS (
-    SELECT queue, count(*) AS dead FROM {dead} GROUP BY queue
+    SELECT queue, pg_catalog.count(*) AS dead FROM {dead} GROUP BY queue
 )
 SELECT coalesce(l.queue, d.queue), coalesce(l.available, 0), coalesce(l.scheduled, 0),
        coalesce(l.running, 0), coalesce(d.dead, 0), l.oldest_wait
@@ -357,7 +370,7 @@ SELECT coalesce(l.queue, d.queue), coalesce(l.available, 0), coalesce(l.schedule
 
 # Live leases per worker.
 _STATUS_LEASES = """
-SELECT lease_owner, count(*), min(lease_expires_at) - {now}
+SELECT lease_owner, pg_catalog.count(*), pg_catalog.min(lease_expires_at) - {now}
   FROM {jobs} WHERE state = 'running' GROUP BY lease_owner ORDER BY lease_owner
 """
 
@@ -396,13 +409,14 @@ DELETE FROM {dead}
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
    AND (%(before)s::timestamptz IS NULL OR died_at < %(before)s)
+   AND (%(older_than)s::interval IS NULL OR died_at < {now} - %(older_than)s::interval)
 RETURNING id
 """
 
 # -- cron ---------------------------------------------------------------------------------------
 
 _CRON_LAST_TICKS = """
-SELECT name, max(tick) FROM {ticks} WHERE name = ANY(%(names)s::text[]) GROUP BY name
+SELECT name, pg_catalog.max(tick) FROM {ticks} WHERE name = ANY(%(names)s::text[]) GROUP BY name
 """
 
 # Claims the tick: only the transaction that inserts the row goes on to enqueue. The same
@@ -428,15 +442,29 @@ UPDATE {ticks} SET job_id = %(job_id)s WHERE name = %(name)s AND tick = %(tick)s
 
 _CLOCK = "SELECT {now}"
 
-_SCHEMA_EXISTS = "SELECT to_regclass(%(migrations)s) IS NOT NULL"
+_SCHEMA_EXISTS = "SELECT pg_catalog.to_regclass(%(migrations)s) IS NOT NULL"
 
-_SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM {migrations}"
+_SCHEMA_VERSION = "SELECT coalesce(pg_catalog.max(version), 0) FROM {migrations}"
+
+# Which of the tables a schema should have are missing (the version row can outlive them).
+_MISSING_TABLES = """
+SELECT t FROM pg_catalog.unnest(%(tables)s::text[]) AS t
+ WHERE pg_catalog.to_regclass(
+           pg_catalog.quote_ident(%(schema)s) || '.' || pg_catalog.quote_ident(t)) IS NULL
+ ORDER BY t
+"""
 
 #: Whether a new transaction could write (names no table, so one for every schema).
-WRITABLE = sql.SQL("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::bool")
+WRITABLE = sql.SQL(
+    "SELECT pg_catalog.pg_is_in_recovery(),"
+    " pg_catalog.current_setting('transaction_read_only')::bool"
+)
 
 # One migrator per schema at a time, until its transaction ends.
-_MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('trioq.migrate'), hashtext(%(schema)s))"
+_MIGRATE_LOCK = """
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('trioq.migrate'),
+                                        pg_catalog.hashtext(%(schema)s))
+"""
 
 _CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
 
@@ -444,7 +472,7 @@ _CREATE_MIGRATIONS = """
 CREATE TABLE IF NOT EXISTS {migrations} (
     version integer PRIMARY KEY,
     name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 )
 """
 
@@ -492,6 +520,7 @@ class Statements:
     cron_set_job: sql.Composed
     schema_exists: sql.Composed
     schema_version: sql.Composed
+    missing_tables: sql.Composed
     migrate_lock: sql.Composed
     create_schema: sql.Composed
     create_migrations: sql.Composed
@@ -543,7 +572,7 @@ def statements(schema: str) -> Statements:
         copy_jobs=compose(_COPY_JOBS),
         insert_bulk=compose(_INSERT_BULK),
         live_twins=compose(_LIVE_TWINS),
-        notify=sql.SQL(_NOTIFY).format(),
+        notify=compose(_NOTIFY),
         claim=compose(_CLAIM),
         heartbeat=compose(_HEARTBEAT),
         complete=compose(_COMPLETE),
@@ -567,6 +596,7 @@ def statements(schema: str) -> Statements:
         cron_set_job=compose(_CRON_SET_JOB),
         schema_exists=compose(_SCHEMA_EXISTS),
         schema_version=compose(_SCHEMA_VERSION),
+        missing_tables=compose(_MISSING_TABLES),
         migrate_lock=compose(_MIGRATE_LOCK),
         create_schema=compose(_CREATE_SCHEMA),
         create_migrations=compose(_CREATE_MIGRATIONS),

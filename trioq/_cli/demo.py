@@ -1,8 +1,13 @@
 """``trioq demo``: the README's first command.
 
-Starts the embedded Postgres (unless a DSN is configured), migrates trioq's
-schema, enqueues a few jobs of the example app (`trioq.examples.hello`), runs
-a worker until they are all done, and prints what happened.
+Starts the embedded Postgres (unless a DSN is configured), migrates a schema of its
+own (`DEMO_SCHEMA` unless ``--schema`` names another), enqueues a few jobs of the
+example app (`trioq.examples.hello`) on a queue of its own (`DEMO_QUEUE`), runs a
+worker for that queue only until they are all done, and prints what happened.
+
+Pointed at an application's database it touches nothing of the application's: its
+worker serves only `DEMO_QUEUE` and it counts only its own jobs, even with
+``--schema`` set to the application's schema.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from .._pg_errors import redact_dsn
 from .._queue import Queue
 from .._sql import qualified
 
-__all__ = ["DemoReport", "demo"]
+__all__ = ["DEMO_QUEUE", "DEMO_SCHEMA", "DemoReport", "demo"]
 
 DEMO_TIMEOUT = 60.0
+DEMO_SCHEMA = "trioq_demo"
+DEMO_QUEUE = "trioq-demo"
 
 
 @attrs.frozen(kw_only=True)
@@ -61,9 +68,10 @@ def demo(args: argparse.Namespace) -> int:
 def _jobs() -> list[JobSpec]:
     names = ["ada", "grace", "barbara", "frances", "hedy", "radia", "katherine", "margaret"]
     return (
-        [JobSpec(task="greet", args={"name": n}) for n in names]
-        + [JobSpec(task="flaky", args={"chance": 0.5}) for _ in range(4)]
-        + [JobSpec(task="crunch", args={"n": 10_000 * (i + 1)}) for i in range(4)]
+        [JobSpec(task="greet", args={"name": n}, queue=DEMO_QUEUE) for n in names]
+        + [JobSpec(task="flaky", args={"chance": 0.5}, queue=DEMO_QUEUE) for _ in range(4)]
+        + [JobSpec(task="crunch", args={"n": 10_000 * (i + 1)}, queue=DEMO_QUEUE)
+           for i in range(4)]
     )
 
 
@@ -73,7 +81,6 @@ async def _demo(dsn: str, schema: str, embedded: bool, verbose: bool) -> DemoRep
     async with await connect(dsn, autocommit=True) as conn:
         result = await migrate(conn, schema)
         queue = Queue(schema=schema)
-        before_dead = await _count(conn, schema, "dead_jobs")
         if verbose:
             print(f"trioq {schema!r} schema at version {result.version} on {redact_dsn(dsn)}")
         start = time.monotonic()
@@ -82,15 +89,15 @@ async def _demo(dsn: str, schema: str, embedded: bool, verbose: bool) -> DemoRep
         if verbose:
             print(f"enqueued {len(ids)} jobs; a worker with 4 slots runs them:")
         config = Config(
-            dsn=dsn, registry=tasks, schema=schema, queues={"default": QueueConfig(concurrency=4)},
-            poll_interval=0.5,
+            dsn=dsn, registry=tasks, schema=schema,
+            queues={DEMO_QUEUE: QueueConfig(concurrency=4)}, poll_interval=0.5,
         )  # fmt: skip
         async with trio.open_nursery() as nursery:
             runtime = await nursery.start(_serve, config)
             with trio.move_on_after(DEMO_TIMEOUT):
                 await _wait_until_settled(conn, schema, ids)
             runtime.stop()
-        dead = await _count(conn, schema, "dead_jobs") - before_dead
+        dead = await _count(conn, schema, "dead_jobs", ids)
         live = await _live(conn, schema, ids)
         return DemoReport(
             database=redact_dsn(dsn),
@@ -127,8 +134,9 @@ async def _live(conn: Any, schema: str, ids: list[int]) -> int:
     return int(row[0]) if row else 0
 
 
-async def _count(conn: Any, schema: str, table: str) -> int:
-    cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(qualified(schema, table)))
+async def _count(conn: Any, schema: str, table: str, ids: list[int]) -> int:
+    query = sql.SQL("SELECT count(*) FROM {} WHERE id = ANY(%s)").format(qualified(schema, table))
+    cur = await conn.execute(query, (ids,))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 

@@ -25,7 +25,7 @@ from .._migrate import migrate
 from .._pg import connect
 from .._pg_errors import dsn_secrets, redact
 from .db import add_db_parser
-from .demo import demo
+from .demo import DEMO_QUEUE, DEMO_SCHEMA, demo
 from .ops import add_ops_parsers
 from .serve import add_serve_parser
 from .stress import add_stress_parser
@@ -73,10 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "demo",
         demo,
-        common,
-        help="start the embedded Postgres (unless a DSN is set), migrate, and show the status",
+        _database_options(),  # its own: set_defaults below changes the shared actions' default
+        help="run the example app: start the embedded Postgres (unless a DSN is set), make a "
+        f"schema of its own ({DEMO_SCHEMA} unless --schema says otherwise), enqueue 16 jobs "
+        f"on its own queue ({DEMO_QUEUE}) and run them with a worker",
         example="trioq demo\n  trioq demo --json",
-    )
+    ).set_defaults(schema=DEMO_SCHEMA)
     add_serve_parser(commands, common)
     add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
@@ -92,7 +94,7 @@ def _add(
     *,
     help: str,
     example: str,
-) -> None:
+) -> argparse.ArgumentParser:
     sub = commands.add_parser(
         name,
         parents=[common],
@@ -102,6 +104,7 @@ def _add(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub.set_defaults(handler=handler)
+    return sub
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -9,19 +9,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
-import psycopg
 import trio
 
 from .._dead import DeadFilter
 from .._dsn import database
-from .._migrate import latest_version
+from .._migrate import check_current
 from .._pg import connect
 from .._queue import Queue
-from .._schema import check_schema
 
 __all__ = ["add_ops_parsers"]
 
@@ -80,13 +79,10 @@ def _run(action: Action, args: argparse.Namespace) -> int:
 async def _with_conn(dsn: str, action: Action, args: argparse.Namespace) -> tuple[int, Any, str]:
     queue = Queue(schema=args.schema)
     async with await connect(dsn, autocommit=True) as conn:
-        try:
-            return await action(conn, queue, args)
-        except psycopg.errors.UndefinedTable:
-            # Most likely never migrated: say so (and what to run) instead of
-            # 'relation "trioq.jobs" does not exist'.
-            await check_schema(conn, queue.schema, latest_version(), writable=False)
-            raise
+        # Never migrated, migrated by a newer trioq, or missing tables: say so (and what to
+        # run) before touching anything, as `serve` does.
+        await check_current(conn, queue.schema, writable=False)
+        return await action(conn, queue, args)
 
 
 # -- enqueue ------------------------------------------------------------------------------------
@@ -213,10 +209,8 @@ async def _dead_retry(conn: Any, queue: Queue, args: argparse.Namespace) -> tupl
 
 
 async def _dead_purge(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
-    before = None
-    if args.older_than:
-        before = dt.datetime.now(dt.UTC) - _duration(args.older_than)
-    ids = await queue.dead_purge(conn, _filter(args), before=before)
+    older_than = None if args.older_than is None else duration(args.older_than, "--older-than")
+    ids = await queue.dead_purge(conn, _filter(args), older_than=older_than)
     return EXIT_OK, {"purged": ids}, f"purged {len(ids)} dead jobs" + _ids(ids)
 
 
@@ -226,12 +220,19 @@ def _ids(ids: list[int]) -> str:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 
 
-def _duration(text: str) -> dt.timedelta:
-    unit = text[-1:]
-    try:
-        amount = float(text[:-1]) if unit in _UNITS else float(text)
-    except ValueError:
-        raise ValueError(f"--older-than {text!r}: use a number with s, m, h or d") from None
-    return dt.timedelta(seconds=amount * _UNITS.get(unit, 1))
+def duration(text: str, option: str) -> dt.timedelta:
+    """A positive duration such as ``90s``, ``30m``, ``12h``, ``7d`` (a bare number is
+    seconds). Empty, negative, zero, not a number: a ValueError naming ``option``: a cut-off
+    that matched everything would delete everything."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(
+            f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d"
+        )
+    seconds = float(match[1]) * _UNITS.get(match[2] or "s", 1)
+    if not 0 < seconds < 100 * 365 * 86400:
+        raise ValueError(f"{option} {text!r}: must be more than 0 and less than 100 years")
+    return dt.timedelta(seconds=seconds)
