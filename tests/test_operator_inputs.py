@@ -126,6 +126,14 @@ def test_handlers_with_other_parameters_register() -> None:
 # -- concurrent batches with overlapping dedup keys ----------------------------------------------
 
 
+async def enqueue_in_order(dsn: str, keys: list[str], inserted: list[int]) -> None:
+    async with await trioq.connect(dsn) as conn, conn.transaction():
+        results = await trioq.enqueue_many(
+            conn, [trioq.JobSpec(task="t", dedup_key=key) for key in keys]
+        )
+        inserted.extend(r.job_id for r in results if not r.duplicate)
+
+
 async def test_overlapping_dedup_batches_never_deadlock(dsn: str) -> None:
     """Six transactions insert the same 1,000 keys, each in its own (shuffled) order, twenty
     times over. Without one lock order, a deadlock killed some of them in 3 of 4 runs here:
@@ -136,18 +144,11 @@ async def test_overlapping_dedup_batches_never_deadlock(dsn: str) -> None:
             shuffle = random.Random(round_).shuffle
             inserted: list[int] = []
 
-            async def batch(order: list[str]) -> None:
-                async with await trioq.connect(dsn) as conn, conn.transaction():
-                    results = await trioq.enqueue_many(
-                        conn, [trioq.JobSpec(task="t", dedup_key=key) for key in order]
-                    )
-                    inserted.extend(r.job_id for r in results if not r.duplicate)
-
             async with trio.open_nursery() as nursery:
                 for _ in range(6):
                     order = keys[:]
                     shuffle(order)
-                    nursery.start_soon(batch, order)
+                    nursery.start_soon(enqueue_in_order, dsn, order, inserted)
             assert len(inserted) == len(keys)
         assert await scalar(setup, "SELECT count(*) FROM trioq.jobs") == 20 * 1000
 
@@ -187,7 +188,7 @@ async def test_a_newer_schema_is_refused_by_enqueue_and_status(dsn: str) -> None
         assert out.returncode == 1 and "upgrade trioq" in out.stderr, command
 
 
-# -- a search_path that shadows pg_catalog's functions ----------------------------------------------
+# -- a search_path that shadows pg_catalog's functions -------------------------------------------
 
 EVIL = """
 CREATE SCHEMA evil;
