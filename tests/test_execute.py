@@ -172,15 +172,16 @@ def test_aborted_jobs(reason: str | None, kind: Kind) -> None:
     assert (out.kind, out.lease, out.delay) == (kind, LEASE, dt.timedelta(0))
 
 
-def test_an_unknown_task_fails_naming_the_known_ones() -> None:
+def test_an_unknown_task_is_given_back_naming_the_known_ones() -> None:
+    """Issue #10: not a failure (no attempt spent); the completer gives it back."""
     registry = trioq.Registry()
     registry.add(task())
     out = unknown_task(job(task="missing"), registry, LEASE)
-    assert out.kind is Kind.FAIL and out.failure is not None and not out.failure.fatal
+    assert out.kind is Kind.UNKNOWN and out.failure is not None and not out.failure.fatal
     assert out.failure.error == (
         "unknown task 'missing': no handler registered in this worker (known: t)"
     )
-    assert out.failure.delay > dt.timedelta(0)
+    assert out.failure.reason == "unknown task"
 
 
 # -- retry delays -------------------------------------------------------------------------------
@@ -266,4 +267,19 @@ def test_executor_turns_base_exceptions_into_failures() -> None:
 def test_executor_knows_no_unregistered_task() -> None:
     executor = Executor(trioq.Registry(), services(), sync_threads=1)
     out = trio.run(executor.run, job(task="nobody"), LEASE)
+    assert out.kind is Kind.UNKNOWN
     assert out.failure is not None and "unknown task 'nobody'" in out.failure.error
+
+
+def test_undecodable_args_die_alone() -> None:
+    from trioq._sanitize import decode_args
+
+    executor = Executor(trioq.Registry(), services(), sync_threads=1)
+    registry_task = task()
+    executor.registry.add(registry_task)
+    bad = trioq.Job.from_row((7, "q", "t", "[" * 5000 + "]" * 5000, 0, 0, 1, 5, 0, 0))
+    assert bad.args == decode_args("[" * 5000 + "]" * 5000)
+    out = trio.run(executor.run, bad, LEASE)
+    assert out.kind is Kind.FAIL and out.failure is not None and out.failure.fatal
+    assert out.failure.reason == "undecodable args"
+    assert out.failure.error.startswith("args cannot be decoded: RecursionError")

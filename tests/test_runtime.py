@@ -154,15 +154,20 @@ async def test_timeout_is_a_failure(dsn: str) -> None:
 
 
 async def test_unknown_task_is_kept_and_explained(dsn: str) -> None:
+    """Kept for a worker that knows the task, attempt refunded, with the reason (issue #10:
+    it used to spend attempts and go dead; ``tests/test_misbehaving.py`` has the rest)."""
     async with serving(dsn, trioq.Registry(), queues=["default"]) as (conn, _):
         r = await trioq.enqueue(conn, "nobody_knows", max_attempts=1)
 
-        async def dead() -> bool:
-            return bool(await rows(conn, "SELECT 1 FROM trioq.dead_jobs WHERE id = %s", r.job_id))
+        async def given_back() -> bool:
+            found = await rows(conn, "SELECT state, attempt FROM trioq.jobs WHERE id = %s",
+                               r.job_id)  # fmt: skip
+            return found == [("scheduled", 0)]
 
-        await wait_until(dead)
-        (d,) = await trioq.Queue().dead_list(conn)
-        assert "unknown task 'nobody_knows'" in (d.last_error or "")
+        await wait_until(given_back)
+        error = await rows(conn, "SELECT last_error FROM trioq.jobs WHERE id = %s", r.job_id)
+        assert "unknown task 'nobody_knows'" in error[0][0]
+        assert await trioq.Queue().dead_list(conn) == []
 
 
 async def test_snooze_refunds_the_attempt(dsn: str) -> None:

@@ -61,11 +61,13 @@ class Completer:
         *,
         capacity: int,
         written: Callable[[Sequence[Outcome]], None],
+        unknown_task_timeout: dt.timedelta = dt.timedelta(days=1),
     ) -> None:
         self._pool = pool
         self._queue = queue
         self._owner = owner
         self._written = written
+        self._unknown_timeout = unknown_task_timeout
         self._send, self._receive = trio.open_memory_channel[Outcome](capacity)
         self.batches = 0
         self.outcomes = 0
@@ -101,13 +103,18 @@ class Completer:
 
     async def _write_until_done(self, batch: list[Outcome]) -> None:
         """Write ``batch``, retrying database errors with backoff; isolate data errors."""
+        done: set[Kind] = set()
         try:
-            await self._write_retrying(batch)
+            await self._write_retrying(batch, done)
         except DATA_ERRORS as ex:
-            if len(batch) > 1:
+            written = [o for o in batch if o.kind in done]
+            rest = [o for o in batch if o.kind not in done]
+            if len(rest) > 1:
                 logger.warning("writing %d job outcomes failed on a value in them (%s): "
-                               "writing them one by one", len(batch), _one_line(ex))  # fmt: skip
-            for outcome in batch:
+                               "writing them one by one", len(rest), _one_line(ex))  # fmt: skip
+            if written:
+                self._done(written)
+            for outcome in rest:
                 await self._write_alone(outcome)
             return
         self._done(batch)
@@ -115,14 +122,14 @@ class Completer:
     async def _write_alone(self, outcome: Outcome) -> None:
         """One outcome as it is, then made safe, then as a death; else dropped (logged)."""
         try:
-            await self._write_retrying([outcome])
+            await self._write_retrying([outcome], set())
         except DATA_ERRORS as first:
             safe = sanitized(outcome, first)
             try:
-                await self._write_retrying([safe])
+                await self._write_retrying([safe], set())
             except DATA_ERRORS as second:
                 try:
-                    await self._write_retrying([dead_letter(outcome, second)])
+                    await self._write_retrying([dead_letter(outcome, second)], set())
                 except DATA_ERRORS as third:
                     logger.error("job %d: its outcome cannot be written (%s); it is left to its "
                                  "lease, which will expire", outcome.lease.job_id,
@@ -135,12 +142,13 @@ class Completer:
                                outcome.lease.job_id, _one_line(first))  # fmt: skip
         self._done([outcome])
 
-    async def _write_retrying(self, batch: list[Outcome]) -> None:
-        """Write ``batch``; database errors other than `DATA_ERRORS` are retried forever."""
+    async def _write_retrying(self, batch: list[Outcome], done: set[Kind]) -> None:
+        """Write ``batch``; database errors other than `DATA_ERRORS` are retried forever.
+        ``done`` collects the kinds written (each one statement), so none is written twice."""
         delay = RETRY_MIN
         while True:
             try:
-                await self._write(batch)
+                await self._write(batch, done)
             except DATA_ERRORS:
                 raise
             except psycopg.Error as ex:
@@ -155,29 +163,56 @@ class Completer:
         self.outcomes += len(batch)
         self._written(batch)
 
-    async def _write(self, batch: list[Outcome]) -> None:
+    async def _write(self, batch: list[Outcome], done: set[Kind]) -> None:
         by_kind: dict[Kind, list[Outcome]] = {}
         for outcome in batch:
-            by_kind.setdefault(outcome.kind, []).append(outcome)
-        q, owner = self._queue, self._owner
+            if outcome.kind not in done:
+                by_kind.setdefault(outcome.kind, []).append(outcome)
         async with self._pool.connection() as conn:
             for kind, items in by_kind.items():
-                await _write_kind(conn, q, owner, kind, items)
+                written = await self._write_kind(conn, kind, items)
+                done.add(kind)
+                _log_unwritten(kind, items, written)
 
-
-async def _write_kind(conn: Any, q: Queue, owner: str, kind: Kind, items: list[Outcome]) -> None:
-    leases: list[Lease] = [o.lease for o in items]
-    if kind is Kind.COMPLETE:
-        await q.complete_many(conn, owner=owner, leases=leases)
-    elif kind is Kind.KEEP:
-        await q.complete_many(conn, owner=owner, leases=leases, results=[o.result for o in items])
-    elif kind is Kind.FAIL:
+    async def _write_kind(self, conn: Any, kind: Kind, items: list[Outcome]) -> frozenset[int]:
+        """Write the ``items`` (all of ``kind``) in one statement; the ids written."""
+        q, owner = self._queue, self._owner
         failures = [o.failure for o in items if o.failure is not None]
-        await q.fail_many(conn, owner=owner, failures=failures)
-    elif kind is Kind.RELEASE:
-        await q.release_many(conn, owner=owner, leases=leases, delays=[o.delay for o in items])
-    elif kind is Kind.CANCELLED:
-        await q.cancel_running_many(conn, owner=owner, leases=leases)
+        if kind is Kind.FAIL:
+            result = await q.fail_many(conn, owner=owner, failures=failures)
+        elif kind is Kind.UNKNOWN:
+            result = await q.release_unknown_many(
+                conn, owner=owner, failures=failures, dead_after=self._unknown_timeout
+            )
+        else:
+            return await self._write_leases(conn, kind, items)
+        return result.retried | result.dead | result.cancelled
+
+    async def _write_leases(self, conn: Any, kind: Kind, items: list[Outcome]) -> frozenset[int]:
+        q, owner = self._queue, self._owner
+        leases: list[Lease] = [o.lease for o in items]
+        if kind is Kind.COMPLETE:
+            return await q.complete_many(conn, owner=owner, leases=leases)
+        if kind is Kind.KEEP:
+            results = [o.result for o in items]
+            return await q.complete_many(conn, owner=owner, leases=leases, results=results)
+        if kind is Kind.RELEASE:
+            delays = [o.delay for o in items]
+            return await q.release_many(conn, owner=owner, leases=leases, delays=delays)
+        if kind is Kind.CANCELLED:
+            return await q.cancel_running_many(conn, owner=owner, leases=leases)
+        return frozenset(lease.job_id for lease in leases)  # NOTHING: nothing to write
+
+
+def _log_unwritten(kind: Kind, items: list[Outcome], written: frozenset[int]) -> None:
+    """A fenced write that found a job no longer ours (its lease expired and was taken
+    before the outcome reached the database): the outcome is dropped, and said so."""
+    for outcome in items:
+        if outcome.lease.job_id not in written:
+            logger.warning("job %d attempt %d: its outcome (%s) was discarded: its lease is no "
+                           "longer this worker's (it expired, and the job was returned or taken "
+                           "by another worker)", outcome.lease.job_id, outcome.lease.attempt,
+                           kind.value)  # fmt: skip
 
 
 def _one_line(ex: BaseException) -> str:

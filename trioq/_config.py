@@ -134,6 +134,14 @@ class Config:
     max_payload_bytes: int = attrs.field(
         default=DEFAULT_MAX_PAYLOAD, validator=rule(check_max_payload)
     )
+    #: A job whose task this process does not know is given back (attempt refunded) for a
+    #: worker that knows it; once it has been unknown this long, it goes to dead_jobs.
+    unknown_task_timeout: float = attrs.field(
+        default=86_400.0, converter=_seconds, validator=_positive
+    )
+    #: Warn (with the blocking handler's job and stack) when the trio loop has not run for
+    #: this long: an async handler that blocks stops heartbeats, claims and outcomes.
+    loop_blocked_warning: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
     #: Install SIGINT/SIGTERM handlers (main thread only): first = graceful, second = now.
     handle_signals: bool = False
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently

@@ -15,16 +15,30 @@ database (``tests/test_execute.py``):
 - over the task's timeout: a failure;
 - aborted by the runtime (`aborted`): lost lease -> nothing, cancel -> cancelled,
   shutdown -> released with the attempt refunded;
-- a task this process does not know: a failure (`unknown_task`).
+- a task this process does not know: given back, attempt refunded, for a worker
+  that knows it (`unknown_task`);
+- args Python cannot decode: dead at once (`undecodable`).
+
+A sync handler runs in a worker thread, which Python cannot stop. When its job is
+stopped (timeout, cancel, lost lease) the thread runs on: the job keeps its slot (and,
+until its outcome is written, its lease) until the thread returns, and this process
+refuses to start another attempt of it meanwhile (`Executor.thread_of`). So one job
+never runs twice at once in one process.
+
+A handler that forks: a child that returns into trioq (from the handler, or by raising)
+is ended at once with ``os._exit(0)``, before it can act as a worker (``docs/concepts.md``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import logging
 import math
+import os
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -51,6 +65,9 @@ __all__ = [
 
 logger = logging.getLogger("trioq.runtime")
 
+#: A job whose earlier attempt's sync handler still runs here is given back for this long.
+BUSY_THREAD_DELAY = dt.timedelta(seconds=5)
+
 
 class Executor:
     """Runs handlers of ``registry`` with ``services``; sync ones on at most
@@ -60,12 +77,36 @@ class Executor:
         self.registry = registry
         self.services = services
         self._sync_limiter = trio.CapacityLimiter(sync_threads)
+        #: Jobs whose stopped sync handler's thread still runs: set when it returns.
+        self._threads: dict[int, trio.Event] = {}
+        #: Jobs whose handler runs now (an attempt claimed again before this process saw
+        #: its lease lost must not start beside it).
+        self._running: set[int] = set()
+        self._unknown_logged: set[str] = set()
+        self._pid = os.getpid()
+
+    def thread_of(self, job_id: int) -> trio.Event | None:
+        """Set when the thread of job ``job_id``'s stopped sync handler returns; None if no
+        such thread runs."""
+        return self._threads.get(job_id)
 
     async def run(self, job: Job, lease: Lease) -> Outcome:
         """Run the job's handler; raises Cancelled if a scope around the caller is cancelled."""
+        if job.id in self._threads or job.id in self._running:
+            logger.warning("job %d (%s): an earlier attempt's handler still runs in this "
+                           "process: given back (attempt refunded) rather than run twice at "
+                           "once", job.id, job.task)  # fmt: skip
+            return Outcome(kind=Kind.RELEASE, lease=lease, delay=BUSY_THREAD_DELAY)
+        self._running.add(job.id)
+        try:
+            return await self._run(job, lease)
+        finally:
+            self._running.discard(job.id)
+
+    async def _run(self, job: Job, lease: Lease) -> Outcome:
         task = self.registry.get(job.task)
         if task is None:
-            return unknown_task(job, self.registry, lease)
+            return self._unknown(job, lease)
         if isinstance(job.args, UndecodableArgs):
             return undecodable(job, lease)
         ctx = JobContext(job, self.services)
@@ -82,6 +123,7 @@ class Executor:
                 with trio.move_on_after(task.timeout) as deadline:
                     result = await self._invoke(task, ctx)
                 if deadline.cancelled_caught:
+                    await self.outlived(ctx.job, f"it ran over its timeout of {task.timeout} s")
                     error = f"timeout: handler ran over {task.timeout} s"
                     return failure(task, lease, error, None)
         except Exception as ex:
@@ -98,17 +140,69 @@ class Executor:
     async def _invoke(self, task: Task, ctx: JobContext) -> Any:
         args = ctx.job.args
         if task.is_async:
-            if isinstance(args, dict):
-                return await task.fn(ctx, **args)
-            return await task.fn(ctx, args)
+            try:
+                if isinstance(args, dict):
+                    return await task.fn(ctx, **args)
+                return await task.fn(ctx, args)
+            finally:
+                self._end_forked_child()
         call = (
             functools.partial(task.fn, ctx, **args)
             if isinstance(args, dict)
             else functools.partial(task.fn, ctx, args)
         )
-        return await trio.to_thread.run_sync(
-            call, limiter=self._sync_limiter, abandon_on_cancel=True
-        )
+        return await self._in_thread(ctx.job.id, call)
+
+    async def _in_thread(self, job_id: int, call: Callable[[], Any]) -> Any:
+        """``call()`` in a worker thread. If the job is stopped, the thread runs on (Python
+        cannot stop it): it is recorded in `_threads` until it returns."""
+        done = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def ended() -> None:
+            done.set()
+            if self._threads.get(job_id) is done:
+                del self._threads[job_id]
+
+        def run() -> Any:
+            try:
+                return call()
+            finally:
+                self._end_forked_child()
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(ended)
+
+        try:
+            return await trio.to_thread.run_sync(
+                run, limiter=self._sync_limiter, abandon_on_cancel=True
+            )
+        except trio.Cancelled:
+            if not done.is_set():
+                self._threads[job_id] = done
+            raise
+
+    def _end_forked_child(self) -> None:
+        """In a child forked by a handler, which returned into trioq: end it now."""
+        if os.getpid() != self._pid:
+            os._exit(0)
+
+    async def outlived(self, job: Job, why: str) -> None:
+        """The job's handler was stopped (``why``); if it was a sync handler whose thread
+        runs on, wait for the thread (logged): the job keeps its slot and lease meanwhile."""
+        done = self._threads.get(job.id)
+        if done is None:
+            return
+        logger.warning("job %d (%s): %s, but its sync handler's thread is still running: "
+                       "the job keeps its slot and lease until it returns", job.id, job.task,
+                       why)  # fmt: skip
+        await done.wait()
+        logger.info("job %d (%s): the thread of its stopped sync handler returned", job.id,
+                    job.task)  # fmt: skip
+
+    def _unknown(self, job: Job, lease: Lease) -> Outcome:
+        first = job.task not in self._unknown_logged
+        self._unknown_logged.add(job.task)
+        return unknown_task(job, self.registry, lease, log=first)
 
 
 def outcome_of_result(task: Task, lease: Lease, result: Any) -> Outcome:
@@ -246,14 +340,14 @@ def _traceback() -> str:
         return f"<the traceback could not be formatted: {type(ex).__name__}>"
 
 
-def unknown_task(job: Job, registry: Registry, lease: Lease) -> Outcome:
-    """A task no handler here knows is failed (retried with backoff, then dead): not lost.
-
-    Another deploy may know it; once attempts are spent it waits in dead_jobs,
-    from where ``trioq dead retry`` brings it back.
-    """
+def unknown_task(job: Job, registry: Registry, lease: Lease, *, log: bool = True) -> Outcome:
+    """A task no handler here knows is given back, attempt refunded: another process (a
+    newer or older deploy) may know it. The completer moves it to dead_jobs once it has
+    been unknown for ``Config.unknown_task_timeout``. Logged once per task name."""
     known = ", ".join(sorted(t.name for t in registry)) or "none"
     error = f"unknown task {job.task!r}: no handler registered in this worker (known: {known})"
-    logger.error("job %d: %s", job.id, error)
-    fail = Failure(lease=lease, error=error, delay=Sidekiq().delay(lease.attempt))
-    return Outcome(kind=Kind.FAIL, lease=lease, failure=fail)
+    if log:
+        logger.error("job %d: %s: its jobs are given back (attempts refunded) for a worker "
+                     "that knows the task; logged once per task name", job.id, error)  # fmt: skip
+    fail = Failure(lease=lease, error=error, reason="unknown task")
+    return Outcome(kind=Kind.UNKNOWN, lease=lease, failure=fail)

@@ -18,6 +18,7 @@ class Kind(enum.Enum):
     FAIL = "fail"  # retry with backoff, or dead
     RELEASE = "release"  # aborted by us (shutdown) or snoozed: attempt refunded
     CANCELLED = "cancelled"  # cancel requested and the handler was stopped
+    UNKNOWN = "unknown"  # no handler here: given back, attempt refunded (dead after a while)
     NOTHING = "nothing"  # already written (job.transaction()) or the lease was lost
 
 

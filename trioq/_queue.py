@@ -484,6 +484,27 @@ class Queue:
         cur = await conn.execute(self.sql.release, params)
         return frozenset(row[0] for row in await cur.fetchall())
 
+    async def release_unknown_many(
+        self, conn: Conn, *, owner: str, failures: Sequence[Failure], dead_after: dt.timedelta
+    ) -> FailResult:
+        """Give back jobs whose task the worker does not know, attempt refunded; move those
+        unknown for longer than ``dead_after`` to dead_jobs (reason ``unknown task``)."""
+        if not failures:
+            return FailResult(retried=frozenset(), dead=frozenset())
+        params = {
+            **_fence([f.lease for f in failures]),
+            "owner": owner,
+            "errors": [f.error for f in failures],
+            "timeout": dead_after,
+        }
+        cur = await conn.execute(self.sql.release_unknown, params)
+        rows = await cur.fetchall()
+        return FailResult(
+            retried=frozenset(r[0] for r in rows if r[1] == "scheduled"),
+            dead=frozenset(r[0] for r in rows if r[1] == "dead"),
+            cancelled=frozenset(r[0] for r in rows if r[1] == "cancelled"),
+        )
+
     async def cancel_running_many(
         self, conn: Conn, *, owner: str, leases: Sequence[Lease]
     ) -> frozenset[int]:

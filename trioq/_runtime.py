@@ -38,6 +38,7 @@ from ._scheduler import Scheduler
 from ._sql import SCHEDULED_PAYLOAD
 from ._sweeper import Sweeper
 from ._wakeup import Wakeup
+from ._watchdog import Watchdog
 
 __all__ = ["Runtime", "RuntimeStatistics"]
 
@@ -52,6 +53,8 @@ FLUSH_TIMEOUT = 10.0
 #: through trio's scheduler) costs about as much as the rest of a no-op job; handlers that
 #: do any I/O checkpoint anyway.
 SLOT_YIELD_EVERY = 8
+#: Outcomes that may leave a job scheduled for later (the scheduler should look again).
+_SCHEDULES = frozenset({Kind.FAIL, Kind.UNKNOWN})
 
 
 @attrs.frozen(kw_only=True)
@@ -162,6 +165,7 @@ class Runtime:
             name: _QueueState(name, cfg) for name, cfg in config.served_queues().items()
         }
         self._held = HeldJobs()  # running, buffered, or outcome not yet written
+        self._holding: set[HeldJob] = set()  # stopped, but their sync handler's thread runs on
         self._stop_requested = trio.Event()
         self._grace_scope = trio.CancelScope()
         self._job_finished = Wakeup()
@@ -175,6 +179,7 @@ class Runtime:
             self.pool, self.queue, owner,
             capacity=sum(q.config.concurrency for q in self._queues.values()),
             written=self._written,
+            unknown_task_timeout=dt.timedelta(seconds=config.unknown_task_timeout),
         )  # fmt: skip
         self._heartbeat = Heartbeat(
             self.pool, self.queue, self._held, owner=owner, lease=config.lease,
@@ -187,6 +192,7 @@ class Runtime:
             self.pool, self.queue, config.cron, poll_interval=config.poll_interval,
             on_due=self._wake,
         )  # fmt: skip
+        self._watchdog = Watchdog(threshold=config.loop_blocked_warning)
         self._listener = Listener(
             dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
         )
@@ -221,6 +227,7 @@ class Runtime:
                 services.start_soon(self._heartbeat.run)
                 services.start_soon(self._sweeper.run)
                 services.start_soon(self._scheduler.run)
+                services.start_soon(self._watchdog.run)
                 if self.config.handle_signals:
                     services.start_soon(self._signal_loop)
                 await self._run_jobs(task_status)
@@ -249,7 +256,7 @@ class Runtime:
             with self._grace_scope, trio.move_on_after(self.config.shutdown_grace):
                 while any(state.active for state in self._queues.values()):
                     await self._job_finished.wait()
-            for held in self._held:
+            for held in [*self._held, *self._holding]:
                 held.abort("shutdown")
 
     async def _flush(self) -> None:
@@ -334,8 +341,11 @@ class Runtime:
             # returned just as it was aborted; then `current` is empty).
             if current:
                 running = current.pop()
+                outcome = aborted(running.reason, running.lease)
+                if (thread := self._executor.thread_of(running.job.id)) is not None:
+                    outcome = await self._hold_for_thread(running, thread, outcome)
                 self._finish(state, running)
-                await self._completer.submit(aborted(running.reason, running.lease))
+                await self._completer.submit(outcome)
 
     async def _slot_jobs(
         self, state: _QueueState, scope: trio.CancelScope, current: list[HeldJob]
@@ -358,6 +368,34 @@ class Runtime:
             self._finish(state, running)
             await self._completer.submit(outcome)
 
+    async def _hold_for_thread(
+        self, running: HeldJob, thread: trio.Event, outcome: Outcome
+    ) -> Outcome:
+        """The job was stopped, but its sync handler's thread runs on: keep the slot until
+        it returns, so this process never runs the job twice at once. A cancelled job is
+        marked cancelled at once (the thread's result will be discarded); at shutdown the
+        job is not given back at all (its lease expires once this process is gone)."""
+        job, why = running.job, running.reason
+        if why == "shutdown" or self._stop_requested.is_set():
+            logger.warning("job %d (%s): its sync handler's thread is still running at "
+                           "shutdown: the job is not given back; the sweeper returns it once "
+                           "its lease expires", job.id, job.task)  # fmt: skip
+            return Outcome(kind=Kind.NOTHING, lease=running.lease)
+        if why == "cancel":
+            await self._completer.submit(outcome)  # marked cancelled now
+            outcome = Outcome(kind=Kind.NOTHING, lease=running.lease)
+        with trio.CancelScope() as scope:
+            running.scope = scope  # a shutdown's abort() ends the wait
+            self._holding.add(running)
+            try:
+                await self._executor.outlived(job, "it was cancelled" if why == "cancel" else
+                                              "its lease was lost")  # fmt: skip
+            finally:
+                self._holding.discard(running)
+        if scope.cancelled_caught:
+            return Outcome(kind=Kind.NOTHING, lease=running.lease)
+        return outcome
+
     def _finish(self, state: _QueueState, running: HeldJob) -> None:
         """The handler is done: the slot is free (its outcome is handed over after this)."""
         running.scope = None
@@ -370,6 +408,10 @@ class Runtime:
         """Run the job's handler; raises Cancelled if the job is aborted while it runs."""
         outcome = await self._executor.run(running.job, running.lease)
         if running.reason == "lost":  # its handler ran on, but the outcome is not ours
+            logger.warning("job %d (%s) attempt %d: its handler finished after its lease was "
+                           "lost (the job was returned or taken by another worker): its "
+                           "outcome (%s) is discarded", running.job.id, running.job.task,
+                           running.lease.attempt, outcome.kind.value)  # fmt: skip
             return Outcome(kind=Kind.NOTHING, lease=running.lease)
         return outcome
 
@@ -377,7 +419,7 @@ class Runtime:
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)
-        if any(o.kind is Kind.FAIL or (o.kind is Kind.RELEASE and o.delay) for o in batch):
+        if any(o.kind in _SCHEDULES or (o.kind is Kind.RELEASE and o.delay) for o in batch):
             self._scheduler.wake()  # a retry or snooze may now be the next job due
 
     # -- wake-ups -------------------------------------------------------------------------------

@@ -268,6 +268,45 @@ UPDATE {jobs} j
 RETURNING j.id
 """
 
+# A task the worker does not know: given back with the attempt refunded, for a worker that
+# knows it, after a delay that grows with how long it has been unknown (5 s to 5 min); moved
+# to dead_jobs once unknown for longer than the worker's timeout.
+_RELEASE_UNKNOWN = """
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(errors)s::text[])
+           AS f(id, attempt, error)
+), target AS (
+    SELECT j.id, f.error, j.cancel_requested, coalesce(j.unknown_since, {now}) AS since,
+           NOT j.cancel_requested
+               AND coalesce(j.unknown_since, {now}) <= {now} - %(timeout)s::interval AS dies
+      FROM {jobs} j JOIN f ON {fence}
+       FOR UPDATE OF j
+), died AS (
+    DELETE FROM {jobs} j USING target t WHERE j.id = t.id AND t.dies
+    RETURNING j.*, t.error AS error
+), buried AS (
+    INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+                        reason, last_error, enqueued_at, died_at)
+    SELECT id, queue, task, args, priority, attempt - 1, max_attempts, dedup_key,
+           'unknown task', error, enqueued_at, {now} FROM died
+    RETURNING id
+), released AS (
+    UPDATE {jobs} j
+       SET state = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'scheduled' END,
+           finished_at = CASE WHEN t.cancel_requested THEN {now} END,
+           attempt = j.attempt - 1,
+           run_at = {now} + least(greatest(({now} - t.since) / 10, interval '5 seconds'),
+                                  interval '5 minutes'),
+           unknown_since = t.since, last_error = t.error,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM target t
+     WHERE j.id = t.id AND NOT t.dies
+    RETURNING j.id, j.state
+)
+SELECT id, 'dead' FROM buried
+UNION ALL SELECT id, state FROM released
+"""
+
 # A running job whose cancellation was requested and whose handler was stopped.
 _CANCEL_RUNNING = """
 UPDATE {jobs} j
@@ -504,6 +543,7 @@ class Statements:
     fail: sql.Composed
     release: sql.Composed
     cancel_running: sql.Composed
+    release_unknown: sql.Composed
     cancel: sql.Composed
     sweep: sql.Composed
     promote: sql.Composed
@@ -580,6 +620,7 @@ def statements(schema: str) -> Statements:
         fail=compose(_FAIL),
         release=compose(_RELEASE),
         cancel_running=compose(_CANCEL_RUNNING),
+        release_unknown=compose(_RELEASE_UNKNOWN),
         cancel=compose(_CANCEL),
         sweep=compose(_SWEEP),
         promote=compose(_PROMOTE),
