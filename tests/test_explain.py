@@ -344,9 +344,25 @@ async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None
         buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
         assert buffers < 200, f"the claim touched {buffers} buffers"
 
-        sweep = await _both_plans(conn, "trioq_sweep", SQL.sweep, {"limit": 1000})
+        outcomes = {"dead_reason": "r", "lost_error": "e"}
+        sweep = await _both_plans(conn, "trioq_sweep", SQL.sweep, {"limit": 1000, **outcomes})
         for kind, plan in sweep.items():
             print(f"\nsweep, {kind} plan:\n{_render(plan)}")
+            _assert_uses(
+                plan, "jobs_lease_idx", ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
+            )
+
+        # a dead worker (stale, nobody holds its lock) owning some of the running jobs
+        await conn.execute(
+            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at)"
+            " VALUES (%s, 'h', 1, '{}', now() - interval '1 hour')", (OWNER,),
+        )  # fmt: skip
+        await conn.execute("ANALYZE trioq.workers")
+        reclaim_params = {"grace": dt.timedelta(seconds=2), "space": SQL.lock_space,
+                          "restart_grace": dt.timedelta(seconds=5), **outcomes}  # fmt: skip
+        reclaim = await _both_plans(conn, "trioq_reclaim", SQL.reclaim, reclaim_params)
+        for kind, plan in reclaim.items():
+            print(f"\nreclaim, {kind} plan:\n{_render(plan)}")
             _assert_uses(
                 plan, "jobs_lease_idx", ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
             )

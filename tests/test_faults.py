@@ -37,6 +37,13 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT = 300  # per run; a run on an idle machine takes its duration plus a few seconds
 LEASE_LOST = "lease expired: worker lost"
+WORKER_DIED = "worker died (its liveness lock was free)"
+#: The library's defaults (30 s leases): a killed worker's jobs come back through the
+#: liveness check (issue #10), not through their leases' expiry.
+LIBRARY_TIMINGS = ("--lease", "30", "--heartbeat", "5", "--sweep", "5")
+#: A killed worker's jobs must be done elsewhere well within their 30 s lease. (The target
+#: is 2 s; the measured times are printed, and docs/faults.md has them.)
+RECOVERY_BOUND = 10.0
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -102,16 +109,19 @@ def _steady(dsn: str | None, rate: int, duration: float, work_ms: int, *more: st
 
 
 def test_sigkill_mid_batch_then_restart(dsn: str, tmp_path: pathlib.Path) -> None:
-    run = _stress(tmp_path, *_steady(dsn, 100, 6, 300, "--concurrency", "20", "--kill-at", "2"))
+    run = _stress(tmp_path, *_steady(dsn, 100, 6, 300, "--concurrency", "20", "--kill-at", "2",
+                                     *LIBRARY_TIMINGS))  # fmt: skip
     assert run.chaos["kills"] == 1 and run.report["workers"]["started"] == 3
     [kill] = run.faults("kill")
     assert kill["held"] > 0, f"the kill must land mid-batch: {kill}"
     # Every job the victim held was completed, once, by another process (attempt 2).
     assert kill["held_completed"] == kill["held"], run.recovery()
     assert kill["held_recovered_s"] is not None and kill["first_completion_s"] is not None
-    # Re-run only for the kill (a held job may have committed just before the SIGKILL).
+    assert kill["held_recovered_s"] < RECOVERY_BOUND, run.recovery()
+    # Re-run only for the kill (a held job may have committed just before the SIGKILL),
+    # returned by the liveness check.
     reasons = run.report["verification"]["reexecuted_reasons"]
-    assert set(reasons) == {LEASE_LOST} and reasons[LEASE_LOST] <= kill["held"], reasons
+    assert set(reasons) == {WORKER_DIED} and reasons[WORKER_DIED] <= kill["held"], reasons
     print(f"killed worker held {kill['held']} running jobs; all completed elsewhere "
           f"{kill['held_recovered_s']:.2f} s after the kill")  # fmt: skip
 
@@ -121,16 +131,17 @@ def test_sigkill_mid_batch_then_restart(dsn: str, tmp_path: pathlib.Path) -> Non
 
 def test_sigkill_every_few_seconds_for_a_minute(dsn: str, tmp_path: pathlib.Path) -> None:
     run = _stress(tmp_path, *_steady(dsn, 100, 60, 200, "--concurrency", "20",
-                                     "--kill-every", "3"))  # fmt: skip
+                                     "--kill-every", "3", *LIBRARY_TIMINGS))  # fmt: skip
     kills = run.faults("kill")
     assert run.chaos["kills"] == len(kills) >= 10, run.recovery()
     assert run.report["workers"]["started"] == 2 + len(kills)
     assert run.report["workers"]["unexpected_exits"] == 0
     assert sum(k["held"] for k in kills) > 0
-    for kill in kills:  # each victim's jobs were all completed by the others
+    for kill in kills:  # each victim's jobs were all completed by the others, quickly
         assert kill["held_completed"] == kill["held"], kill
+        assert kill["held_recovered_s"] is None or kill["held_recovered_s"] < RECOVERY_BOUND
     reasons = set(run.report["verification"]["reexecuted_reasons"])
-    assert reasons <= {LEASE_LOST}, reasons
+    assert reasons <= {WORKER_DIED}, reasons
     summary = run.chaos["recovery"]["kill"]
     print(f"{len(kills)} kills; victim's jobs recovered after {summary['held_recovered_s']}")
 

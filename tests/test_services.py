@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+from helpers import rows
 
 import trioq
 from trioq._heartbeat import Heartbeat
@@ -53,21 +54,69 @@ async def claim_one(conn: Any, owner: str, lease: dt.timedelta = LEASE) -> trioq
 async def test_sweeper_returns_expired_leases_and_wakes_the_fetchers(dsn: str) -> None:
     async with database(dsn) as (conn, pool):
         woken: list[None] = []
-        sweeper = Sweeper(pool, Q, interval=1, on_returned=lambda: woken.append(None))
+        sweeper = Sweeper(pool, Q, interval=1, reclaim_interval=1, grace=2,
+                          on_returned=lambda: woken.append(None))  # fmt: skip
         expired = await trioq.enqueue(conn, "t")
         await claim_one(conn, "crashed", lease=dt.timedelta(seconds=5))
         fresh = await trioq.enqueue(conn, "t")
         await claim_one(conn, "alive")
-        assert (await sweeper.run_once()).returned == frozenset()
+        assert (await sweeper.run_once()).swept.returned == frozenset()
         assert woken == []
         await set_clock(conn, pool, T0 + dt.timedelta(seconds=10))
-        swept = await sweeper.run_once()
+        swept = (await sweeper.run_once()).swept
         assert swept.returned == frozenset({expired.job_id})
         assert swept.dead == swept.cancelled == frozenset()
+        assert swept.queues == {"default"}
         assert woken == [None]
-        assert (await sweeper.run_once()).returned == frozenset()  # nothing twice
+        assert (await sweeper.run_once()).swept.returned == frozenset()  # nothing twice
         cur = await conn.execute("SELECT id, state FROM trioq.jobs ORDER BY id")
         assert await cur.fetchall() == [(expired.job_id, "available"), (fresh.job_id, "running")]
+
+
+async def register(conn: Any, name: str, seen_ago: float) -> int:
+    row = await rows(
+        conn, "INSERT INTO trioq.workers (name, host, pid, queues, seen_at)"
+        " VALUES (%s, 'h', 1, '{}', %s) RETURNING id",
+        name, T0 - dt.timedelta(seconds=seen_ago),
+    )  # fmt: skip
+    return int(row[0][0])
+
+
+async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> None:
+    """Dead: no ping for longer than the grace, and nobody holds its lock. A worker that
+    only stopped pinging (its lock held: alive, just slow) keeps its jobs."""
+    async with await trioq.connect(dsn, autocommit=True) as conn, await trioq.connect(
+        dsn, autocommit=True
+    ) as alive_session:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            await set_clock(conn, pool, T0)  # long after the server started (its grace)
+            woken: list[None] = []
+            sweeper = Sweeper(pool, Q, interval=60, reclaim_interval=1, grace=2,
+                              on_returned=lambda: woken.append(None))  # fmt: skip
+            dead = await register(conn, "dead", seen_ago=10)
+            slow = await register(conn, "slow", seen_ago=10)
+            fresh = await register(conn, "fresh", seen_ago=0)
+            await alive_session.execute(Q.sql.worker_lock, {"space": Q.sql.lock_space, "id": slow})
+            jobs = {}
+            for owner in ("dead", "slow", "fresh"):
+                await trioq.enqueue(conn, "t", queue=owner)
+                (job,) = await Q.claim(conn, owner, owner=owner, limit=1, lease=LEASE)
+                jobs[owner] = job.id
+            round_ = await sweeper.run_once(sweep=False)
+            assert round_.reclaimed.returned == {jobs["dead"]}
+            assert round_.reclaimed.queues == {"dead"}
+            assert woken == [None]
+            left = await rows(conn, "SELECT name FROM trioq.workers ORDER BY name")
+            assert left == [("fresh",), ("slow",)]
+            states = dict(await rows(conn, "SELECT id, state FROM trioq.jobs"))
+            assert states == {jobs["dead"]: "available", jobs["slow"]: "running",
+                              jobs["fresh"]: "running"}  # fmt: skip
+            error = await rows(conn, "SELECT last_error FROM trioq.jobs WHERE id = %s",
+                               jobs["dead"])  # fmt: skip
+            assert error == [("worker died (its liveness lock was free)",)]
+            assert (await sweeper.run_once(sweep=False)).reclaimed.returned == frozenset()
+            assert dead and fresh
 
 
 # -- heartbeat ---------------------------------------------------------------------------------

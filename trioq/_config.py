@@ -122,6 +122,11 @@ class Config:
     #: Fallback polling when no notification arrives (notifications are only a hint).
     poll_interval: float = attrs.field(default=2.0, converter=_seconds, validator=_positive)
     sweep_interval: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
+    #: How often the worker pings its row in ``workers``, and checks for dead workers.
+    liveness_interval: float = attrs.field(default=0.5, converter=_seconds, validator=_positive)
+    #: A worker whose liveness lock is free and that has not pinged for this long is dead:
+    #: its jobs are returned at once (a SIGKILLed worker's jobs run again within about 2 s).
+    liveness_grace: float = attrs.field(default=1.0, converter=_seconds, validator=_positive)
     shutdown_grace: float = attrs.field(default=30.0, converter=_seconds, validator=_non_negative)
     cron: tuple[CronEntry, ...] = attrs.field(default=(), converter=_cron)
     #: Threads for sync handlers (shared by all queues).
@@ -149,6 +154,11 @@ class Config:
     worker_id: str = attrs.field(factory=_default_worker_id)
 
     def __attrs_post_init__(self) -> None:
+        if self.liveness_grace < 2 * self.liveness_interval:
+            raise ValueError(
+                f"liveness_grace ({self.liveness_grace} s) must be at least twice the "
+                f"liveness_interval ({self.liveness_interval} s), so one late ping is not death"
+            )
         if self.heartbeat_interval * 3 > self.lease:
             raise ValueError(
                 f"heartbeat_interval ({self.heartbeat_interval} s) must be at most a third of "

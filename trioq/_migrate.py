@@ -148,7 +148,7 @@ async def _check_tables(conn: psycopg.AsyncConnection[Any], schema: str, version
         raise MigrationError(
             f"schema {schema!r} is at version {version} but its tables {', '.join(missing)} "
             "are missing (dropped by hand?); nothing was changed: restore them from a "
-            f"backup, or drop the schema (DROP SCHEMA {schema} CASCADE, which deletes its "
+            "backup, or drop the schema with CASCADE (which deletes its "
             "jobs) and run `trioq migrate` again"
         )
 

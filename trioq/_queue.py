@@ -56,6 +56,9 @@ Conn = psycopg.AsyncConnection[Any]
 _BULK_STATEMENT_JOBS = 20_000
 _BULK_STATEMENT_CHARS = 16 * 1024 * 1024
 _TWIN_LOOKUPS = 5  # a twin can finish between the conflict and the lookup: insert again
+#: A sweeper judges no worker dead on a connection younger than this: after a server
+#: restart every lock is free and every connection new, and all workers reconnect.
+RESTART_GRACE = dt.timedelta(seconds=2)
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +80,8 @@ class SweepResult:
     returned: frozenset[int]  # back to available (the attempt stays spent)
     dead: frozenset[int]  # lease expired on the last attempt
     cancelled: frozenset[int]  # lease expired while a cancel was requested
+    #: The queues of the jobs returned (their workers may want a wake-up).
+    queues: frozenset[str] = frozenset()
 
 
 @attrs.frozen(kw_only=True)
@@ -535,16 +540,31 @@ class Queue:
 
         Safe to run from many processes at once: rows are claimed with SKIP LOCKED.
         """
-        cur = await conn.execute(self.sql.sweep, {"limit": limit})
-        rows = await cur.fetchall()
-        by_kind: dict[str, set[int]] = {"dead": set(), "cancelled": set(), "available": set()}
-        for job_id, kind in rows:
-            by_kind[kind].add(job_id)
-        return SweepResult(
-            returned=frozenset(by_kind["available"]),
-            dead=frozenset(by_kind["dead"]),
-            cancelled=frozenset(by_kind["cancelled"]),
-        )
+        params = {
+            "limit": limit,
+            "dead_reason": "lease expired on the last attempt",
+            "lost_error": "lease expired: worker lost",
+        }
+        return _swept(await (await conn.execute(self.sql.sweep, params)).fetchall())
+
+    async def reclaim_dead_workers(self, conn: Conn, *, grace: dt.timedelta) -> SweepResult:
+        """Sweep the running jobs of workers that are provably gone, without waiting for their
+        leases: no ping for longer than ``grace`` and their liveness lock free (see
+        `trioq._liveness`). Their rows in ``workers`` are deleted. Safe in every process."""
+        params = {
+            "grace": grace,
+            "restart_grace": RESTART_GRACE,
+            "space": self.sql.lock_space,
+            "dead_reason": "worker died on the last attempt",
+            "lost_error": "worker died (its liveness lock was free)",
+        }
+        return _swept(await (await conn.execute(self.sql.reclaim, params)).fetchall())
+
+    async def notify_queues(self, conn: Conn, queues: Iterable[str]) -> None:
+        """One wake-up notification per queue (as enqueue sends them)."""
+        payloads = sorted(set(queues))
+        if payloads:
+            await conn.execute(self.sql.notify, {"channel": self.sql.channel, "queues": payloads})
 
     # -- scheduled jobs ------------------------------------------------------------------------
 
@@ -617,6 +637,18 @@ class Queue:
         return await purge_dead(
             conn, self.sql, where or DeadFilter(), before=before, older_than=older_than
         )
+
+
+def _swept(rows: Sequence[tuple[Any, ...]]) -> SweepResult:
+    by_kind: dict[str, set[int]] = {"dead": set(), "cancelled": set(), "available": set()}
+    for job_id, kind, _queue in rows:
+        by_kind[kind].add(job_id)
+    return SweepResult(
+        returned=frozenset(by_kind["available"]),
+        dead=frozenset(by_kind["dead"]),
+        cancelled=frozenset(by_kind["cancelled"]),
+        queues=frozenset(queue for _id, kind, queue in rows if kind == "available"),
+    )
 
 
 def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:

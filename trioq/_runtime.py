@@ -30,6 +30,7 @@ from ._heartbeat import Heartbeat
 from ._job import Job, Lease
 from ._leases import HeldJob, HeldJobs
 from ._listener import Listener
+from ._liveness import Liveness
 from ._migrate import check_current
 from ._outcome import Kind, Outcome
 from ._pool import Pool
@@ -186,8 +187,16 @@ class Runtime:
             interval=config.heartbeat_interval,
         )  # fmt: skip
         self._sweeper = Sweeper(
-            self.pool, self.queue, interval=config.sweep_interval, on_returned=self._wake_all
-        )
+            self.pool, self.queue, interval=config.sweep_interval,
+            reclaim_interval=config.liveness_interval, grace=config.liveness_grace,
+            on_returned=self._wake_all,
+        )  # fmt: skip
+        self._liveness = Liveness(
+            dsn, self.pool, self.queue, name=owner,
+            queues={name: q.config.concurrency for name, q in self._queues.items()},
+            interval=config.liveness_interval,
+            running=lambda: sum(q.active for q in self._queues.values()),
+        )  # fmt: skip
         self._scheduler = Scheduler(
             self.pool, self.queue, config.cron, poll_interval=config.poll_interval,
             on_due=self._wake,
@@ -222,6 +231,7 @@ class Runtime:
         async with self.pool, self.app_pool:
             await self._check_schema()
             async with trio.open_nursery() as services:
+                await services.start(self._liveness.run)
                 await services.start(self._listener.run)
                 services.start_soon(self._completer.run)
                 services.start_soon(self._heartbeat.run)

@@ -69,7 +69,7 @@ async def check_schema(
         raise SchemaMissingError(
             f"{where} is at version {version} but its tables {', '.join(missing)} are missing "
             "(dropped by hand?): restore them from a backup, or drop the schema "
-            f"(DROP SCHEMA {schema} CASCADE, which deletes its jobs) and run `trioq migrate`"
+            "with CASCADE (which deletes its jobs) and run `trioq migrate`"
         )
     if writable:
         await check_writable(conn)

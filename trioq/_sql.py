@@ -350,7 +350,7 @@ SELECT pg_catalog.min(run_at) - {now} FROM {jobs} WHERE state = 'scheduled'
 """
 
 # Expired leases: back to available (the attempt stays spent), or dead on the last attempt.
-_SWEEP = """
+_SWEEP_EXPIRED = """
 WITH expired AS (
     SELECT id, attempt >= max_attempts OR cancel_requested AS final, cancel_requested
       FROM {jobs}
@@ -358,7 +358,36 @@ WITH expired AS (
      ORDER BY lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-), died AS (
+)"""
+
+# Workers that are provably gone: no ping for longer than the grace, and their liveness
+# lock free (Postgres drops it when the process or its connection dies; a live worker
+# holds it). After a server restart every lock is gone at once, and every connection is
+# new: a sweeper whose own connection is younger than the restart grace judges nobody, so
+# every worker has that long to reconnect (however long the server took to recover).
+# Their rows go; their running jobs are swept at once.
+_RECLAIM_EXPIRED = """
+WITH stale AS MATERIALIZED (
+    SELECT id, name FROM {workers}
+     WHERE seen_at < {now} - %(grace)s::interval
+       AND (SELECT a.backend_start FROM pg_catalog.pg_stat_activity a
+             WHERE a.pid = pg_catalog.pg_backend_pid()) < {now} - %(restart_grace)s::interval
+), dead AS MATERIALIZED (
+    SELECT id, name FROM stale
+     WHERE pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext(%(space)s), id)
+), gone AS (
+    DELETE FROM {workers} w USING dead d WHERE w.id = d.id RETURNING w.id
+), expired AS (
+    SELECT j.id, j.attempt >= j.max_attempts OR j.cancel_requested AS final, j.cancel_requested
+      FROM {jobs} j
+     WHERE j.lease_expires_at IS NOT NULL  -- jobs_lease_idx: running jobs only
+       AND j.state = 'running' AND j.lease_owner IN (SELECT name FROM dead)
+       FOR UPDATE OF j SKIP LOCKED
+)"""
+
+# What the sweeper does with `expired` jobs: back to available (the attempt stays spent),
+# dead on the last attempt, cancelled if a cancel was requested.
+_SWEEP_OUTCOMES = """, died AS (
     DELETE FROM {jobs} j USING expired e
      WHERE j.id = e.id AND e.final AND NOT e.cancel_requested
     RETURNING j.*
@@ -366,26 +395,49 @@ WITH expired AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
                         reason, last_error, enqueued_at, died_at)
     SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-           'lease expired on the last attempt', 'lease expired: worker lost', enqueued_at, {now}
+           %(dead_reason)s, %(lost_error)s, enqueued_at, {now}
       FROM died
-    RETURNING id
+    RETURNING id, queue
 ), cancelled AS (
     UPDATE {jobs} j
        SET state = 'cancelled', finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id AND e.cancel_requested
-    RETURNING j.id
+    RETURNING j.id, j.queue
 ), returned AS (
     UPDATE {jobs} j
-       SET state = 'available', run_at = {now}, last_error = 'lease expired: worker lost',
+       SET state = 'available', run_at = {now}, last_error = %(lost_error)s,
            lease_owner = NULL, lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id AND NOT e.final
-    RETURNING j.id
+    RETURNING j.id, j.queue
 )
-SELECT id, 'dead' FROM buried
-UNION ALL SELECT id, 'cancelled' FROM cancelled
-UNION ALL SELECT id, 'available' FROM returned
+SELECT id, 'dead', queue FROM buried
+UNION ALL SELECT id, 'cancelled', queue FROM cancelled
+UNION ALL SELECT id, 'available', queue FROM returned
+"""
+
+# -- workers: registration, liveness lock, pings --------------------------------------------
+
+_WORKER_REGISTER = """
+INSERT INTO {workers} AS w (name, host, pid, queues, started_at, seen_at)
+VALUES (%(name)s, %(host)s, %(pid)s, %(queues)s::jsonb, {now}, {now})
+ON CONFLICT (name) DO UPDATE SET seen_at = {now}
+RETURNING id
+"""
+
+# Held for the life of the worker's liveness connection (session level, not a transaction).
+_WORKER_LOCK = "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext(%(space)s), %(id)s)"
+
+_WORKER_PING = """
+UPDATE {workers} SET seen_at = {now}, running = %(running)s WHERE id = %(id)s RETURNING id
+"""
+
+_WORKER_REMOVE = "DELETE FROM {workers} WHERE id = %(id)s"
+
+_WORKERS_LIST = """
+SELECT id, name, host, pid, queues, started_at, seen_at, running, {now} - seen_at
+  FROM {workers} ORDER BY name
 """
 
 # Per queue: how many jobs in each live state, dead, and how long the oldest due one waits.
@@ -546,6 +598,12 @@ class Statements:
     release_unknown: sql.Composed
     cancel: sql.Composed
     sweep: sql.Composed
+    reclaim: sql.Composed
+    worker_register: sql.Composed
+    worker_lock: sql.Composed
+    worker_ping: sql.Composed
+    worker_remove: sql.Composed
+    workers_list: sql.Composed
     promote: sql.Composed
     next_due: sql.Composed
     status_queues: sql.Composed
@@ -567,6 +625,11 @@ class Statements:
     migration_search_path: sql.Composed
     record_migration: sql.Composed
     reset_search_path: sql.Composed
+
+    @property
+    def lock_space(self) -> str:
+        """The first key of every worker's liveness lock (the second is its id)."""
+        return f"trioq.worker:{self.schema}"
 
     def schema_exists_params(self) -> dict[str, str]:
         """`schema_exists` looks the bookkeeping table up by its (qualified) name."""
@@ -593,6 +656,7 @@ def statements(schema: str) -> Statements:
         "dead": qualified(schema, "dead_jobs"),
         "ticks": qualified(schema, "cron_ticks"),
         "migrations": qualified(schema, "migrations"),
+        "workers": qualified(schema, "workers"),
         "channel": sql.Identifier(channel),
         "now": sql.SQL(NOW),
         "live": sql.SQL(_LIVE),
@@ -622,7 +686,13 @@ def statements(schema: str) -> Statements:
         cancel_running=compose(_CANCEL_RUNNING),
         release_unknown=compose(_RELEASE_UNKNOWN),
         cancel=compose(_CANCEL),
-        sweep=compose(_SWEEP),
+        sweep=compose(_SWEEP_EXPIRED + _SWEEP_OUTCOMES),
+        reclaim=compose(_RECLAIM_EXPIRED + _SWEEP_OUTCOMES),
+        worker_register=compose(_WORKER_REGISTER),
+        worker_lock=compose(_WORKER_LOCK),
+        worker_ping=compose(_WORKER_PING),
+        worker_remove=compose(_WORKER_REMOVE),
+        workers_list=compose(_WORKERS_LIST),
         promote=compose(_PROMOTE),
         next_due=compose(_NEXT_DUE),
         status_queues=compose(_STATUS_QUEUES),
