@@ -339,6 +339,7 @@ def _column(index: int, name: str) -> Any:
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
 
 
 def _time_column(index: int, name: str) -> Any:
@@ -435,6 +436,16 @@ class Job:
         pairs = zip(self.COLUMNS, self._fields(), strict=True)
         fields = ", ".join(f"{name}={value!r}" for name, value in pairs)
         return f"Job({fields})"
+
+    def due_epoch_us(self) -> int:
+        """When this attempt was due, ``max(enqueued_at, run_at)``, in µs since the epoch."""
+        row = self._row
+        run_at, enqueued_at = row[5], row[8]
+        if type(run_at) is not int:  # a datetime (a Job built by hand); claims give ints
+            run_at = (run_at - _EPOCH) // _MICROSECOND
+        if type(enqueued_at) is not int:
+            enqueued_at = (enqueued_at - _EPOCH) // _MICROSECOND
+        return run_at if run_at > enqueued_at else enqueued_at  # type: ignore[no-any-return]
 
     @property
     def kwargs(self) -> Mapping[str, Any]:

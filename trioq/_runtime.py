@@ -17,6 +17,7 @@ import collections
 import datetime as dt
 import logging
 import signal
+import time
 from collections.abc import Sequence
 
 import attrs
@@ -27,6 +28,8 @@ from ._config import Config, QueueConfig
 from ._context import JobServices
 from ._execute import Executor, aborted
 from ._heartbeat import Heartbeat
+from ._history import History
+from ._history_writer import HistoryWriter
 from ._job import Job, Lease
 from ._leases import HeldJob, HeldJobs
 from ._listener import Listener
@@ -191,6 +194,11 @@ class Runtime:
         self._listener = Listener(
             dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
         )
+        self._history = History()  # fed by `_written`, written by its own service
+        self._history_writer = HistoryWriter(
+            self.pool, config.schema, self._history, interval=config.history_interval,
+            retention=config.history_retention,
+        )  # fmt: skip
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -222,10 +230,12 @@ class Runtime:
                 services.start_soon(self._heartbeat.run)
                 services.start_soon(self._sweeper.run)
                 services.start_soon(self._scheduler.run)
+                services.start_soon(self._history_writer.run)
                 if self.config.handle_signals:
                     services.start_soon(self._signal_loop)
                 await self._run_jobs(task_status)
                 await self._flush()
+                await self._flush_history()
                 services.cancel_scope.cancel()
 
     # -- startup and shutdown -------------------------------------------------------------------
@@ -261,6 +271,14 @@ class Runtime:
         if scope.cancelled_caught:
             logger.warning("%d job outcomes not written at shutdown: their leases will expire",
                            len(self._held))  # fmt: skip
+
+    async def _flush_history(self) -> None:
+        """Write the job history gathered since the last round (shielded, bounded)."""
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True):
+            try:
+                await self._history_writer.run_once()
+            except Exception as ex:  # history is for charts: it must not fail the shutdown
+                logger.warning("writing job history at shutdown failed: %s", ex)
 
     async def _signal_loop(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -336,7 +354,7 @@ class Runtime:
             if current:
                 running = current.pop()
                 self._finish(state, running)
-                await self._completer.submit(aborted(running.reason, running.lease))
+                await self._completer.submit(self._aborted(running))
 
     async def _slot_jobs(
         self, state: _QueueState, scope: trio.CancelScope, current: list[HeldJob]
@@ -346,7 +364,7 @@ class Runtime:
         while (running := await state.take(checkpoint=streak >= SLOT_YIELD_EVERY)) is not None:
             streak = streak + 1 if streak < SLOT_YIELD_EVERY else 1
             if running.reason is not None or self._stop_requested.is_set():
-                await self._completer.submit(aborted(running.reason, running.lease))
+                await self._completer.submit(self._aborted(running))
                 continue
             if scope.cancel_called:  # a job aborted as it returned: a fresh scope, please
                 state.buffer.appendleft(running)
@@ -369,12 +387,24 @@ class Runtime:
 
     async def _execute(self, running: HeldJob) -> Outcome:
         """Run the job's handler; raises Cancelled if the job is aborted while it runs."""
+        started = time.monotonic()
         outcome = await self._executor.run(running.job, running.lease)
         if running.reason == "lost":  # its handler ran on, but the outcome is not ours
             return Outcome(kind=Kind.NOTHING, lease=running.lease)
+        outcome.ended = time.monotonic()  # for the history, with `started` and the job
+        outcome.started = started
+        outcome.job = running.job
+        return outcome
+
+    @staticmethod
+    def _aborted(running: HeldJob) -> Outcome:
+        """The outcome of a job stopped by the runtime (`aborted`), with its job attached."""
+        outcome = aborted(running.reason, running.lease)
+        outcome.job = running.job
         return outcome
 
     def _written(self, batch: Sequence[Outcome]) -> None:
+        self._history.record(batch)
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)
