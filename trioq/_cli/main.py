@@ -29,6 +29,7 @@ from .demo import demo
 from .ops import add_ops_parsers
 from .serve import add_serve_parser
 from .stress import add_stress_parser
+from .web import add_web_parser
 
 __all__ = ["main"]
 
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
     add_db_parser(commands)
+    add_web_parser(commands, common)
     return parser
 
 
