@@ -47,7 +47,6 @@ from ._queries import (
     dead_ids,
     find_job,
     history,
-    history_queues,
     list_jobs,
     overview,
     search_terms,
@@ -196,13 +195,12 @@ class Dashboard:
 
     async def _overview(self, request: Request) -> Response:
         async with self._connection() as conn:
-            data = await overview(conn, self.statements)
-            queues = await history_queues(conn, self.statements, since=int(time.time()) - 86400)
-        return self._render(request, "overview.html", overview=data, history_queues=queues)
+            data = await overview(conn, self.statements, now=time.time())
+        return self._render(request, "overview.html", overview=data)
 
     async def _overview_live(self, request: Request) -> Response:
         async with self._connection() as conn:
-            data = await overview(conn, self.statements)
+            data = await overview(conn, self.statements, now=time.time())
         return self._render(request, "_overview_live.html", overview=data)
 
     async def _history(self, request: Request) -> Response:

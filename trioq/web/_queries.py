@@ -90,9 +90,14 @@ class Overview:
     leases_capped: bool
 
 
-async def overview(conn: Conn, st: WebStatements) -> Overview:
-    """Every queue's counts, and the workers seen through their leases."""
+async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
+    """Every queue's counts, and the workers seen through their leases.
+
+    The queues are those with jobs waiting, running or dead, and those with history in
+    the last day (so a queue that just drained still shows, with zeros).
+    """
     caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES}
+    recent = await history_queues(conn, st, since=int(now) - 86400)
     cur = await conn.execute(st.queues_available, caps)
     available = {q: (n, wait) for q, n, wait in await cur.fetchall()}
     cur = await conn.execute(st.queues_dead, caps)
@@ -107,7 +112,7 @@ async def overview(conn: Conn, st: WebStatements) -> Overview:
     for _, queue, n, _, _ in lease_rows:
         running[queue] = running.get(queue, 0) + n
     leases_capped = sum(running.values()) >= COUNT_CAP
-    names = sorted({*available, *dead, *scheduled, *running})[:MAX_QUEUES]
+    names = sorted({*available, *dead, *scheduled, *running, *recent})[:MAX_QUEUES]
     queues = tuple(
         QueueRow(
             queue=name,

@@ -10,7 +10,7 @@
   whose form token does not match, or whose ``Origin`` is another site, gets 403.
 - **Headers** (`SecurityHeaders`): a Content-Security-Policy that allows only the
   dashboard's own origin (no inline script, no CDN: everything comes from the package),
-  no framing, no referrer, no MIME sniffing, no caching of pages.
+  no framing, no referrer to other sites, no MIME sniffing, no caching of pages.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ _HEADERS = [
     (b"content-security-policy", _CSP.encode()),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make form POSTs send Origin: null
 ]
 
 

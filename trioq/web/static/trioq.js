@@ -3,7 +3,7 @@
 "use strict";
 
 (function () {
-  const REFRESH_MS = { hour: 10000, day: 60000 };
+  const REFRESH_MS = { hour: 5000, day: 60000 };
   const SERIES = {
     throughput: [
       ["completed", "#1d7a46"], ["retried", "#a86400"], ["dead", "#c0362c"],
