@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from asgi import Reply, call
+from clitool import trioq_cli
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -350,3 +351,21 @@ async def test_mounted_under_a_prefix_links_stay_inside_it(dsn: str) -> None:
         assert (await call(service, "GET", "/ops/trioq/static/trioq.js")).status == 200
     finally:
         await dashboard.aclose()
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_the_command_refuses_to_listen_beyond_loopback_without_a_token(dsn: str) -> None:
+    done = trioq_cli("web", "--dsn", dsn, "--bind", "0.0.0.0:0")
+    assert done.returncode == 1
+    assert "reaches beyond this machine: give a token" in done.stderr
+    done = trioq_cli("web", "--dsn", dsn, "--bind", "localhost:99999")
+    assert done.returncode == 1 and "--bind must look like HOST:PORT" in done.stderr
+    done = trioq_cli("web", "--dsn", dsn, "--token", "short")
+    assert done.returncode == 1 and "at least 16 characters" in done.stderr
+
+
+def test_the_command_says_when_the_schema_is_missing(dsn: str) -> None:
+    done = trioq_cli("web", "--dsn", dsn, "--bind", "127.0.0.1:0")
+    assert done.returncode == 1 and "run `trioq migrate`" in done.stderr, done.stderr

@@ -23,7 +23,7 @@ from psycopg import sql
 import trioq
 from trioq._sql import statements
 from trioq.web._queries import overview
-from trioq.web._statements import COUNT_CAP, MAX_QUEUES, WINDOW, web_statements
+from trioq.web._statements import COUNT_CAP, LEASE_CAP, MAX_QUEUES, WINDOW, web_statements
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ FILTERS: dict[str, dict[str, Any]] = {
     "all": {"queue": "queue_3", "task": "task_5", "contains": '{"user_id": 4242}', "text": "42"},
 }
 PAGE = {"window": WINDOW, "limit": 51, "offset": 0}
-CAPS = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES}
+CAPS = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES, "lease_cap": LEASE_CAP}
 DEAD_FILTERS = [(None, None), ("queue_3", None), (None, "task_5"), ("queue_3", "task_5")]
 
 

@@ -484,9 +484,9 @@ def _seconds_text(seconds: float | None, *, relative: bool = False) -> str:
     s = abs(seconds)
     if s < 1:
         text = f"{s * 1000:.0f} ms"
-    elif s < 120:
+    elif s < 90:
         text = f"{s:.1f} s"
-    elif s < 7200:
+    elif s < 5400:
         text = f"{s / 60:.0f} min"
     elif s < 172800:
         text = f"{s / 3600:.1f} h"

@@ -12,7 +12,7 @@ import attrs
 import psycopg
 
 from .._history import percentile_ms
-from ._statements import COUNT_CAP, MAX_QUEUES, WINDOW, WebStatements
+from ._statements import COUNT_CAP, LEASE_CAP, MAX_QUEUES, WINDOW, WebStatements
 
 __all__ = [
     "Count",
@@ -96,7 +96,7 @@ async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
     The queues are those with jobs waiting, running or dead, and those with history in
     the last day (so a queue that just drained still shows, with zeros).
     """
-    caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES}
+    caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES, "lease_cap": LEASE_CAP}
     recent = await history_queues(conn, st, since=int(now) - 86400)
     cur = await conn.execute(st.queues_available, caps)
     available = {q: (n, wait) for q, n, wait in await cur.fetchall()}
@@ -111,7 +111,7 @@ async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
     running: dict[str, int] = {}
     for _, queue, n, _, _ in lease_rows:
         running[queue] = running.get(queue, 0) + n
-    leases_capped = sum(running.values()) >= COUNT_CAP
+    leases_capped = sum(running.values()) >= LEASE_CAP
     names = sorted({*available, *dead, *scheduled, *running, *recent})[:MAX_QUEUES]
     queues = tuple(
         QueueRow(

@@ -31,12 +31,14 @@ from psycopg import sql
 
 from .._sql import NOW, qualified, validate_schema_name
 
-__all__ = ["COUNT_CAP", "MAX_QUEUES", "WINDOW", "WebStatements", "web_statements"]
+__all__ = ["COUNT_CAP", "LEASE_CAP", "MAX_QUEUES", "WINDOW", "WebStatements", "web_statements"]
 
 #: Counts above this show as "1,000+". Each capped count reads up to this many index
 #: entries, and on a busy table as many heap pages (the visibility map is rarely set), so
 #: the overview of 20 queues with big backlogs costs 20 x 2 x COUNT_CAP row reads.
 COUNT_CAP = 1000
+#: Running jobs the workers table reads at most (they are bounded by the fleet's slots).
+LEASE_CAP = 10_000
 #: Rows of one index a job list reads before filtering.
 WINDOW = 10_000
 #: Queues the overview lists at most (each is one probe per index).
@@ -95,7 +97,7 @@ SELECT lease_owner, queue, count(*), extract(epoch FROM min(lease_expires_at) - 
        extract(epoch FROM max(lease_expires_at) - {now})
   FROM (SELECT lease_owner, queue, lease_expires_at FROM {jobs}
          WHERE lease_expires_at IS NOT NULL AND state = 'running'
-         ORDER BY lease_expires_at LIMIT %(cap)s) AS r
+         ORDER BY lease_expires_at LIMIT %(lease_cap)s) AS r
  GROUP BY 1, 2 ORDER BY 1, 2
 """
 
