@@ -90,6 +90,24 @@ def _by_task(cells: dict[CellKey, Cell]) -> dict[str, Cell]:
     return summed
 
 
+def test_the_fast_path_and_the_slow_path_agree() -> None:
+    """Completions are summed in floats (the fast path), failures one by one in ints."""
+    history = History()
+    now_us = int(time.time() * 1_000_000)
+    due = Job.from_row((1, "q", "t", "{}", 0, now_us - 3_000_000, 1, 3, now_us - 9_000_000, 0))
+    now = time.monotonic()
+    done, failed = _outcome(Kind.COMPLETE, due), _outcome(Kind.FAIL, due, failure=_failure(due))
+    for outcome in (done, failed):
+        outcome.started, outcome.ended = now - 0.05, now  # started 2.95 s after it was due
+    history.record([done])
+    history.record([failed])
+    (cell,) = _by_task(history.take()).values()
+    assert (cell.completed, cell.retried, cell.runs) == (1, 1, 2)
+    assert cell.exec_hist[6] == 2 and cell.wait_hist[12] == 2  # 50 ms; 2.95 s in [2048, 4096)
+    assert 2 * 49_000 <= cell.exec_us_sum <= 2 * 51_000
+    assert 2_900_000 <= cell.wait_us_max <= 3_100_000
+
+
 def test_record_adds_up_per_minute_queue_and_task() -> None:
     history = History()
     a, b = _job(task="a"), _job(task="b")
@@ -105,6 +123,7 @@ def test_record_adds_up_per_minute_queue_and_task() -> None:
     assert set(by_task) == {"a", "b"}
     assert by_task["a"].completed == 2 and by_task["a"].runs == 1  # one of them ran timed
     assert by_task["a"].exec_hist[6] == 1 and 49_000 <= by_task["a"].exec_us_max <= 51_000
+    assert by_task["a"].wait_hist[BUCKETS - 1] == 1  # due at the epoch: the last bucket
     assert by_task["b"].cancelled == 1 and by_task["b"].runs == 0
     history.record([_outcome(Kind.COMPLETE, a)])
     history.restore(cells)  # a failed write comes back, merged with what came since

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
+from ._job import Job
 from ._outcome import Kind, Outcome
 
 __all__ = [
@@ -50,6 +51,7 @@ BUCKETS = 24
 _LAST = BUCKETS - 1
 _CAP_MS = 2 ** (_LAST - 1)  # from here on: the last bucket
 _COMPLETE, _KEEP = Kind.COMPLETE, Kind.KEEP
+_NO_HIST: list[int] = []
 
 #: (minute as seconds since the epoch, queue, task)
 CellKey = tuple[int, str, str]
@@ -148,6 +150,16 @@ class Cell:
         self.wait_us_max = max(self.wait_us_max, wait_us)
         self.wait_hist[bucket(wait_us)] += 1
 
+    def add_runs(self, n: int, x_sum: float, x_max: float, w_sum: float, w_max: float) -> None:
+        """``n`` completed runs already counted in the histograms: add their counts, sums
+        and maxima (given in seconds)."""
+        self.completed += n
+        self.runs += n
+        self.exec_us_sum += int(x_sum * 1_000_000)
+        self.exec_us_max = max(self.exec_us_max, int(x_max * 1_000_000))
+        self.wait_us_sum += int(w_sum * 1_000_000)
+        self.wait_us_max = max(self.wait_us_max, int(w_max * 1_000_000))
+
     def merge(self, other: Cell) -> None:
         self.completed += other.completed
         self.retried += other.retried
@@ -175,50 +187,78 @@ class History:
         """Add the outcomes the completer has just written (outcomes without a job, which
         the runtime did not run, are skipped).
 
-        Runs once per written batch on the worker's hot path, so the common case (a
-        completed run) is inlined: about 1 µs per outcome (`Cell.time` and `bucket` are
-        the readable form of the same arithmetic).
+        Runs once per written batch on the worker's hot path. A batch is mostly completed
+        runs of one queue and task in one minute, so those take a fast path: each run of
+        them is summed in local variables (seconds, as floats) and added to its `Cell` once
+        (`Cell.time` is the readable form of the same arithmetic). Everything else goes
+        through `_record_one`.
         """
         cells = self._cells
-        now_us = int(time.time() * 1_000_000)
-        offset_us = now_us - int(time.monotonic() * 1_000_000)  # monotonic -> epoch
-        last = _LAST
+        now = time.time()
+        offset = now - time.monotonic()  # monotonic -> epoch seconds
+        cell: Cell | None = None
+        queue = task = ""
+        low = high = 0.0  # the current cell's minute: [low, high) in epoch seconds
+        n = 0
+        x_sum = x_max = w_sum = w_max = 0.0
+        x_hist = w_hist = _NO_HIST
+        cap, last = _CAP_MS, _LAST
         for outcome in batch:
             job = outcome.job
-            if job is None:
+            ended = outcome.ended
+            if job is None or not ended or not (outcome.kind is _COMPLETE or outcome.kind is _KEEP):
+                if job is not None:
+                    self._record_one(outcome, job, offset, now)
                 continue
-            kind = outcome.kind
-            if kind is _COMPLETE or kind is _KEEP:
-                what = COMPLETED
-            elif (what := classify(outcome)) is None:  # type: ignore[assignment]
-                continue
-            ended = outcome.ended  # 0.0: stopped before its handler started
-            ended_us = offset_us + int(ended * 1_000_000) if ended else now_us
-            key = (ended_us // 60_000_000 * 60, job.queue, job.task)
-            cell = cells.get(key)
-            if cell is None:
-                cell = cells[key] = Cell()
-            if what is COMPLETED:
-                cell.completed += 1
-            else:
-                cell.count(what)
-            if not ended:
-                continue
-            started_us = offset_us + int(outcome.started * 1_000_000)
-            exec_us = ended_us - started_us
-            wait_us = started_us - job.due_epoch_us()
-            wait_us = wait_us if wait_us > 0 else 0  # clocks of worker and database differ
-            cell.runs += 1
-            cell.exec_us_sum += exec_us
-            if exec_us > cell.exec_us_max:  # noqa: PLR1730 - max() is a call: slower
-                cell.exec_us_max = exec_us
-            ms = exec_us // 1000
-            cell.exec_hist[ms.bit_length() if ms < _CAP_MS else last] += 1
-            cell.wait_us_sum += wait_us
-            if wait_us > cell.wait_us_max:  # noqa: PLR1730
-                cell.wait_us_max = wait_us
-            ms = wait_us // 1000
-            cell.wait_hist[ms.bit_length() if ms < _CAP_MS else last] += 1
+            job_queue, job_task, due_us = job.history_fields()
+            end = ended + offset
+            if job_task != task or job_queue != queue or not low <= end < high:
+                if cell is not None:
+                    cell.add_runs(n, x_sum, x_max, w_sum, w_max)
+                queue, task = job_queue, job_task
+                low = end // 60 * 60
+                high = low + 60
+                key = (int(low), queue, task)
+                cell = cells.get(key)
+                if cell is None:
+                    cell = cells[key] = Cell()
+                x_hist, w_hist = cell.exec_hist, cell.wait_hist
+                n = 0
+                x_sum = x_max = w_sum = w_max = 0.0
+            started = outcome.started
+            x = ended - started
+            w = started + offset - due_us * 1e-6
+            if w < 0.0:  # noqa: PLR1730
+                w = 0.0  # the clocks of this worker and of the database differ
+            n += 1
+            x_sum += x
+            w_sum += w
+            if x > x_max:  # noqa: PLR1730 - max() is a call: slower
+                x_max = x
+            if w > w_max:  # noqa: PLR1730
+                w_max = w
+            ms = int(x * 1000.0)
+            x_hist[ms.bit_length() if ms < cap else last] += 1
+            ms = int(w * 1000.0)
+            w_hist[ms.bit_length() if ms < cap else last] += 1
+        if cell is not None:
+            cell.add_runs(n, x_sum, x_max, w_sum, w_max)
+
+    def _record_one(self, outcome: Outcome, job: Job, offset: float, now: float) -> None:
+        """An outcome off the fast path: not a completion, or not timed."""
+        if (what := classify(outcome)) is None:
+            return
+        ended = outcome.ended  # 0.0: stopped before its handler started
+        end = ended + offset if ended else now
+        queue, task, due_us = job.history_fields()
+        key = (int(end // 60 * 60), queue, task)
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = Cell()
+        cell.count(what)
+        if ended:
+            started_us = int((outcome.started + offset) * 1_000_000)
+            cell.time(int((ended - outcome.started) * 1_000_000), max(0, started_us - due_us))
 
     def take(self) -> dict[CellKey, Cell]:
         """Everything recorded so far; the history is empty afterwards."""
