@@ -117,7 +117,8 @@ SELECT date_trunc('minute', now()) - m * interval '1 minute', 'queue_' || p, 'ta
 
 _TICKS = """
 INSERT INTO trioq.cron_ticks (name, tick, job_id, fired_at)
-SELECT 'entry_' || e, date_trunc('minute', now()) - m * interval '1 minute', NULL, now()
+SELECT 'entry_' || e, date_trunc('minute', now()) - m * interval '1 minute', 1 + e * 1440 + m,
+       now() - m * interval '1 minute'
   FROM generate_series(0, 9) AS e, generate_series(0, 1439) AS m
 """
 

@@ -369,3 +369,16 @@ def test_the_command_refuses_to_listen_beyond_loopback_without_a_token(dsn: str)
 def test_the_command_says_when_the_schema_is_missing(dsn: str) -> None:
     done = trioq_cli("web", "--dsn", dsn, "--bind", "127.0.0.1:0")
     assert done.returncode == 1 and "run `trioq migrate`" in done.stderr, done.stderr
+
+
+def test_under_asyncio_it_says_it_needs_trio(dsn: str) -> None:
+    import asyncio
+
+    app = _dashboard(dsn)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
+
+    async def nothing(*_: Any) -> Any:
+        return {"type": "http.disconnect"}
+
+    with pytest.raises(RuntimeError, match=r"trioq\.web runs on trio: serve it with Hypercorn"):
+        asyncio.run(app(scope, nothing, nothing))

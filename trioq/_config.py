@@ -52,6 +52,8 @@ def _timedelta(value: float | dt.timedelta) -> dt.timedelta:
         return value
     if not _number(value):
         raise ValueError(f"history_retention must be a timedelta or seconds, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"history_retention must be a positive duration, got {value!r}")
     try:
         return dt.timedelta(seconds=value)
     except OverflowError:

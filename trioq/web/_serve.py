@@ -48,6 +48,7 @@ async def serve(
     config = hypercorn.config.Config()
     config.bind = [bind]
     config.accesslog = None
+    config.errorlog = logger  # through the process's logging, once (not a handler of its own)
     config.graceful_timeout = GRACEFUL_TIMEOUT
     try:
         await hypercorn.trio.serve(
