@@ -8,7 +8,7 @@ per-minute history for `Sizes.history_pairs` (queue, task) pairs, and cron ticks
 ``tests/test_explain.py`` the non-unique indexes are dropped first and rebuilt from their
 own definitions afterwards (a sorted build is several times cheaper than a million b-tree
 insertions), then everything is analyzed. Used by ``tests/test_web_explain.py`` and
-``bench/bench_web.py``.
+``bench/bench_web.py``; `chunks` and `run_all` by ``tests/test_explain.py`` too.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from psycopg import sql
 
 import trioq
 
-__all__ = ["Sizes", "fill"]
+__all__ = ["Sizes", "Step", "chunks", "fill", "run_all"]
 
 
 @attrs.frozen(kw_only=True)
@@ -123,7 +123,8 @@ SELECT 'entry_' || e, date_trunc('minute', now()) - m * interval '1 minute', 1 +
 """
 
 
-def _chunks(lo: int, n: int, parts: int) -> Iterator[tuple[int, int]]:
+def chunks(lo: int, n: int, parts: int) -> Iterator[tuple[int, int]]:
+    """``[lo, lo + n)`` in ``parts`` inclusive ranges, for parallel inserts."""
     step = max(1, -(-n // parts))
     for start in range(lo, lo + n, step):
         yield start, min(start + step - 1, lo + n - 1)
@@ -132,7 +133,7 @@ def _chunks(lo: int, n: int, parts: int) -> Iterator[tuple[int, int]]:
 Step = tuple[str, Any, Mapping[str, Any] | None]
 
 
-async def _run_all(dsn: str, steps: list[Step]) -> dict[str, float]:
+async def run_all(dsn: str, steps: list[Step]) -> dict[str, float]:
     """Run every ``(label, statement, params)`` on a connection of its own, all at once."""
     took: dict[str, float] = {}
 
@@ -167,19 +168,19 @@ async def fill(dsn: str, sizes: Sizes = Sizes()) -> dict[str, float]:
         ("scheduled", _SCHEDULED, sizes.scheduled),
         ("running", _RUNNING, sizes.running),
     ):
-        for a, b in _chunks(lo, n, sizes.parts):
+        for a, b in chunks(lo, n, sizes.parts):
             steps.append((f"insert {label}", statement, {**common, "lo": a, "hi": b}))
         lo += n
-    for a, b in _chunks(lo, sizes.dead, sizes.parts):  # ids after the jobs', as in real life
+    for a, b in chunks(lo, sizes.dead, sizes.parts):  # ids after the jobs', as in real life
         steps.append(("insert dead", _DEAD, {**common, "lo": a, "hi": b}))
     minutes = sizes.history_days * 1440
     steps.append(("insert history", _HISTORY, {"minutes": minutes, "pairs": sizes.history_pairs}))
     steps.append(("insert cron ticks", _TICKS, None))
     t0 = time.perf_counter()
-    timings.update(await _run_all(dsn, steps))
+    timings.update(await run_all(dsn, steps))
     timings["inserts (parallel, wall)"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    timings.update(await _run_all(dsn, [(f"index {n}", d, None) for n, d in indexes.items()]))
+    timings.update(await run_all(dsn, [(f"index {n}", d, None) for n, d in indexes.items()]))
     timings["index rebuilds (parallel, wall)"] = time.perf_counter() - t0
     async with await trioq.connect(dsn, autocommit=True) as conn:
         await conn.execute(

@@ -31,7 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from .._dead import DeadFilter
+from .._dead import DeadFilter, DeadJob
 from .._pool import Pool
 from .._queue import Queue
 from ._config import DashboardConfig
@@ -39,7 +39,6 @@ from ._queries import (
     STATES,
     Count,
     CronRow,
-    DeadDetail,
     JobDetail,
     JobFilter,
     cron_ticks,
@@ -227,7 +226,7 @@ class Dashboard:
             window=WINDOW, done=_done_message(request),
         )  # fmt: skip
 
-    async def _find(self, job_id: int) -> JobDetail | DeadDetail | None:
+    async def _find(self, job_id: int) -> JobDetail | DeadJob | None:
         if job_id > MAX_INT8:
             return None
         async with self._connection() as conn:
@@ -245,7 +244,7 @@ class Dashboard:
         status = 200 if job is not None else 404
         return self._render(
             request, template, status, job=job, job_id=job_id, done=_done_message(request),
-            max_shown=MAX_SHOWN,
+            max_shown=MAX_SHOWN, state=_state(job),
         )  # fmt: skip
 
     async def _cron(self, request: Request) -> Response:
@@ -271,7 +270,7 @@ class Dashboard:
                 raise BadRequest("cancel takes one job: ids=<job id>")
             job = await self._find(ids[0])
             return self._render(request, "confirm.html", action=action, target=target, job=job,
-                                count=Count(1 if job else 0))  # fmt: skip
+                                count=Count(1 if job else 0), state=_state(job))  # fmt: skip
         async with self._connection() as conn:
             count = await dead_count(conn, self.statements, queue=queue, task=task, ids=ids)
         return self._render(request, "confirm.html", action=action, target=target, job=None,
@@ -322,6 +321,13 @@ class Dashboard:
                 done += len(await run(conn, DeadFilter(ids=batch)))
                 after = batch[-1]
         return done
+
+
+def _state(job: JobDetail | DeadJob | None) -> str | None:
+    """A job's state, "dead" for a row of dead_jobs."""
+    if job is None:
+        return None
+    return job.state if isinstance(job, JobDetail) else "dead"
 
 
 # -- request parameters ---------------------------------------------------------------------------
@@ -497,10 +503,13 @@ def _seconds_text(seconds: float | None, *, relative: bool = False) -> str:
     return f"in {text}" if future else f"{text} ago"
 
 
-def _pretty(text: str | None, limit: int = MAX_SHOWN) -> str:
-    """JSON text indented for reading (cut at ``limit`` characters)."""
-    if text is None:
+def _pretty(value: Any, limit: int = MAX_SHOWN) -> str:
+    """JSON (text, or a decoded value) indented for reading (cut at ``limit`` characters)."""
+    if value is None:
         return ""
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False)
+    text: str = value
     if len(text) <= limit:
         with contextlib.suppress(ValueError, RecursionError):
             text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)

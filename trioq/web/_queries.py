@@ -11,13 +11,13 @@ from typing import Any
 import attrs
 import psycopg
 
+from .._dead import DeadJob
 from .._history import percentile_ms
 from ._statements import COUNT_CAP, LEASE_CAP, MAX_QUEUES, WINDOW, WebStatements
 
 __all__ = [
     "Count",
     "CronRow",
-    "DeadDetail",
     "HistoryPoint",
     "JobDetail",
     "JobFilter",
@@ -312,30 +312,7 @@ class JobDetail:
         return self.state in ("scheduled", "available", "running") and not self.cancel_requested
 
 
-@attrs.frozen(kw_only=True)
-class DeadDetail:
-    id: int
-    queue: str
-    task: str
-    args: str
-    priority: int
-    attempt: int
-    max_attempts: int
-    dedup_key: str | None
-    reason: str
-    last_error: str | None
-    traceback: str | None
-    enqueued_at: dt.datetime
-    died_at: dt.datetime
-    state: str = "dead"
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> DeadDetail:
-        names = [f.name for f in attrs.fields(cls) if f.name != "state"]
-        return cls(**dict(zip(names, row, strict=True)))
-
-
-async def find_job(conn: Conn, st: WebStatements, job_id: int) -> JobDetail | DeadDetail | None:
+async def find_job(conn: Conn, st: WebStatements, job_id: int) -> JobDetail | DeadJob | None:
     """The job with this id, live (or kept) in jobs, or in dead_jobs; None if neither."""
     cur = await conn.execute(st.job, {"id": job_id})
     row = await cur.fetchone()
@@ -343,7 +320,7 @@ async def find_job(conn: Conn, st: WebStatements, job_id: int) -> JobDetail | De
         return JobDetail.from_row(row)
     cur = await conn.execute(st.dead_job, {"id": job_id})
     row = await cur.fetchone()
-    return None if row is None else DeadDetail.from_row(row)
+    return None if row is None else DeadJob.from_row(row)
 
 
 # -- dead-job actions ---------------------------------------------------------------------------

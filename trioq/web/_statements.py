@@ -196,8 +196,9 @@ SELECT id, queue, task, state, args::text, priority, run_at, attempt, max_attemp
   FROM {jobs} WHERE id = %(id)s
 """
 
+# The columns of `trioq.DeadJob`, in its order.
 _DEAD_JOB = """
-SELECT id, queue, task, args::text, priority, attempt, max_attempts, dedup_key, reason,
+SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, reason,
        last_error, traceback, enqueued_at, died_at
   FROM {dead} WHERE id = %(id)s
 """
