@@ -48,6 +48,17 @@ def _chromium() -> str:
     )
 
 
+def test_without_chromium_the_tests_fail_and_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing browser is a failure (a skipped test is not a passing one), unless asked."""
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", pathlib.Path("/nonexistent/chromium"))
+    monkeypatch.delenv(SKIP_VAR, raising=False)
+    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y chromium"):
+        _chromium()
+    monkeypatch.setenv(SKIP_VAR, "1")
+    with pytest.raises(pytest.skip.Exception):
+        _chromium()
+
+
 # -- processes ------------------------------------------------------------------------------------
 
 
