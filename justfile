@@ -48,3 +48,7 @@ prove:
 # Compare trioq with pgqueuer and procrastinate on the same burn-down (throwaway venvs)
 bench-peers *args:
     {{py}} bench/bench_peers.py {{args}}
+
+# Page load times of trioq web against 1.3M jobs (--browser, --screenshots docs/images)
+bench-web *args:
+    {{py}} bench/bench_web.py {{args}}

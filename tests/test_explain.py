@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
-import trio
+from bigtable import Step, chunks, run_all
 from psycopg import sql
 from psycopg.adapt import PyFormat, Transformer
 
@@ -123,32 +123,6 @@ SELECT c.relname, pg_get_indexdef(i.indexrelid)
 # -- the fill ----------------------------------------------------------------------------------
 
 
-def _chunks(lo: int, n: int, parts: int) -> Iterator[tuple[int, int]]:
-    step = -(-n // parts)
-    for start in range(lo, lo + n, step):
-        yield start, min(start + step - 1, lo + n - 1)
-
-
-Step = tuple[str, str, Mapping[str, Any] | None]
-
-
-async def _run_all(dsn: str, jobs: list[Step]) -> dict[str, float]:
-    """Run ``(label, statement, params)`` on as many connections at once; seconds per label."""
-    took: dict[str, float] = {}
-
-    async def run(label: str, statement: str, params: Mapping[str, Any] | None) -> None:
-        async with await trioq.connect(dsn, autocommit=True) as conn:
-            await conn.execute("SET maintenance_work_mem = '256MB'")
-            t0 = time.perf_counter()
-            await conn.execute(statement, params)
-            took[label] = max(took.get(label, 0.0), time.perf_counter() - t0)
-
-    async with trio.open_nursery() as nursery:
-        for label, statement, params in jobs:
-            nursery.start_soon(run, label, statement, params)
-    return took
-
-
 async def _fill(dsn: str, conn: Any) -> dict[str, float]:
     """Fill the tables; returns the timings (seconds) of each step."""
     timings: dict[str, float] = {}
@@ -169,7 +143,7 @@ async def _fill(dsn: str, conn: Any) -> dict[str, float]:
         "dead": (FILL_DEAD, 10 * N_AVAILABLE + 1, N_DEAD),
     }
     for label, (statement, lo, n) in ranges.items():
-        for a, b in _chunks(lo, n, FILL_CHUNKS):
+        for a, b in chunks(lo, n, FILL_CHUNKS):
             fills.append((f"insert {label}", statement.format(**fmt), {"lo": a, "hi": b}))
     lo = N_AVAILABLE + N_FINISHED + 1
     for label, statement, n in (
@@ -179,12 +153,12 @@ async def _fill(dsn: str, conn: Any) -> dict[str, float]:
         fills.append((label, statement.format(**fmt), {"lo": lo, "hi": lo + n - 1}))
         lo += n
     t0 = time.perf_counter()
-    timings.update(await _run_all(dsn, fills))
+    timings.update(await run_all(dsn, fills))
     timings["inserts (parallel, wall)"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     rebuild: list[Step] = [(f"index {name}", defs_before[name], None) for name in rebuilt]
-    timings.update(await _run_all(dsn, rebuild))
+    timings.update(await run_all(dsn, rebuild))
     timings["index rebuilds (parallel, wall)"] = time.perf_counter() - t0
     cur = await conn.execute(INDEX_DEFS)
     assert dict(await cur.fetchall()) == defs_before  # the migration's indexes, exactly

@@ -69,6 +69,9 @@ PG = {
 }
 
 
+WEB = {"Dashboard", "DashboardConfig", "app"}
+
+
 def _public(module: object) -> set[str]:
     return {
         name
@@ -78,11 +81,19 @@ def _public(module: object) -> set[str]:
 
 
 def test_top_level_surface() -> None:
-    assert _public(trioq) - {"annotations"} == TOP_LEVEL
+    # trioq.web (the web extra) is not imported by trioq: an attribute once something has.
+    assert _public(trioq) - {"annotations", "web"} == TOP_LEVEL
 
 
 def test_pg_surface() -> None:
     assert _public(trioq.pg) - {"annotations"} == PG
+
+
+def test_web_surface() -> None:
+    import trioq.web
+
+    assert _public(trioq.web) - {"annotations"} == WEB
+    assert trioq.web.Dashboard.__module__ == "trioq.web"
 
 
 def test_errors_subclass_the_closest_base() -> None:

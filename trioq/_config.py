@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from ._cron import CronEntry, check_entries
+from ._history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
 from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
 from ._pg_errors import check_dsn, redact_dsn
 from ._registry import Registry
@@ -44,6 +45,26 @@ def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) 
 
 def _seconds(value: float | dt.timedelta) -> float:
     return value.total_seconds() if isinstance(value, dt.timedelta) else value
+
+
+def _timedelta(value: float | dt.timedelta) -> dt.timedelta:
+    if isinstance(value, dt.timedelta):
+        return value
+    if not _number(value):
+        raise ValueError(f"history_retention must be a timedelta or seconds, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"history_retention must be a positive duration, got {value!r}")
+    try:
+        return dt.timedelta(seconds=value)
+    except OverflowError:
+        raise ValueError(f"history_retention is out of range: {value!r} seconds") from None
+
+
+def _positive_timedelta(
+    _inst: object, attribute: attrs.Attribute[Any], value: dt.timedelta
+) -> None:
+    if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
+        raise ValueError(f"{attribute.name} must be a positive duration, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -149,6 +170,14 @@ class Config:
     loop_blocked_warning: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
     #: Install SIGINT/SIGTERM handlers (main thread only): first = graceful, second = now.
     handle_signals: bool = False
+    #: How often a worker writes its per-minute job history (``job_history``, for charts).
+    history_interval: float = attrs.field(
+        default=DEFAULT_HISTORY_INTERVAL, converter=_seconds, validator=_positive
+    )
+    #: History rows older than this are pruned (in batches, by every worker).
+    history_retention: dt.timedelta = attrs.field(
+        default=DEFAULT_HISTORY_RETENTION, converter=_timedelta, validator=_positive_timedelta
+    )
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
     #: running `serve` its own Config (``attrs.evolve(config, worker_id=...)``).
     worker_id: str = attrs.field(factory=_default_worker_id)

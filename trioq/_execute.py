@@ -112,7 +112,7 @@ class Executor:
         ctx = JobContext(job, self.services)
         outcome = await self._call(task, ctx, lease)
         if ctx.completed_in_transaction:
-            return Outcome(kind=Kind.NOTHING, lease=lease)
+            return Outcome(kind=Kind.NOTHING, lease=lease, committed=True)
         return outcome
 
     async def _call(self, task: Task, ctx: JobContext, lease: Lease) -> Outcome:

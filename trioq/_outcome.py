@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 
-from ._job import Failure, JSONValue, Lease
+from ._job import Failure, Job, JSONValue, Lease
 
 __all__ = ["Kind", "Outcome"]
 
@@ -23,9 +23,15 @@ class Kind(enum.Enum):
 
 
 class Outcome:
-    """One per job run, built on the hot path: a plain slotted class, not attrs (~1 µs less)."""
+    """One per job run, built on the hot path: a plain slotted class, not attrs (~1 µs less).
 
-    __slots__ = ("delay", "failure", "kind", "lease", "result")
+    The runtime adds what the job's history needs (`trioq._history`): the job it ran, and
+    ``time.monotonic()`` when its handler started and returned (0.0: it did not run).
+    ``committed``: the handler completed the job in its own transaction (kind NOTHING).
+    """
+
+    __slots__ = ("committed", "delay", "ended", "failure", "job", "kind", "lease", "result",
+                 "started")  # fmt: skip
 
     def __init__(
         self,
@@ -35,12 +41,17 @@ class Outcome:
         result: JSONValue = None,
         failure: Failure | None = None,
         delay: dt.timedelta = _NO_DELAY,  # for RELEASE (snooze)
+        committed: bool = False,
     ) -> None:
         self.kind = kind
         self.lease = lease
         self.result = result
         self.failure = failure
         self.delay = delay
+        self.committed = committed
+        self.job: Job | None = None
+        self.started = 0.0
+        self.ended = 0.0
 
     def __repr__(self) -> str:
         return f"Outcome(kind={self.kind}, lease={self.lease!r}, delay={self.delay!r})"

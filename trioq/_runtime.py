@@ -17,6 +17,7 @@ import collections
 import datetime as dt
 import logging
 import signal
+import time
 from collections.abc import Sequence
 
 import attrs
@@ -27,6 +28,8 @@ from ._config import Config, QueueConfig
 from ._context import JobServices
 from ._execute import Executor, aborted
 from ._heartbeat import Heartbeat
+from ._history import History
+from ._history_writer import HistoryWriter
 from ._job import Job, Lease
 from ._leases import HeldJob, HeldJobs
 from ._listener import Listener
@@ -205,6 +208,11 @@ class Runtime:
         self._listener = Listener(
             dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
         )
+        self._history = History()  # fed by `_written`, written by its own service
+        self._history_writer = HistoryWriter(
+            self.pool, config.schema, self._history, interval=config.history_interval,
+            retention=config.history_retention,
+        )  # fmt: skip
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -238,10 +246,12 @@ class Runtime:
                 services.start_soon(self._sweeper.run)
                 services.start_soon(self._scheduler.run)
                 services.start_soon(self._watchdog.run)
+                services.start_soon(self._history_writer.run)
                 if self.config.handle_signals:
                     services.start_soon(self._signal_loop)
                 await self._run_jobs(task_status)
                 await self._flush()
+                await self._flush_history()
                 services.cancel_scope.cancel()
 
     # -- startup and shutdown -------------------------------------------------------------------
@@ -277,6 +287,14 @@ class Runtime:
         if scope.cancelled_caught:
             logger.warning("%d job outcomes not written at shutdown: their leases will expire",
                            len(self._held))  # fmt: skip
+
+    async def _flush_history(self) -> None:
+        """Write the job history gathered since the last round (shielded, bounded)."""
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True):
+            try:
+                await self._history_writer.run_once()
+            except Exception as ex:  # history is for charts: it must not fail the shutdown
+                logger.warning("writing job history at shutdown failed: %s", ex)
 
     async def _signal_loop(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -351,7 +369,7 @@ class Runtime:
             # returned just as it was aborted; then `current` is empty).
             if current:
                 running = current.pop()
-                outcome = aborted(running.reason, running.lease)
+                outcome = self._aborted(running)
                 if (thread := self._executor.thread_of(running.job.id)) is not None:
                     outcome = await self._hold_for_thread(running, thread, outcome)
                 self._finish(state, running)
@@ -365,7 +383,7 @@ class Runtime:
         while (running := await state.take(checkpoint=streak >= SLOT_YIELD_EVERY)) is not None:
             streak = streak + 1 if streak < SLOT_YIELD_EVERY else 1
             if running.reason is not None or self._stop_requested.is_set():
-                await self._completer.submit(aborted(running.reason, running.lease))
+                await self._completer.submit(self._aborted(running))
                 continue
             if scope.cancel_called:  # a job aborted as it returned: a fresh scope, please
                 state.buffer.appendleft(running)
@@ -416,6 +434,7 @@ class Runtime:
 
     async def _execute(self, running: HeldJob) -> Outcome:
         """Run the job's handler; raises Cancelled if the job is aborted while it runs."""
+        started = time.monotonic()
         outcome = await self._executor.run(running.job, running.lease)
         if running.reason == "lost":  # its handler ran on, but the outcome is not ours
             logger.warning("job %d (%s) attempt %d: its handler finished after its lease was "
@@ -423,9 +442,20 @@ class Runtime:
                            "outcome (%s) is discarded", running.job.id, running.job.task,
                            running.lease.attempt, outcome.kind.value)  # fmt: skip
             return Outcome(kind=Kind.NOTHING, lease=running.lease)
+        outcome.ended = time.monotonic()  # for the history, with `started` and the job
+        outcome.started = started
+        outcome.job = running.job
+        return outcome
+
+    @staticmethod
+    def _aborted(running: HeldJob) -> Outcome:
+        """The outcome of a job stopped by the runtime (`aborted`), with its job attached."""
+        outcome = aborted(running.reason, running.lease)
+        outcome.job = running.job
         return outcome
 
     def _written(self, batch: Sequence[Outcome]) -> None:
+        self._history.record(batch)
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)

@@ -529,6 +529,61 @@ _CRON_SET_JOB = """
 UPDATE {ticks} SET job_id = %(job_id)s WHERE name = %(name)s AND tick = %(tick)s
 """
 
+# -- per-minute history (trioq._history) ---------------------------------------------------------
+
+# One row per (minute, queue, task) in the batch, sorted by the caller: concurrent writers
+# then lock shared rows in the same order and cannot deadlock. The histograms come as one
+# flat array, `buckets` elements per row (sliced by the row's ordinal), and are merged
+# element-wise into an existing row.
+_HISTORY_UPSERT = """
+INSERT INTO {history} AS h (minute, queue, task, completed, retried, dead, cancelled, runs,
+                            exec_us_sum, exec_us_max, exec_hist,
+                            wait_us_sum, wait_us_max, wait_hist)
+SELECT to_timestamp(u.minute), u.queue, u.task, u.completed, u.retried, u.dead, u.cancelled,
+       u.runs, u.exec_us_sum, u.exec_us_max,
+       (%(exec_hists)s::int8[])[(u.o - 1) * %(buckets)s + 1 : u.o * %(buckets)s],
+       u.wait_us_sum, u.wait_us_max,
+       (%(wait_hists)s::int8[])[(u.o - 1) * %(buckets)s + 1 : u.o * %(buckets)s]
+  FROM unnest(%(minutes)s::int8[], %(queues)s::text[], %(tasks)s::text[],
+              %(completed)s::int8[], %(retried)s::int8[], %(dead)s::int8[],
+              %(cancelled)s::int8[], %(runs)s::int8[], %(exec_us_sum)s::int8[],
+              %(exec_us_max)s::int8[], %(wait_us_sum)s::int8[], %(wait_us_max)s::int8[])
+       WITH ORDINALITY AS u(minute, queue, task, completed, retried, dead, cancelled, runs,
+                            exec_us_sum, exec_us_max, wait_us_sum, wait_us_max, o)
+ ORDER BY u.o
+ON CONFLICT (minute, queue, task) DO UPDATE SET
+    completed = h.completed + EXCLUDED.completed,
+    retried = h.retried + EXCLUDED.retried,
+    dead = h.dead + EXCLUDED.dead,
+    cancelled = h.cancelled + EXCLUDED.cancelled,
+    runs = h.runs + EXCLUDED.runs,
+    exec_us_sum = h.exec_us_sum + EXCLUDED.exec_us_sum,
+    exec_us_max = greatest(h.exec_us_max, EXCLUDED.exec_us_max),
+    exec_hist = ARRAY(SELECT a + b FROM unnest(h.exec_hist, EXCLUDED.exec_hist)
+                                        WITH ORDINALITY AS x(a, b, i) ORDER BY i),
+    wait_us_sum = h.wait_us_sum + EXCLUDED.wait_us_sum,
+    wait_us_max = greatest(h.wait_us_max, EXCLUDED.wait_us_max),
+    wait_hist = ARRAY(SELECT a + b FROM unnest(h.wait_hist, EXCLUDED.wait_hist)
+                                        WITH ORDINALITY AS x(a, b, i) ORDER BY i)
+"""
+
+# Rows older than the retention, at most `limit` per statement (SKIP LOCKED: every worker
+# prunes, none waits for another).
+_HISTORY_PRUNE = """
+WITH old AS (
+    SELECT minute, queue, task FROM {history}
+     WHERE minute < {now} - %(retention)s
+     ORDER BY minute
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), pruned AS (
+    DELETE FROM {history} h USING old
+     WHERE h.minute = old.minute AND h.queue = old.queue AND h.task = old.task
+    RETURNING 1
+)
+SELECT count(*) FROM pruned
+"""
+
 # -- the clock, the schema's version, migrations -------------------------------------------------
 
 _CLOCK = "SELECT {now}"
@@ -616,6 +671,8 @@ class Statements:
     cron_last_ticks: sql.Composed
     cron_record_tick: sql.Composed
     cron_set_job: sql.Composed
+    history_upsert: sql.Composed
+    history_prune: sql.Composed
     schema_exists: sql.Composed
     schema_version: sql.Composed
     missing_tables: sql.Composed
@@ -655,6 +712,7 @@ def statements(schema: str) -> Statements:
         "jobs": qualified(schema, "jobs"),
         "dead": qualified(schema, "dead_jobs"),
         "ticks": qualified(schema, "cron_ticks"),
+        "history": qualified(schema, "job_history"),
         "migrations": qualified(schema, "migrations"),
         "workers": qualified(schema, "workers"),
         "channel": sql.Identifier(channel),
@@ -705,6 +763,8 @@ def statements(schema: str) -> Statements:
         cron_last_ticks=compose(_CRON_LAST_TICKS),
         cron_record_tick=compose(_CRON_RECORD_TICK),
         cron_set_job=compose(_CRON_SET_JOB),
+        history_upsert=compose(_HISTORY_UPSERT),
+        history_prune=compose(_HISTORY_PRUNE),
         schema_exists=compose(_SCHEMA_EXISTS),
         schema_version=compose(_SCHEMA_VERSION),
         missing_tables=compose(_MISSING_TABLES),

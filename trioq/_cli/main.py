@@ -29,6 +29,7 @@ from .demo import DEMO_QUEUE, DEMO_SCHEMA, demo
 from .ops import add_ops_parsers
 from .serve import add_serve_parser
 from .stress import add_stress_parser
+from .web import add_web_parser
 
 __all__ = ["main"]
 
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
     add_db_parser(commands)
+    add_web_parser(commands, common)
     return parser
 
 

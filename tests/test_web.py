@@ -1,0 +1,384 @@
+"""The dashboard in-process (an ASGI call per request, real Postgres): pages, actions, the
+CSRF and token guards, read-only mode, hostile input, mounting under a prefix, and no DSN
+or password in anything it sends. The browser tests are ``tests/test_web_browser.py``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+import pytest
+from asgi import Reply, call
+from clitool import trioq_cli
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+import trioq
+import trioq.web
+from trioq import Failure, JobSpec, Lease, Queue
+from trioq.web import _app
+
+OWNER = "host-a:4242:abcd1234"
+TOKEN = "s3cret-token-for-the-tests"
+
+
+async def _jobs(dsn: str) -> dict[str, int]:
+    """One job in every state; their ids by state."""
+    q = Queue()
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        ids = [r.job_id for r in await q.enqueue_many(conn, [
+            JobSpec(task="send", queue="email", args={"user_id": 42, "to": "ada@example.com"}),
+            JobSpec(task="send", queue="email", args={"user_id": 7}),
+            JobSpec(task="later", queue="email", delay=3600),
+            JobSpec(task="run", queue="work"),
+            JobSpec(task="boom", queue="work", args={"why": "<script>alert(1)</script>"}),
+            JobSpec(task="keep", queue="work"),
+        ])]  # fmt: skip
+        claimed = await q.claim(conn, "work", owner=OWNER, limit=3, lease=dt.timedelta(60))
+        by_task = {job.task: job for job in claimed}
+        boom = by_task["boom"]
+        await q.fail_many(conn, owner=OWNER, failures=[Failure(
+            lease=Lease(boom.id, boom.attempt), error="RuntimeError: boom",
+            traceback="Traceback (most recent call last):\n  ...\nRuntimeError: boom", fatal=True,
+        )])  # fmt: skip
+        keep = by_task["keep"]
+        await q.complete_many(conn, owner=OWNER, leases=[Lease(keep.id, keep.attempt)],
+                              results=[{"sent": True}])  # fmt: skip
+        await q.cancel(conn, ids[1])
+    return {"available": ids[0], "cancelled": ids[1], "scheduled": ids[2], "running": ids[3],
+            "dead": ids[4], "done": ids[5]}  # fmt: skip
+
+
+def _dashboard(dsn: str, **options: Any) -> trioq.web.Dashboard:
+    return trioq.web.app(dsn, **options)
+
+
+async def _csrf(app: Any, path: str = "/confirm/purge?all=1") -> tuple[dict[str, str], str]:
+    """The cookies a browser gets from a page, and the CSRF token in its forms."""
+    reply = await call(app, "GET", path)
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', reply.text)
+    assert found, reply.text
+    return reply.cookies(), found[1]
+
+
+# -- pages ----------------------------------------------------------------------------------------
+
+
+async def test_every_page_renders_what_is_there(dsn: str) -> None:
+    ids = await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        overview = await call(app, "GET", "/")
+        assert overview.status == 200
+        for queue in ("email", "work"):
+            assert f'data-queue="{queue}"' in overview.text
+        assert OWNER in overview.text and "4242" in overview.text  # the worker, by its lease
+        live = await call(app, "GET", "/live/overview")
+        assert live.status == 200 and "<html" not in live.text  # a fragment
+        for state, job_id in ids.items():
+            page = await call(app, "GET", f"/jobs?state={state}")
+            assert page.status == 200 and f'data-job="{job_id}"' in page.text, state
+            job = await call(app, "GET", f"/jobs/{job_id}")
+            assert job.status == 200 and f'id="state">{state}<' in job.text, state
+        dead = (await call(app, "GET", f"/jobs/{ids['dead']}")).text
+        assert "RuntimeError: boom" in dead and 'id="traceback"' in dead
+        assert "<script>alert" not in dead and "&lt;script&gt;" in dead  # args are escaped
+        done = (await call(app, "GET", f"/jobs/{ids['done']}")).text
+        assert "&#34;sent&#34;: true" in done  # escaped, as every value is
+        assert (await call(app, "GET", "/cron")).status == 200
+        history = await call(app, "GET", "/api/history?range=day")
+        assert history.status == 200 and len(history.text) > 1000
+        gone = await call(app, "GET", "/jobs/999999")
+        assert gone.status == 404 and "finished jobs are deleted" in gone.text
+    finally:
+        await app.aclose()
+
+
+async def test_search_by_id_args_json_and_text(dsn: str) -> None:
+    ids = await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        found = await call(app, "GET", f"/jobs?q={ids['dead']}")
+        assert found.status == 303 and found.header("location") == f"/jobs/{ids['dead']}"
+        by_json = await call(app, "GET", '/jobs?state=available&q={"user_id":%2042}')
+        assert f'data-job="{ids["available"]}"' in by_json.text
+        by_text = await call(app, "GET", "/jobs?state=available&q=ada@example")
+        assert f'data-job="{ids["available"]}"' in by_text.text
+        neither = await call(app, "GET", '/jobs?state=available&q={"user_id":%207}')
+        assert "data-job=" not in neither.text and "No available jobs match" in neither.text
+        by_task = await call(app, "GET", "/jobs?state=available&task=nope")
+        assert "data-job=" not in by_task.text
+    finally:
+        await app.aclose()
+
+
+async def test_every_response_carries_the_security_headers(dsn: str) -> None:
+    await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        for path in ("/", "/jobs", "/static/trioq.js", "/nope", "/api/history"):
+            reply = await call(app, "GET", path)
+            csp = reply.header("content-security-policy") or ""
+            assert "default-src 'self'" in csp and "script-src 'self'" in csp, path
+            assert reply.header("x-frame-options") == "DENY", path
+            assert reply.header("referrer-policy") == "same-origin", path
+    finally:
+        await app.aclose()
+
+
+# -- actions --------------------------------------------------------------------------------------
+
+
+async def test_retry_purge_and_cancel_through_confirmation(dsn: str) -> None:
+    ids = await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        cookies, csrf = await _csrf(app, f"/confirm/retry?ids={ids['dead']}")
+        confirm = await call(app, "GET", f"/confirm/retry?ids={ids['dead']}", cookies=cookies)
+        assert 'id="count">1<' in confirm.text
+        done = await call(app, "POST", "/actions/retry", cookies=cookies,
+                          form={"csrf": csrf, "ids": ids["dead"]})  # fmt: skip
+        assert done.status == 303
+        assert done.header("location") == f"/jobs/{ids['dead']}?done=retry&n=1"
+        page = await call(app, "GET", done.header("location") or "", cookies=cookies)
+        assert 'id="state">available<' in page.text and "retried 1 dead jobs" in page.text
+        cancel = await call(app, "POST", "/actions/cancel", cookies=cookies,
+                            form={"csrf": csrf, "ids": ids["running"]})  # fmt: skip
+        assert cancel.header("location") == f"/jobs/{ids['running']}?done=requested"
+        page = await call(app, "GET", f"/jobs/{ids['running']}", cookies=cookies)
+        assert 'id="cancel-requested"' in page.text
+    finally:
+        await app.aclose()
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT cancel_requested FROM trioq.jobs WHERE id = %s",
+                                 (ids["running"],))  # fmt: skip
+        assert await cur.fetchone() == (True,)
+
+
+async def test_all_matching_walks_every_batch(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_app, "ACTION_BATCH", 2)
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await conn.execute(
+            "INSERT INTO trioq.dead_jobs (id, queue, task, args, priority, attempt,"
+            " max_attempts, reason, enqueued_at)"
+            " SELECT g, CASE WHEN g <= 5 THEN 'a' ELSE 'b' END, 't', '{}', 0, 1, 1, 'x', now()"
+            " FROM generate_series(1, 8) AS g"
+        )
+    app = _dashboard(dsn)
+    try:
+        cookies, csrf = await _csrf(app)
+        confirm = await call(app, "GET", "/confirm/purge?all=1&queue=a", cookies=cookies)
+        assert 'id="count">5<' in confirm.text
+        done = await call(app, "POST", "/actions/purge", cookies=cookies,
+                          form={"csrf": csrf, "all": "1", "queue": "a"})  # fmt: skip
+        assert done.header("location") == "/jobs?state=dead&done=purge&n=5"
+        done = await call(app, "POST", "/actions/retry", cookies=cookies,
+                          form={"csrf": csrf, "all": "1"})  # fmt: skip
+        assert done.header("location") == "/jobs?state=dead&done=retry&n=3"
+    finally:
+        await app.aclose()
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT count(*) FROM trioq.dead_jobs),"
+            " (SELECT count(*) FROM trioq.jobs WHERE queue = 'b')"
+        )
+        assert await cur.fetchone() == (0, 3)
+
+
+async def test_a_post_without_a_valid_csrf_token_is_refused(dsn: str) -> None:
+    ids = await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        cookies, csrf = await _csrf(app)
+        form = {"ids": ids["available"]}
+        for attempt in (
+            await call(app, "POST", "/actions/cancel", form=form),  # no cookie, no token
+            await call(app, "POST", "/actions/cancel", form=form, cookies=cookies),
+            await call(app, "POST", "/actions/cancel", form={**form, "csrf": "0" * 64},
+                       cookies=cookies),
+            await call(app, "POST", "/actions/cancel", form={**form, "csrf": csrf},
+                       cookies={"trioq_csrf": "x" * 43}),  # another browser's token
+            await call(app, "POST", "/actions/cancel", form={**form, "csrf": csrf},
+                       cookies=cookies, headers={"origin": "http://evil.example"}),
+        ):  # fmt: skip
+            assert attempt.status == 403, attempt.text
+            assert "CSRF" in attempt.text
+        ok = await call(app, "POST", "/actions/cancel", form={**form, "csrf": csrf},
+                        cookies=cookies, headers={"origin": "http://testserver"})  # fmt: skip
+        assert ok.status == 303
+    finally:
+        await app.aclose()
+
+
+async def test_read_only_hides_and_refuses_every_action(dsn: str) -> None:
+    ids = await _jobs(dsn)
+    app = _dashboard(dsn, read_only=True)
+    try:
+        page = await call(app, "GET", f"/jobs/{ids['dead']}")
+        assert 'id="read-only"' in page.text and 'id="retry"' not in page.text
+        assert 'type="checkbox"' not in (await call(app, "GET", "/jobs?state=dead")).text
+        assert (await call(app, "GET", f"/confirm/retry?ids={ids['dead']}")).status == 403
+        for action in ("retry", "purge", "cancel"):
+            refused = await call(app, "POST", f"/actions/{action}", form={"ids": ids["dead"]})
+            assert refused.status == 403 and "read-only" in refused.text
+    finally:
+        await app.aclose()
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT count(*) FROM trioq.dead_jobs")
+        assert await cur.fetchone() == (1,)
+
+
+# -- the token ----------------------------------------------------------------------------------
+
+
+async def test_the_token_guards_every_request(dsn: str) -> None:
+    await _jobs(dsn)
+    app = _dashboard(dsn, token=TOKEN)
+    try:
+        for path in ("/", "/jobs", "/static/trioq.js", "/api/history"):
+            refused = await call(app, "GET", path)
+            assert refused.status == 401 and TOKEN not in refused.text, path
+        assert (await call(app, "GET", "/?token=wrong-token-wrong-token")).status == 401
+        entry = await call(app, "GET", f"/jobs?state=dead&token={TOKEN}")
+        assert entry.status == 303 and entry.header("location") == "/jobs?state=dead"
+        cookies = entry.cookies()
+        assert cookies == {"trioq_token": TOKEN}
+        assert "HttpOnly" in (entry.header("set-cookie") or "")
+        assert (await call(app, "GET", "/jobs", cookies=cookies)).status == 200
+        bearer = await call(app, "GET", "/", headers={"authorization": f"Bearer {TOKEN}"})
+        assert bearer.status == 200
+    finally:
+        await app.aclose()
+
+
+def test_a_weak_token_is_refused(dsn: str) -> None:
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        trioq.web.app(dsn, token="short")
+    with pytest.raises(ValueError, match="only letters, digits"):
+        trioq.web.app(dsn, token="a token; with spaces")
+
+
+# -- hostile input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/jobs?state=bogus", 400, "state must be one of"),
+        ("/jobs?queue=a%00b", 400, "queue contains a NUL"),
+        ("/jobs?q=" + "x" * 201, 400, "q is longer than 200"),
+        ("/jobs?q=" + "[" * 150, 200, ""),  # not JSON: searched as text
+        ("/jobs?offset=-1", 400, "offset must be a whole number"),
+        ("/jobs?offset=99999999999999999999", 400, "offset must be a whole number"),
+        ("/jobs/99999999999999999999999", 404, "No job"),
+        ("/jobs?q=99999999999999999999999", 200, ""),  # an id no job can have
+        ("/confirm/retry?ids=99999999999999999999", 400, "ids must be a whole number"),
+        ("/confirm/retry", 400, "say which jobs"),
+        ("/confirm/explode?ids=1", 404, "no action"),
+        ("/confirm/cancel?ids=1&ids=2", 400, "cancel takes one job"),
+        ("/api/history?range=year", 400, "range must be one of"),
+        ("/jobs?task=%ED%A0%80", 200, ""),  # undecodable bytes: replaced, found nothing
+    ],
+)
+async def test_bad_input_gets_a_clear_answer(dsn: str, path: str, status: int, says: str) -> None:
+    await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        reply = await call(app, "GET", path)
+        assert reply.status == status, reply.text
+        assert says in reply.text
+    finally:
+        await app.aclose()
+
+
+async def test_too_many_ids_are_refused(dsn: str) -> None:
+    await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        cookies, csrf = await _csrf(app)
+        form = [("csrf", csrf), *(("ids", str(i)) for i in range(1, 1002))]
+        reply = await call(app, "POST", "/actions/retry", form=form, cookies=cookies)
+        assert reply.status == 400 and "at most 1000 jobs" in reply.text
+    finally:
+        await app.aclose()
+
+
+# -- secrets and mounting -----------------------------------------------------------------------
+
+
+def _with_password(dsn: str, password: str) -> str:
+    return make_conninfo(dsn, password=password)
+
+
+async def test_no_dsn_or_password_in_any_response(dsn: str, unused_port: int) -> None:
+    ids = await _jobs(dsn)
+    password = "Pa55-w0rd-n0t-sh0wn"  # the test cluster trusts local users: any works
+    target = conninfo_to_dict(dsn)
+    secrets = [password, str(target["host"]), str(target["dbname"])]
+    app = _dashboard(_with_password(dsn, password))
+    down = _dashboard(make_conninfo(dsn, host="127.0.0.1", port=unused_port, password=password))
+    try:
+        paths = ["/", "/live/overview", "/jobs", "/cron", "/api/history", "/nope",
+                 *(f"/jobs/{i}" for i in ids.values()), "/jobs?state=bogus"]  # fmt: skip
+        replies: list[Reply] = [await call(app, "GET", p) for p in paths]
+        replies += [await call(down, "GET", p) for p in ("/", "/jobs", "/api/history")]
+        assert [r.status for r in replies[-3:]] == [503, 503, 503]
+        assert "cannot be reached" in replies[-1].text
+        for reply in replies:
+            everything = reply.text + repr(reply.headers)
+            for secret in secrets:
+                assert secret not in everything
+    finally:
+        await app.aclose()
+        await down.aclose()
+
+
+async def test_mounted_under_a_prefix_links_stay_inside_it(dsn: str) -> None:
+    ids = await _jobs(dsn)
+    dashboard = _dashboard(dsn)
+    service = Starlette(routes=[Mount("/ops/trioq", app=dashboard)])
+    try:
+        page = await call(service, "GET", "/ops/trioq/")
+        assert page.status == 200
+        links = re.findall(r'(?:href|src|hx-get|data-history)="(/[^"]*)"', page.text)
+        assert links and all(link.startswith("/ops/trioq/") for link in links), links
+        job = await call(service, "GET", f"/ops/trioq/jobs/{ids['dead']}")
+        assert f'href="/ops/trioq/confirm/retry?ids={ids["dead"]}"' in job.text
+        assert (await call(service, "GET", "/ops/trioq/static/trioq.js")).status == 200
+    finally:
+        await dashboard.aclose()
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_the_command_refuses_to_listen_beyond_loopback_without_a_token(dsn: str) -> None:
+    done = trioq_cli("web", "--dsn", dsn, "--bind", "0.0.0.0:0")
+    assert done.returncode == 1
+    assert "reaches beyond this machine: give a token" in done.stderr
+    done = trioq_cli("web", "--dsn", dsn, "--bind", "localhost:99999")
+    assert done.returncode == 1 and "--bind must look like HOST:PORT" in done.stderr
+    done = trioq_cli("web", "--dsn", dsn, "--token", "short")
+    assert done.returncode == 1 and "at least 16 characters" in done.stderr
+
+
+def test_the_command_says_when_the_schema_is_missing(dsn: str) -> None:
+    done = trioq_cli("web", "--dsn", dsn, "--bind", "127.0.0.1:0")
+    assert done.returncode == 1 and "run `trioq migrate`" in done.stderr, done.stderr
+
+
+def test_under_asyncio_it_says_it_needs_trio(dsn: str) -> None:
+    import asyncio
+
+    app = _dashboard(dsn)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
+
+    async def nothing(*_: Any) -> Any:
+        return {"type": "http.disconnect"}
+
+    with pytest.raises(RuntimeError, match=r"trioq\.web runs on trio: serve it with Hypercorn"):
+        asyncio.run(app(scope, nothing, nothing))

@@ -1,0 +1,321 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright, against real
+``trioq serve`` and ``trioq web`` processes and real Postgres.
+
+Playwright's sync API runs here (its async API needs asyncio); the tests are plain sync
+tests, the servers are subprocesses. Chromium is ``/usr/bin/chromium`` (``.ci/run``
+installs it); Playwright never downloads a browser. Without Chromium these tests fail,
+saying so, unless ``TRIOQ_SKIP_BROWSER_TESTS=1`` (for a developer's machine).
+
+Every page a test opens may load only from the dashboard's own address, and may log no
+error to the console.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from pgcluster import create_database, drop_database
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+pytestmark = pytest.mark.slow
+
+TESTS = pathlib.Path(__file__).parent
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
+SKIP_VAR = "TRIOQ_SKIP_BROWSER_TESTS"
+#: As the probe of this machine found: no first-run work, no calls home (refused here).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+TOKEN = "browser-test-token-0123456789"
+LIVE = 20_000  # ms a live update may take (polls every 2 s, charts every 5 s)
+
+
+def _chromium() -> str:
+    if CHROMIUM.exists():
+        return str(CHROMIUM)
+    if os.environ.get(SKIP_VAR) == "1":
+        pytest.skip(f"{CHROMIUM} is missing and {SKIP_VAR}=1")
+    pytest.fail(
+        f"Chromium is not installed at {CHROMIUM}: the dashboard's browser tests need it "
+        f"(apt-get install -y chromium; .ci/run does this). {SKIP_VAR}=1 skips them."
+    )
+
+
+def test_without_chromium_the_tests_fail_and_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing browser is a failure (a skipped test is not a passing one), unless asked."""
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", pathlib.Path("/nonexistent/chromium"))
+    monkeypatch.delenv(SKIP_VAR, raising=False)
+    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y chromium"):
+        _chromium()
+    monkeypatch.setenv(SKIP_VAR, "1")
+    with pytest.raises(pytest.skip.Exception):
+        _chromium()
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _first_line(proc: subprocess.Popen[str], log: pathlib.Path, prefix: str,
+                timeout: float = 60) -> str:  # fmt: skip
+    """The first line of the process's output that starts with ``prefix`` (polled, bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text(errors="replace")
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                return line
+        assert proc.poll() is None, f"exited before {prefix!r}: {text}"
+        assert time.monotonic() < deadline, f"no {prefix!r} line: {text}"
+        time.sleep(0.05)
+
+
+class Stack:
+    """The database, and the trioq processes the tests start (all stopped at the end)."""
+
+    def __init__(self, dsn: str, logs: pathlib.Path) -> None:
+        self.dsn = dsn
+        self.logs = logs
+        self.procs: list[subprocess.Popen[str]] = []
+        self.worker: subprocess.Popen[str] | None = None
+
+    def _popen(self, *args: str, env: dict[str, str] | None = None
+               ) -> tuple[subprocess.Popen[str], pathlib.Path]:  # fmt: skip
+        """A trioq command, its output in a file (a pipe nobody reads could fill up)."""
+        log = self.logs / f"{len(self.procs)}-{args[0]}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trioq._cli", *args, "--dsn", self.dsn],
+                cwd=TESTS, env=env or _env(), text=True, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self.procs.append(proc)
+        return proc, log
+
+    def web(self, *flags: str, env: dict[str, str] | None = None) -> str:
+        """Start ``trioq web`` on a free port; its address."""
+        proc, log = self._popen("web", "--bind", "127.0.0.1:0", "--app", "web_app:config",
+                                *flags, env=env)  # fmt: skip
+        line = _first_line(proc, log, "trioq web: serving ")
+        return line.split()[3].rstrip("/")
+
+    def start_worker(self) -> None:
+        if self.worker is None:
+            self.worker, _ = self._popen("serve", "--app", "web_app:config")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate(timeout=30)
+
+    # the database, from the test's side
+
+    def sql(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def enqueue(self, queue: str, task: str, args: str, n: int = 1, max_attempts: int = 25
+                ) -> list[int]:  # fmt: skip
+        rows = self.sql(
+            "INSERT INTO trioq.jobs (queue, task, args, max_attempts)"
+            " SELECT %s, %s, %s::jsonb, %s FROM generate_series(1, %s) RETURNING id",
+            queue, task, args, max_attempts, n,
+        )
+        self.sql("SELECT pg_notify('trioq_trioq', %s)", queue)
+        return [r[0] for r in rows]
+
+    def wait_for(self, statement: str, expected: Any, *params: Any, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while (got := self.sql(statement, *params)) != expected:
+            assert time.monotonic() < deadline, f"{statement!r}: {got!r}, wanted {expected!r}"
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def stack(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    name = f"trioq_web_browser_{os.getpid()}"
+    dsn = create_database(pg_admin_dsn, name)
+    subprocess.run([sys.executable, "-m", "trioq._cli", "migrate", "--dsn", dsn], check=True,
+                   capture_output=True, env=_env(), timeout=60)  # fmt: skip
+    stack = Stack(dsn, tmp_path_factory.mktemp("web-browser-logs"))
+    stack.sql("CREATE TABLE web_switch (name text PRIMARY KEY, fail bool NOT NULL)")
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture(scope="module")
+def web(stack: Stack) -> str:
+    return stack.web()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    executable = _chromium()
+    playwright: Playwright
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()
+
+
+class Watched:
+    """A page, with every URL it requested and every console error it logged."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def assert_clean(self, origin: str) -> None:
+        foreign = [url for url in self.requests if not url.startswith(origin + "/")]
+        assert not foreign, f"loaded from elsewhere: {foreign}"
+        assert not self.errors, self.errors
+
+
+@pytest.fixture
+def watched(browser: Browser) -> Iterator[Watched]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(15_000)
+    try:
+        yield Watched(context.new_page())
+    finally:
+        context.close()
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+
+def test_counts_change_as_jobs_run(stack: Stack, web: str, watched: Watched) -> None:
+    page = watched.page
+    stack.enqueue("web", "quick", '{"seconds": 0.1}', n=40)
+    page.goto(web + "/")
+    available = page.locator('tr[data-queue="web"] td[data-state="available"]')
+    expect(available).to_have_text("40")
+    stack.start_worker()
+    expect(available).to_have_text("0", timeout=LIVE)  # no reload: the overview polls
+    expect(page.locator("#total-completed")).to_have_text("40", timeout=LIVE)  # the history
+    expect(page.locator('.chart[data-range="hour"] canvas').first).to_be_visible()
+    watched.assert_clean(web)
+
+
+def test_a_dead_jobs_traceback_then_retry_it_and_watch_it_complete(
+    stack: Stack, web: str, watched: Watched
+) -> None:
+    page = watched.page
+    stack.start_worker()
+    stack.sql("INSERT INTO web_switch VALUES ('a', true)")
+    (job_id,) = stack.enqueue("web", "flaky", '{"name": "a"}', max_attempts=1)
+    stack.wait_for("SELECT count(*) FROM trioq.dead_jobs WHERE id = %s", [(1,)], job_id)
+    page.goto(web + "/jobs?state=dead")
+    page.locator(f'tr[data-job="{job_id}"] a').first.click()
+    traceback = page.locator("#traceback")
+    expect(traceback).to_contain_text("RuntimeError: switch 'a' is on: failing on purpose")
+    expect(traceback).to_contain_text("web_app.py")
+    stack.sql("UPDATE web_switch SET fail = false WHERE name = 'a'")
+    page.locator("#retry").click()
+    expect(page.locator("#count")).to_have_text("1")
+    page.locator("#confirm").click()
+    expect(page.locator("#done")).to_have_text("retried 1 dead jobs")
+    expect(page.locator("#state")).to_have_text("done", timeout=LIVE)  # the page polls
+    expect(page.locator("#result")).to_contain_text('"ok": "a"')
+    watched.assert_clean(web)
+
+
+def test_cancel_a_running_job(stack: Stack, web: str, watched: Watched) -> None:
+    page = watched.page
+    stack.start_worker()
+    (job_id,) = stack.enqueue("slow", "sleeper", '{"seconds": 600}')
+    stack.wait_for("SELECT state FROM trioq.jobs WHERE id = %s", [("running",)], job_id)
+    page.goto(f"{web}/jobs/{job_id}")
+    expect(page.locator("#state")).to_have_text("running")
+    expect(page.locator("#lease-owner")).not_to_have_text("-")
+    page.locator("#cancel").click()
+    expect(page.locator("#what")).to_contain_text(f"Cancel running job {job_id}")
+    page.locator("#confirm").click()
+    expect(page.locator("#done")).to_contain_text("cancel requested")
+    expect(page.locator("#state")).to_have_text("cancelled", timeout=LIVE)
+    watched.assert_clean(web)
+
+
+def test_the_cron_page_shows_schedule_last_and_next_tick(
+    stack: Stack, web: str, watched: Watched
+) -> None:
+    page = watched.page
+    stack.start_worker()  # its scheduler records the entry's latest tick when it first sees it
+    tick = "SELECT max(tick) FROM trioq.cron_ticks WHERE name = 'new-year'"
+    stack.wait_for(f"SELECT ({tick}) IS NOT NULL", [(True,)])
+    ((last,),) = stack.sql(
+        f"SELECT to_char(({tick}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC'"
+    )
+    page.goto(web + "/cron")
+    row = page.locator('tr[data-entry="new-year"]')
+    expect(row).to_contain_text("0 0 1 1 *")
+    expect(row.locator(".last")).to_contain_text(last)
+    expect(row.locator(".next")).to_contain_text("-01-01 00:00:00 UTC")
+    watched.assert_clean(web)
+
+
+def test_read_only_mode_hides_and_refuses_actions(stack: Stack, watched: Watched) -> None:
+    page = watched.page
+    stack.start_worker()
+    stack.sql("INSERT INTO web_switch VALUES ('ro', true)")
+    (job_id,) = stack.enqueue("web", "flaky", '{"name": "ro"}', max_attempts=1)
+    stack.wait_for("SELECT count(*) FROM trioq.dead_jobs WHERE id = %s", [(1,)], job_id)
+    read_only = stack.web("--read-only")
+    page.goto(f"{read_only}/jobs/{job_id}")
+    expect(page.locator("#read-only")).to_be_visible()
+    expect(page.locator("#traceback")).to_be_visible()
+    expect(page.locator("#retry")).to_have_count(0)
+    refused = page.request.post(f"{read_only}/actions/retry", form={"ids": str(job_id)})
+    assert refused.status == 403 and "read-only" in refused.text()
+    assert page.goto(f"{read_only}/confirm/retry?ids={job_id}").status == 403  # type: ignore[union-attr]
+    stack.wait_for("SELECT count(*) FROM trioq.dead_jobs WHERE id = %s", [(1,)], job_id)
+
+
+def test_a_page_without_the_token_is_refused(stack: Stack, browser: Browser) -> None:
+    guarded = stack.web(env={**_env(), "TRIOQ_WEB_TOKEN": TOKEN})
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        refused = page.goto(guarded + "/jobs")
+        assert refused is not None and refused.status == 401
+        expect(page.locator("h1")).to_have_text("This dashboard needs its access token")
+        assert TOKEN not in page.content()
+        entered = page.goto(f"{guarded}/?token={TOKEN}")
+        assert entered is not None and entered.status == 200
+        assert "token=" not in page.url  # redirected to the page without it
+        expect(page.locator("#queues")).to_be_visible()
+        assert page.goto(guarded + "/jobs").status == 200  # type: ignore[union-attr]
+    finally:
+        context.close()
+    stranger = browser.new_context()
+    try:
+        assert stranger.new_page().goto(guarded + "/jobs").status == 401  # type: ignore[union-attr]
+    finally:
+        stranger.close()

@@ -1,0 +1,371 @@
+"""What the pages show, read from the database: the statements of `trioq.web._statements`
+run on a connection, their rows turned into small frozen objects the templates render."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import psycopg
+
+from .._dead import DeadJob
+from .._history import percentile_ms
+from ._statements import COUNT_CAP, LEASE_CAP, MAX_QUEUES, WINDOW, WebStatements
+
+__all__ = [
+    "Count",
+    "CronRow",
+    "HistoryPoint",
+    "JobDetail",
+    "JobFilter",
+    "JobRow",
+    "Overview",
+    "QueueRow",
+    "Worker",
+    "cron_ticks",
+    "dead_count",
+    "dead_ids",
+    "find_job",
+    "history",
+    "list_jobs",
+    "overview",
+]
+
+Conn = psycopg.AsyncConnection[Any]
+
+#: The states a job list can show (dead is the dead_jobs table).
+STATES = ("running", "available", "scheduled", "dead", "cancelled", "done")
+
+
+@attrs.frozen
+class Count:
+    """A count that is exact below the cap; ``capped``: at least this many."""
+
+    n: int
+    capped: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.n:,}+" if self.capped else f"{self.n:,}"
+
+
+def _count(n: int, cap: int = COUNT_CAP) -> Count:
+    return Count(min(n, cap), capped=n >= cap)
+
+
+@attrs.frozen(kw_only=True)
+class QueueRow:
+    queue: str
+    scheduled: Count
+    available: Count
+    running: Count
+    dead: Count
+    head_wait_seconds: float | None  # how long the next job to be claimed has waited
+
+
+@attrs.frozen(kw_only=True)
+class Worker:
+    """A lease owner seen in running jobs: ``host:pid:random`` when trioq named it."""
+
+    owner: str
+    host: str
+    pid: str
+    queues: tuple[tuple[str, int], ...]  # (queue, running jobs)
+    busy: int
+    next_expiry_seconds: float  # negative: a lease already expired (the worker is gone?)
+    last_expiry_seconds: float  # negative too: every lease expired
+
+    @property
+    def stale(self) -> bool:
+        return self.last_expiry_seconds < 0
+
+
+@attrs.frozen(kw_only=True)
+class Overview:
+    queues: tuple[QueueRow, ...]
+    workers: tuple[Worker, ...]
+    scheduled_capped: bool  # more scheduled jobs than the window: per-queue counts are lower
+    leases_capped: bool
+
+
+async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
+    """Every queue's counts, and the workers seen through their leases.
+
+    The queues are those with jobs waiting, running or dead, and those with history in
+    the last day (so a queue that just drained still shows, with zeros).
+    """
+    caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES, "lease_cap": LEASE_CAP}
+    recent = await history_queues(conn, st, since=int(now) - 86400)
+    cur = await conn.execute(st.queues_available, caps)
+    available = {q: (n, wait) for q, n, wait in await cur.fetchall()}
+    cur = await conn.execute(st.queues_dead, caps)
+    dead = dict(await cur.fetchall())
+    cur = await conn.execute(st.queues_scheduled, caps)
+    scheduled_rows = await cur.fetchall()
+    scheduled = {q: n for q, n, _ in scheduled_rows}
+    scheduled_capped = any(full for _, _, full in scheduled_rows)
+    cur = await conn.execute(st.leases, caps)
+    lease_rows = await cur.fetchall()
+    running: dict[str, int] = {}
+    for _, queue, n, _, _ in lease_rows:
+        running[queue] = running.get(queue, 0) + n
+    leases_capped = sum(running.values()) >= LEASE_CAP
+    names = sorted({*available, *dead, *scheduled, *running, *recent})[:MAX_QUEUES]
+    queues = tuple(
+        QueueRow(
+            queue=name,
+            scheduled=Count(scheduled.get(name, 0), capped=scheduled_capped),
+            available=_count(available.get(name, (0, None))[0]),
+            running=Count(running.get(name, 0), capped=leases_capped),
+            dead=_count(dead.get(name, 0)),
+            head_wait_seconds=_float(available.get(name, (0, None))[1]),
+        )
+        for name in names
+    )
+    return Overview(
+        queues=queues, workers=_workers(lease_rows), scheduled_capped=scheduled_capped,
+        leases_capped=leases_capped,
+    )  # fmt: skip
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _workers(rows: Sequence[tuple[Any, ...]]) -> tuple[Worker, ...]:
+    by_owner: dict[str, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        by_owner.setdefault(row[0], []).append(row)
+    workers = []
+    for owner, mine in by_owner.items():
+        parts = owner.split(":")
+        host, pid = (parts[0], parts[1]) if len(parts) == 3 else (owner, "")
+        workers.append(
+            Worker(
+                owner=owner, host=host, pid=pid,
+                queues=tuple((queue, int(n)) for _, queue, n, _, _ in mine),
+                busy=sum(int(n) for _, _, n, _, _ in mine),
+                next_expiry_seconds=min(float(r[3]) for r in mine),
+                last_expiry_seconds=max(float(r[4]) for r in mine),
+            )
+        )
+    return tuple(sorted(workers, key=lambda w: (w.host, w.pid, w.owner)))
+
+
+# -- history ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class HistoryPoint:
+    minute: int  # seconds since the epoch
+    completed: int
+    retried: int
+    dead: int
+    cancelled: int
+    exec_p50_ms: float | None
+    exec_p95_ms: float | None
+    exec_max_ms: float | None
+    wait_p50_ms: float | None
+    wait_p95_ms: float | None
+    wait_max_ms: float | None
+
+
+async def history(
+    conn: Conn, st: WebStatements, *, since: int, queue: str | None = None
+) -> tuple[float, list[HistoryPoint]]:
+    """The database's clock and the per-minute points since ``since`` (epoch seconds)."""
+    cur = await conn.execute(st.clock)
+    row = await cur.fetchone()
+    now = float(row[0]) if row else 0.0
+    cur = await conn.execute(st.history, {"since": since, "queue": queue})
+    points = []
+    for minute, done, retried, dead, cancelled, runs, _, xmax, _, wmax, xh, wh in (
+        await cur.fetchall()
+    ):
+        exec_max = xmax / 1000 if runs else None
+        wait_max = wmax / 1000 if runs else None
+        points.append(
+            HistoryPoint(
+                minute=int(minute), completed=done, retried=retried, dead=dead,
+                cancelled=cancelled,
+                exec_p50_ms=percentile_ms(xh, 0.5, max_ms=exec_max),
+                exec_p95_ms=percentile_ms(xh, 0.95, max_ms=exec_max),
+                exec_max_ms=exec_max,
+                wait_p50_ms=percentile_ms(wh, 0.5, max_ms=wait_max),
+                wait_p95_ms=percentile_ms(wh, 0.95, max_ms=wait_max),
+                wait_max_ms=wait_max,
+            )
+        )
+    return now, points
+
+
+async def history_queues(conn: Conn, st: WebStatements, *, since: int) -> list[str]:
+    cur = await conn.execute(st.history_queues, {"since": since})
+    return [q for (q,) in await cur.fetchall()]
+
+
+# -- job lists ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class JobFilter:
+    """What a job list shows: a state, optional queue and task, an optional args search
+    (a JSON value the args contain, or a text the args' JSON contains)."""
+
+    state: str = "running"
+    queue: str | None = None
+    task: str | None = None
+    search: str | None = None  # as typed
+    contains: str | None = None  # JSON, when the search parsed as an object or array
+    text: str | None = None  # else the search as text
+    offset: int = 0
+    limit: int = 50
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue, "task": self.task, "contains": self.contains,
+            "text": self.text, "window": WINDOW, "limit": self.limit + 1,
+            "offset": self.offset,
+        }  # fmt: skip
+
+    @property
+    def filtered(self) -> bool:
+        return any(v is not None for v in (self.queue, self.task, self.contains, self.text))
+
+
+def search_terms(search: str | None) -> tuple[str | None, str | None]:
+    """(contains, text): a JSON object or array searches by containment, the rest as text."""
+    if not search:
+        return None, None
+    try:
+        value = json.loads(search)
+    except (ValueError, RecursionError):
+        return None, search
+    if isinstance(value, dict | list):
+        return json.dumps(value), None
+    return None, search
+
+
+@attrs.frozen(kw_only=True)
+class JobRow:
+    id: int
+    queue: str
+    task: str
+    state: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: dt.datetime | None
+    enqueued_at: dt.datetime
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    error: str | None
+    args: str
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> JobRow:
+        names = [f.name for f in attrs.fields(cls)]
+        return cls(**dict(zip(names, row, strict=True)))
+
+
+async def list_jobs(conn: Conn, st: WebStatements, where: JobFilter) -> tuple[list[JobRow], bool]:
+    """One page of jobs, and whether there is a next one."""
+    cur = await conn.execute(st.lists[where.state], where.params())
+    rows = [JobRow.from_row(r) for r in await cur.fetchall()]
+    return rows[: where.limit], len(rows) > where.limit
+
+
+# -- one job ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class JobDetail:
+    id: int
+    queue: str
+    task: str
+    state: str
+    args: str
+    priority: int
+    run_at: dt.datetime
+    attempt: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    dedup_key: str | None
+    cancel_requested: bool
+    last_error: str | None
+    result: str | None
+    enqueued_at: dt.datetime
+    finished_at: dt.datetime | None
+    now: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> JobDetail:
+        names = [f.name for f in attrs.fields(cls)]
+        return cls(**dict(zip(names, row, strict=True)))
+
+    @property
+    def cancellable(self) -> bool:
+        return self.state in ("scheduled", "available", "running") and not self.cancel_requested
+
+
+async def find_job(conn: Conn, st: WebStatements, job_id: int) -> JobDetail | DeadJob | None:
+    """The job with this id, live (or kept) in jobs, or in dead_jobs; None if neither."""
+    cur = await conn.execute(st.job, {"id": job_id})
+    row = await cur.fetchone()
+    if row is not None:
+        return JobDetail.from_row(row)
+    cur = await conn.execute(st.dead_job, {"id": job_id})
+    row = await cur.fetchone()
+    return None if row is None else DeadJob.from_row(row)
+
+
+# -- dead-job actions ---------------------------------------------------------------------------
+
+
+async def dead_count(
+    conn: Conn, st: WebStatements, *, queue: str | None, task: str | None,
+    ids: list[int] | None,
+) -> Count:  # fmt: skip
+    if ids is not None:
+        cur = await conn.execute(st.dead_count_ids, {"ids": ids})
+    else:
+        cur = await conn.execute(st.dead_count, {"queue": queue, "task": task, "cap": COUNT_CAP})
+    row = await cur.fetchone()
+    return _count(int(row[0]) if row else 0)
+
+
+async def dead_ids(
+    conn: Conn, st: WebStatements, *, queue: str | None, task: str | None, after: int,
+    batch: int,
+) -> list[int]:  # fmt: skip
+    params = {"queue": queue, "task": task, "after": after, "batch": batch}
+    cur = await conn.execute(st.dead_ids, params)
+    return [job_id for (job_id,) in await cur.fetchall()]
+
+
+# -- cron ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class CronRow:
+    name: str
+    schedule: str | None  # None: not in the app the dashboard was given (or no app)
+    timezone: str | None
+    queue: str | None
+    task: str | None
+    last_tick: dt.datetime | None
+    last_job_id: int | None
+    last_fired_at: dt.datetime | None
+    next_tick: dt.datetime | None
+
+
+async def cron_ticks(
+    conn: Conn, st: WebStatements
+) -> dict[str, tuple[dt.datetime, int | None, dt.datetime]]:
+    """Each cron entry's latest fired tick: (tick, job id, fired at), by name."""
+    cur = await conn.execute(st.cron)
+    return {name: (tick, job_id, fired) for name, tick, job_id, fired in await cur.fetchall()}
