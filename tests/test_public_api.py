@@ -25,6 +25,13 @@ TOP_LEVEL = {
     "DatabaseReadOnlyError",
     "EmbeddedPostgresError",
     "InvalidDSNError",
+    "JobCancelledError",
+    "JobDeadError",
+    "JobNotFoundError",
+    "JobResultError",
+    "JobStatus",
+    "job_status",
+    "result",
     "DeadFilter",
     "DeadJob",
     "EnqueueResult",
@@ -92,3 +99,5 @@ def test_errors_subclass_the_closest_base() -> None:
     assert issubclass(trioq.DatabaseReadOnlyError, trioq.SchemaError)
     assert issubclass(trioq.InvalidDSNError, ValueError)
     assert issubclass(trioq.InvalidDSNError, psycopg.ProgrammingError)
+    assert issubclass(trioq.JobResultError, RuntimeError)
+    assert issubclass(trioq.JobNotFoundError, LookupError)
