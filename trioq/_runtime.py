@@ -33,6 +33,7 @@ from ._listener import Listener
 from ._migrate import latest_version
 from ._outcome import Kind, Outcome
 from ._pool import Pool
+from ._pruner import Pruner
 from ._queue import Queue
 from ._scheduler import Scheduler
 from ._schema import check_schema
@@ -191,6 +192,11 @@ class Runtime:
         self._listener = Listener(
             dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
         )
+        self._pruner = None if config.prune_interval is None else Pruner(
+            self.pool, self.queue.sql, interval=config.prune_interval, batch=config.prune_batch,
+            retain_done=config.retain_done, retain_cancelled=config.retain_cancelled,
+            retain_dead=config.retain_dead,
+        )  # fmt: skip
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -222,6 +228,8 @@ class Runtime:
                 services.start_soon(self._heartbeat.run)
                 services.start_soon(self._sweeper.run)
                 services.start_soon(self._scheduler.run)
+                if self._pruner is not None:
+                    services.start_soon(self._pruner.run)
                 if self.config.handle_signals:
                     services.start_soon(self._signal_loop)
                 await self._run_jobs(task_status)
