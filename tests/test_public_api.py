@@ -6,6 +6,7 @@ import psycopg
 
 import trioq
 import trioq.pg
+import trioq.testing
 
 TOP_LEVEL = {
     "CancelOutcome",
@@ -60,6 +61,7 @@ TOP_LEVEL = {
     "pg",
     "retry",
     "serve",
+    "testing",
 }
 
 PG = {
@@ -73,6 +75,23 @@ PG = {
     "TrioConnection",
     "connect",
     "redact_dsn",
+}
+
+
+TESTING = {
+    "DrainLimitError",
+    "DrainResult",
+    "Run",
+    "ThrowawayPostgres",
+    "advance_clock",
+    "assert_enqueued",
+    "call",
+    "drain",
+    "enqueued_jobs",
+    "job_context",
+    "refute_enqueued",
+    "reset_clock",
+    "set_clock",
 }
 
 
@@ -90,6 +109,21 @@ def test_top_level_surface() -> None:
 
 def test_pg_surface() -> None:
     assert _public(trioq.pg) - {"annotations"} == PG
+
+
+def test_testing_surface_names_its_module_and_needs_no_pytest() -> None:
+    assert _public(trioq.testing) == TESTING
+    for name in TESTING:
+        assert getattr(trioq.testing, name).__module__ == "trioq.testing", name
+    # Importable without pytest: only the plugin module imports it.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['pytest'] = None; import trioq.testing; "
+        "assert 'trioq.testing.pytest' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_errors_subclass_the_closest_base() -> None:
