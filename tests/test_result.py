@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from test_runtime import FAST
 
 import trioq
 from trioq import Failure, Lease, Queue
@@ -19,12 +20,6 @@ from trioq import Failure, Lease, Queue
 UTC = dt.UTC
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()
-FAST: dict[str, Any] = {
-    "lease": 1.5,
-    "heartbeat_interval": 0.3,
-    "poll_interval": 0.2,
-    "sweep_interval": 0.3,
-}
 
 
 @asynccontextmanager
