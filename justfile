@@ -16,10 +16,11 @@ install:
 test *args:
     {{venv}}/bin/pytest {{args}}
 
-# Lint and type-check: ruff and mypy --strict on the package, the tests and the benchmarks
+# Lint and type-check: ruff and mypy --strict on the package, tests, benchmarks and examples
 check:
-    {{venv}}/bin/ruff check trioq tests bench
+    {{venv}}/bin/ruff check trioq tests bench examples
     {{venv}}/bin/mypy --strict trioq tests bench
+    {{venv}}/bin/mypy --strict examples/shop
 
 # Everything CI runs, exactly as CI runs it
 ci:

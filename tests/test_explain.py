@@ -348,6 +348,17 @@ async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None
             print(f"\ncomplete, {kind} plan:\n{_render(plan)}")
             _assert_uses(plan, "jobs_pkey", ("Index Scan", "Index Only Scan"))
 
+        # The pruner (retention): the oldest finished rows, in a bounded batch.
+        prune_params = {"age": dt.timedelta(minutes=30), "limit": 1000}
+        for name, statement, index in (
+            ("prune_done", SQL.prune_done, "jobs_finished_idx"),
+            ("prune_cancelled", SQL.prune_cancelled, "jobs_finished_idx"),
+            ("prune_dead", SQL.prune_dead, "dead_jobs_died_idx"),
+        ):
+            for kind, plan in (await _both_plans(conn, name, statement, prune_params)).items():
+                print(f"\n{name}, {kind} plan:\n{_render(plan)}")
+                _assert_uses(plan, index, ("Index Scan", "Index Only Scan"))
+
 
 async def test_complete_uses_pkey_when_statistics_saw_no_running_job(dsn: str) -> None:
     """Statistics taken while the queue was idle, then a burst: 3,000 jobs running.

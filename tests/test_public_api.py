@@ -6,6 +6,7 @@ import psycopg
 
 import trioq
 import trioq.pg
+import trioq.testing
 
 TOP_LEVEL = {
     "CancelOutcome",
@@ -25,6 +26,13 @@ TOP_LEVEL = {
     "DatabaseReadOnlyError",
     "EmbeddedPostgresError",
     "InvalidDSNError",
+    "JobCancelledError",
+    "JobDeadError",
+    "JobNotFoundError",
+    "JobResultError",
+    "JobStatus",
+    "job_status",
+    "result",
     "DeadFilter",
     "DeadJob",
     "EnqueueResult",
@@ -53,6 +61,7 @@ TOP_LEVEL = {
     "pg",
     "retry",
     "serve",
+    "testing",
 }
 
 PG = {
@@ -70,6 +79,21 @@ PG = {
 
 
 WEB = {"Dashboard", "DashboardConfig", "app"}
+TESTING = {
+    "DrainLimitError",
+    "DrainResult",
+    "Run",
+    "ThrowawayPostgres",
+    "advance_clock",
+    "assert_enqueued",
+    "call",
+    "drain",
+    "enqueued_jobs",
+    "job_context",
+    "refute_enqueued",
+    "reset_clock",
+    "set_clock",
+}
 
 
 def _public(module: object) -> set[str]:
@@ -94,6 +118,19 @@ def test_web_surface() -> None:
 
     assert _public(trioq.web) - {"annotations"} == WEB
     assert trioq.web.Dashboard.__module__ == "trioq.web"
+def test_testing_surface_names_its_module_and_needs_no_pytest() -> None:
+    assert _public(trioq.testing) == TESTING
+    for name in TESTING:
+        assert getattr(trioq.testing, name).__module__ == "trioq.testing", name
+    # Importable without pytest: only the plugin module imports it.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['pytest'] = None; import trioq.testing; "
+        "assert 'trioq.testing.pytest' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_errors_subclass_the_closest_base() -> None:
@@ -103,3 +140,5 @@ def test_errors_subclass_the_closest_base() -> None:
     assert issubclass(trioq.DatabaseReadOnlyError, trioq.SchemaError)
     assert issubclass(trioq.InvalidDSNError, ValueError)
     assert issubclass(trioq.InvalidDSNError, psycopg.ProgrammingError)
+    assert issubclass(trioq.JobResultError, RuntimeError)
+    assert issubclass(trioq.JobNotFoundError, LookupError)

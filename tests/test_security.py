@@ -102,6 +102,7 @@ COMMANDS = [
     ["cancel", "1", "--json"],
     ["dead", "list", "--json"],
     ["dead", "retry", "--json"],
+    ["jobs", "show", "1", "--json"],
     ["demo", "--json"],
     ["serve", "--app", "serve_app:config"],
 ]

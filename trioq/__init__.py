@@ -32,11 +32,17 @@ from ._dead import DeadJob as DeadJob
 from ._enqueue import enqueue as enqueue
 from ._enqueue import enqueue_bulk as enqueue_bulk
 from ._enqueue import enqueue_many as enqueue_many
+from ._enqueue import job_status as job_status
+from ._enqueue import result as result
 from ._exceptions import ConnectError as ConnectError
 from ._exceptions import DatabaseReadOnlyError as DatabaseReadOnlyError
 from ._exceptions import EmbeddedPostgresError as EmbeddedPostgresError
 from ._exceptions import FatalError as FatalError
 from ._exceptions import InvalidDSNError as InvalidDSNError
+from ._exceptions import JobCancelledError as JobCancelledError
+from ._exceptions import JobDeadError as JobDeadError
+from ._exceptions import JobNotFoundError as JobNotFoundError
+from ._exceptions import JobResultError as JobResultError
 from ._exceptions import LeaseLostError as LeaseLostError
 from ._exceptions import MigrationError as MigrationError
 from ._exceptions import PayloadTooLargeError as PayloadTooLargeError
@@ -62,6 +68,7 @@ from ._queue import Queue as Queue
 from ._queue import SweepResult as SweepResult
 from ._registry import Registry as Registry
 from ._registry import Task as Task
+from ._result import JobStatus as JobStatus
 from ._runtime import Runtime as Runtime
 from ._runtime import RuntimeStatistics as RuntimeStatistics
 from ._schema import check_schema as check_schema

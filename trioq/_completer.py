@@ -35,7 +35,7 @@ from ._queue import Queue
 from ._sanitize import DATA_ERRORS as VALUE_ERRORS
 from ._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, safe_text
 
-__all__ = ["DATA_ERRORS", "Completer", "dead_letter", "sanitized"]
+__all__ = ["DATA_ERRORS", "Completer", "dead_letter", "sanitized", "write_kind"]
 
 logger = logging.getLogger("trioq.runtime")
 
@@ -170,38 +170,46 @@ class Completer:
                 by_kind.setdefault(outcome.kind, []).append(outcome)
         async with self._pool.connection() as conn:
             for kind, items in by_kind.items():
-                written = await self._write_kind(conn, kind, items)
+                written = await write_kind(
+                    conn, self._queue, kind, items, owner=self._owner,
+                    unknown_task_timeout=self._unknown_timeout,
+                )  # fmt: skip
                 done.add(kind)
                 _log_unwritten(kind, items, written)
 
-    async def _write_kind(self, conn: Any, kind: Kind, items: list[Outcome]) -> frozenset[int]:
-        """Write the ``items`` (all of ``kind``) in one statement; the ids written."""
-        q, owner = self._queue, self._owner
-        failures = [o.failure for o in items if o.failure is not None]
-        if kind is Kind.FAIL:
-            result = await q.fail_many(conn, owner=owner, failures=failures)
-        elif kind is Kind.UNKNOWN:
-            result = await q.release_unknown_many(
-                conn, owner=owner, failures=failures, dead_after=self._unknown_timeout
-            )
-        else:
-            return await self._write_leases(conn, kind, items)
-        return result.retried | result.dead | result.cancelled
 
-    async def _write_leases(self, conn: Any, kind: Kind, items: list[Outcome]) -> frozenset[int]:
-        q, owner = self._queue, self._owner
-        leases: list[Lease] = [o.lease for o in items]
-        if kind is Kind.COMPLETE:
-            return await q.complete_many(conn, owner=owner, leases=leases)
-        if kind is Kind.KEEP:
-            results = [o.result for o in items]
-            return await q.complete_many(conn, owner=owner, leases=leases, results=results)
-        if kind is Kind.RELEASE:
-            delays = [o.delay for o in items]
-            return await q.release_many(conn, owner=owner, leases=leases, delays=delays)
-        if kind is Kind.CANCELLED:
-            return await q.cancel_running_many(conn, owner=owner, leases=leases)
-        return frozenset(lease.job_id for lease in leases)  # NOTHING: nothing to write
+async def write_kind(
+    conn: Any, q: Queue, kind: Kind, items: Sequence[Outcome], *, owner: str,
+    unknown_task_timeout: dt.timedelta = dt.timedelta(days=1),
+) -> frozenset[int]:  # fmt: skip
+    """Write ``items`` (outcomes of ``kind``) in one fenced statement; the ids written."""
+    failures = [o.failure for o in items if o.failure is not None]
+    if kind is Kind.FAIL:
+        result = await q.fail_many(conn, owner=owner, failures=failures)
+    elif kind is Kind.UNKNOWN:
+        result = await q.release_unknown_many(
+            conn, owner=owner, failures=failures, dead_after=unknown_task_timeout
+        )
+    else:
+        return await _write_leases(conn, q, kind, items, owner=owner)
+    return result.retried | result.dead | result.cancelled
+
+
+async def _write_leases(
+    conn: Any, q: Queue, kind: Kind, items: Sequence[Outcome], *, owner: str
+) -> frozenset[int]:
+    leases: list[Lease] = [o.lease for o in items]
+    if kind is Kind.COMPLETE:
+        return await q.complete_many(conn, owner=owner, leases=leases)
+    if kind is Kind.KEEP:
+        results = [o.result for o in items]
+        return await q.complete_many(conn, owner=owner, leases=leases, results=results)
+    if kind is Kind.RELEASE:
+        delays = [o.delay for o in items]
+        return await q.release_many(conn, owner=owner, leases=leases, delays=delays)
+    if kind is Kind.CANCELLED:
+        return await q.cancel_running_many(conn, owner=owner, leases=leases)
+    return frozenset(lease.job_id for lease in leases)  # NOTHING: nothing to write
 
 
 def _log_unwritten(kind: Kind, items: list[Outcome], written: frozenset[int]) -> None:

@@ -65,6 +65,18 @@ def _positive_timedelta(
 ) -> None:
     if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
         raise ValueError(f"{attribute.name} must be a positive duration, got {value!r}")
+def _seconds_or_none(value: float | dt.timedelta | None) -> float | None:
+    return None if value is None else _seconds(value)
+
+
+def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and (not _number(value) or not value > 0):
+        raise ValueError(
+            f"{attribute.name} must be a positive finite number or None, got {value!r}"
+        )
+
+
+_DAY = 86400.0
 
 
 @attrs.frozen(kw_only=True)
@@ -178,6 +190,23 @@ class Config:
     history_retention: dt.timedelta = attrs.field(
         default=DEFAULT_HISTORY_RETENTION, converter=_timedelta, validator=_positive_timedelta
     )
+    #: Retention (the pruner, docs/results.md#retention): how long kept ``done`` rows,
+    #: ``cancelled`` rows and dead jobs stay after they ended; None keeps them forever.
+    retain_done: float | None = attrs.field(
+        default=_DAY, converter=_seconds_or_none, validator=_positive_or_none
+    )
+    retain_cancelled: float | None = attrs.field(
+        default=_DAY, converter=_seconds_or_none, validator=_positive_or_none
+    )
+    retain_dead: float | None = attrs.field(
+        default=7 * _DAY, converter=_seconds_or_none, validator=_positive_or_none
+    )
+    #: How often the pruner runs; None: this process runs no pruner.
+    prune_interval: float | None = attrs.field(
+        default=60.0, converter=_seconds_or_none, validator=_positive_or_none
+    )
+    #: Rows one pruning statement deletes at most (per kind).
+    prune_batch: int = attrs.field(default=1000, validator=_positive_int)
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
     #: running `serve` its own Config (``attrs.evolve(config, worker_id=...)``).
     worker_id: str = attrs.field(factory=_default_worker_id)

@@ -1,4 +1,5 @@
-"""``trioq.enqueue``, ``enqueue_many``, ``enqueue_bulk``: `Queue`'s methods on the default queue.
+"""``trioq.enqueue``, ``enqueue_many``, ``enqueue_bulk``, ``job_status``, ``result``: `Queue`'s
+methods on the default queue.
 
 Each is the `Queue` method itself, bound to `DEFAULT_QUEUE` (schema ``trioq``) by
 `on_default_queue`: its signature, types and docstring are written once, in
@@ -13,7 +14,15 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ._queue import Conn, Queue
 
-__all__ = ["DEFAULT_QUEUE", "enqueue", "enqueue_bulk", "enqueue_many", "without_first"]
+__all__ = [
+    "DEFAULT_QUEUE",
+    "enqueue",
+    "enqueue_bulk",
+    "enqueue_many",
+    "job_status",
+    "result",
+    "without_first",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,3 +61,5 @@ def on_default_queue(
 enqueue = on_default_queue(Queue.enqueue)
 enqueue_many = on_default_queue(Queue.enqueue_many)
 enqueue_bulk = on_default_queue(Queue.enqueue_bulk)
+job_status = on_default_queue(Queue.job_status)
+result = on_default_queue(Queue.result)

@@ -12,6 +12,11 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      │    ├── LeaseLostError        the job's lease was reclaimed: its outcome is not ours
      │    ├── PoolClosedError       a connection was asked of a closed pool
      │    ├── EmbeddedPostgresError the embedded server could not be set up, started or stopped
+     │    ├── DrainLimitError       trioq.testing.drain ran max_jobs and jobs were still due
+     │    ├── JobResultError        trioq.result: the job ended without a result (.status says how)
+     │    │    ├── JobDeadError          it died: its reason, last error and traceback
+     │    │    ├── JobCancelledError     it was cancelled
+     │    │    └── JobNotFoundError      no such job (also a LookupError)
      │    └── SchemaError           the database schema is not what this trioq needs
      │         ├── SchemaMissingError      never migrated: run `trioq migrate`
      │         ├── SchemaOutdatedError     older than this trioq: run `trioq migrate`
@@ -32,15 +37,21 @@ right type out of its range or form a ``ValueError``, and the message names the 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import psycopg
 
 __all__ = [
     "ConnectError",
     "DatabaseReadOnlyError",
+    "DrainLimitError",
     "EmbeddedPostgresError",
     "FatalError",
     "InvalidDSNError",
+    "JobCancelledError",
+    "JobDeadError",
+    "JobNotFoundError",
+    "JobResultError",
     "LeaseLostError",
     "MigrationError",
     "PayloadTooLargeError",
@@ -85,6 +96,34 @@ class PoolClosedError(RuntimeError):
 
 class EmbeddedPostgresError(RuntimeError):
     """The embedded Postgres server could not be found, initialized, started or stopped."""
+
+
+class DrainLimitError(RuntimeError):
+    """``trioq.testing.drain`` ran ``max_jobs`` jobs and jobs were still due (a job that
+    snoozes or enqueues itself forever, or a bound set too low)."""
+
+
+class JobResultError(RuntimeError):
+    """``trioq.result``: the job ended without a result. ``status`` (a `trioq.JobStatus`, or
+    None when there is no such job) says how."""
+
+    def __init__(self, message: str, *, job_id: int, status: Any = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+
+
+class JobDeadError(JobResultError):
+    """The job is dead: ``status.reason``, ``status.last_error`` and ``status.traceback``."""
+
+
+class JobCancelledError(JobResultError):
+    """The job was cancelled (``status.last_error`` holds an earlier attempt's error, if any)."""
+
+
+class JobNotFoundError(JobResultError, LookupError):
+    """No such job: never enqueued, completed without ``keep_result=True`` (its row is
+    deleted), or deleted by retention."""
 
 
 class SchemaError(RuntimeError):

@@ -44,6 +44,7 @@ __all__ = [
     "args_or_empty",
     "check_aware",
     "check_dedup_key",
+    "check_job_id",
     "check_max_attempts",
     "check_max_payload",
     "check_payload",
@@ -187,6 +188,19 @@ def to_delay(
     if seconds > limit.total_seconds():
         raise ValueError(f"{field} must be at most {limit.days} days, got {seconds:g} s")
     return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=seconds)
+
+
+#: Job ids are bigint.
+JOB_ID_MIN, JOB_ID_MAX = -(2**63), 2**63 - 1
+
+
+def check_job_id(value: object, field: str = "job_id") -> int:
+    if not _is_int(value):
+        raise TypeError(f"{field} must be an int, got {value!r}")
+    assert isinstance(value, int)
+    if not JOB_ID_MIN <= value <= JOB_ID_MAX:
+        raise ValueError(f"{field} must fit in a bigint (job ids are), got {value}")
+    return value
 
 
 def check_dedup_key(value: object, field: str = "dedup_key") -> str | None:

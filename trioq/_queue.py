@@ -38,6 +38,8 @@ from ._job import (
     rule,
 )
 from ._migrate import latest_version
+from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
+from ._result import job_status as read_job_status
 from ._schema import check_schema, schema_version
 from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements, validate_schema_name
 
@@ -613,6 +615,33 @@ class Queue:
             for w, n, e in await cur.fetchall()
         ]
         return queues, leases
+
+    # -- results (trioq._result) ----------------------------------------------------------------
+
+    async def job_status(self, conn: Conn, job_id: int) -> JobStatus:
+        """Where the job is in its life: every state, ``unknown`` when there is no such job."""
+        return await read_job_status(conn, self.sql, job_id)
+
+    async def result(
+        self,
+        conn: Conn,
+        job_id: int,
+        *,
+        timeout: float | dt.timedelta | None = None,  # noqa: ASYNC109 - see docs/results.md
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> JSONValue:
+        """The job's kept result, waiting for the job to finish if it has not.
+
+        Raises `JobDeadError` or `JobCancelledError` (with the job's last error),
+        or `JobNotFoundError` (no such job, or one that kept no result). A pending
+        job is waited for with LISTEN on ``conn`` (autocommit, outside a
+        transaction), re-read every ``poll_interval`` seconds should a
+        notification be lost. ``timeout``: `trio.TooSlowError` after that many
+        seconds, as ``with trio.fail_after(timeout)`` around the call would.
+        """
+        return await wait_result(
+            conn, self.sql, job_id, timeout=timeout, poll_interval=poll_interval
+        )
 
     # -- dead letters --------------------------------------------------------------------------
 

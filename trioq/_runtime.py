@@ -37,6 +37,7 @@ from ._liveness import Liveness
 from ._migrate import check_current
 from ._outcome import Kind, Outcome
 from ._pool import Pool
+from ._pruner import Pruner
 from ._queue import Queue
 from ._scheduler import Scheduler
 from ._sql import SCHEDULED_PAYLOAD
@@ -213,6 +214,11 @@ class Runtime:
             self.pool, config.schema, self._history, interval=config.history_interval,
             retention=config.history_retention,
         )  # fmt: skip
+        self._pruner = None if config.prune_interval is None else Pruner(
+            self.pool, self.queue.sql, interval=config.prune_interval, batch=config.prune_batch,
+            retain_done=config.retain_done, retain_cancelled=config.retain_cancelled,
+            retain_dead=config.retain_dead,
+        )  # fmt: skip
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -247,6 +253,8 @@ class Runtime:
                 services.start_soon(self._scheduler.run)
                 services.start_soon(self._watchdog.run)
                 services.start_soon(self._history_writer.run)
+                if self._pruner is not None:
+                    services.start_soon(self._pruner.run)
                 if self.config.handle_signals:
                     services.start_soon(self._signal_loop)
                 await self._run_jobs(task_status)

@@ -630,6 +630,88 @@ _RECORD_MIGRATION = "INSERT INTO {migrations} (version, name) VALUES (%(version)
 _RESET_SEARCH_PATH = "RESET search_path"
 
 
+# -- results: a job's status, waiting for its end (docs/results.md) ----------------------------
+
+# The columns of `trioq.JobStatus`, in order, for a row of jobs (`j`).
+_STATUS_COLUMNS = (
+    "j.id, j.state, j.queue, j.task, j.args, j.priority, j.attempt, j.max_attempts, j.run_at, "
+    "j.enqueued_at, j.finished_at, j.lease_owner, j.lease_expires_at, j.cancel_requested, "
+    "j.dedup_key, j.result, j.last_error, NULL::text AS reason, NULL::text AS traceback"
+)
+
+# One snapshot: a job is in jobs or in dead_jobs (they move in one statement), or nowhere.
+_JOB_STATUS = """
+SELECT {status_columns} FROM {jobs} j WHERE j.id = %(id)s
+UNION ALL
+SELECT d.id, 'dead', d.queue, d.task, d.args, d.priority, d.attempt, d.max_attempts, NULL,
+       d.enqueued_at, d.died_at, NULL, NULL, false, d.dedup_key, NULL, d.last_error, d.reason,
+       d.traceback
+  FROM {dead} d WHERE d.id = %(id)s
+"""
+
+# A waiter flags the job so that its end notifies (the triggers of migration 0002). Only a
+# job not flagged yet is written. A claim that met the row locked by this statement skipped
+# it: the queue's notification, sent at this commit, makes that worker claim again.
+_WAIT_FLAG = """
+WITH flagged AS (
+    UPDATE {jobs} SET notify_finished = true
+     WHERE id = %(id)s AND state NOT IN ('done', 'cancelled') AND NOT notify_finished
+    RETURNING queue, state
+)
+SELECT state, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue)::text END
+  FROM flagged
+"""
+
+_LISTENING = "SELECT %(channel)s::text = ANY(ARRAY(SELECT pg_listening_channels()))"
+
+# -- retention: the pruner (docs/results.md#retention) -------------------------------------------
+
+# One bounded batch, oldest first, rows locked by another pruner skipped. The state is a
+# literal (not a parameter), so a generic plan still matches the partial index; the ids go
+# through an array, so the delete probes the primary key even when a generic plan guesses
+# the batch is 10% of the table (with a join it hashed the whole table instead).
+_PRUNE_FINISHED = """
+WITH doomed AS (
+    SELECT id FROM {jobs}
+     WHERE state = {state} AND finished_at < {now} - %(age)s
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {jobs} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+"""
+
+_PRUNE_DEAD = """
+WITH doomed AS (
+    SELECT id FROM {dead}
+     WHERE died_at < {now} - %(age)s
+     ORDER BY died_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {dead} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+"""
+
+# -- trioq.testing: listing jobs, the earliest scheduled one, the session's clock ---------------
+
+_LIST_JOBS = """
+SELECT {status_columns} FROM {jobs} j
+ WHERE j.state = ANY(%(states)s::text[])
+   AND (%(task)s::text IS NULL OR j.task = %(task)s)
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+   AND (%(args)s::jsonb IS NULL OR j.args @> %(args)s::jsonb)
+   AND (%(priority)s::int2 IS NULL OR j.priority = %(priority)s)
+ ORDER BY j.id
+"""
+
+_FIRST_SCHEDULED = """
+SELECT min(run_at) FROM {jobs} WHERE state = 'scheduled' AND queue = ANY(%(queues)s::text[])
+"""
+
+# Sets (or, with '', unsets) the session's `trioq.now`, which `NOW` reads.
+_SET_CLOCK = "SELECT set_config('trioq.now', %(now)s, false)"
+
+
 @attrs.frozen
 class Statements:
     """The composed statements of one schema."""
@@ -682,6 +764,17 @@ class Statements:
     migration_search_path: sql.Composed
     record_migration: sql.Composed
     reset_search_path: sql.Composed
+    # results, retention, trioq.testing
+    job_status: sql.Composed
+    wait_flag: sql.Composed
+    listening: sql.Composed
+    unlisten: sql.Composed
+    prune_done: sql.Composed
+    prune_cancelled: sql.Composed
+    prune_dead: sql.Composed
+    list_jobs: sql.Composed
+    first_scheduled: sql.Composed
+    set_clock: sql.Composed
 
     @property
     def lock_space(self) -> str:
@@ -720,10 +813,11 @@ def statements(schema: str) -> Statements:
         "live": sql.SQL(_LIVE),
         "fence": sql.SQL(_FENCE),
         "job_columns": sql.SQL(_JOB_COLUMNS),
+        "status_columns": sql.SQL(_STATUS_COLUMNS),
     }
 
-    def compose(text: str) -> sql.Composed:
-        return sql.SQL(text.strip()).format(**names)
+    def compose(text: str, **more: sql.Composable) -> sql.Composed:
+        return sql.SQL(text.strip()).format(**names, **more)
 
     return Statements(
         schema=schema,
@@ -774,4 +868,14 @@ def statements(schema: str) -> Statements:
         migration_search_path=compose(_MIGRATION_SEARCH_PATH),
         record_migration=compose(_RECORD_MIGRATION),
         reset_search_path=compose(_RESET_SEARCH_PATH),
+        job_status=compose(_JOB_STATUS),
+        wait_flag=compose(_WAIT_FLAG),
+        listening=compose(_LISTENING),
+        unlisten=compose("UNLISTEN {channel}"),
+        prune_done=compose(_PRUNE_FINISHED, state=sql.Literal("done")),
+        prune_cancelled=compose(_PRUNE_FINISHED, state=sql.Literal("cancelled")),
+        prune_dead=compose(_PRUNE_DEAD),
+        list_jobs=compose(_LIST_JOBS),
+        first_scheduled=compose(_FIRST_SCHEDULED),
+        set_clock=compose(_SET_CLOCK),
     )

@@ -26,6 +26,7 @@ from .._pg import connect
 from .._pg_errors import dsn_secrets, redact
 from .db import add_db_parser
 from .demo import DEMO_QUEUE, DEMO_SCHEMA, demo
+from .jobs import add_jobs_parser
 from .ops import add_ops_parsers
 from .serve import add_serve_parser
 from .stress import add_stress_parser
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(commands, common)
     add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
+    add_jobs_parser(commands, common)
     add_db_parser(commands)
     add_web_parser(commands, common)
     return parser

@@ -1,0 +1,1 @@
+"""A shop that takes orders, charges them and mails receipts, with trioq doing the work."""
