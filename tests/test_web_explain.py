@@ -76,7 +76,7 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
     by_ids = {"ids": ids, "queue": None, "task": None}
     yield "Queue.dead_retry", LIB.dead_retry, by_ids
     yield "Queue.dead_purge", LIB.dead_purge, {**by_ids, "before": None, "older_than": None}
-    yield "Queue.cancel", LIB.cancel, {"id": 42}
+    yield "Queue.cancel", LIB.cancel, {"id": 42, "channel": LIB.channel}
 
 
 def _nodes(plan: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:

@@ -529,8 +529,9 @@ class Queue:
     # -- cancel and sweep ----------------------------------------------------------------------
 
     async def cancel(self, conn: Conn, job_id: int) -> CancelOutcome:
-        """Cancel a scheduled or available job at once; flag a running one for the runtime."""
-        cur = await conn.execute(self.sql.cancel, {"id": job_id})
+        """Cancel a scheduled or available job at once; flag a running one for the runtime,
+        and notify its worker (``@cancel:<id>``), which stops the handler at once."""
+        cur = await conn.execute(self.sql.cancel, {"id": job_id, "channel": self.sql.channel})
         row = await cur.fetchone()
         assert row is not None
         if row[0]:

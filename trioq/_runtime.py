@@ -40,7 +40,7 @@ from ._pool import Pool
 from ._pruner import Pruner
 from ._queue import Queue
 from ._scheduler import Scheduler
-from ._sql import SCHEDULED_PAYLOAD
+from ._sql import CANCEL_PAYLOAD, SCHEDULED_PAYLOAD
 from ._sweeper import Sweeper
 from ._wakeup import Wakeup
 from ._watchdog import Watchdog
@@ -50,7 +50,7 @@ __all__ = ["Runtime", "RuntimeStatistics"]
 logger = logging.getLogger("trioq.runtime")
 
 #: Backoff of a fetcher whose claims fail (a notification cuts it short).
-CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 5.0
+CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 0.5
 #: Bound on the shielded cleanup at shutdown (flushing outcomes).
 FLUSH_TIMEOUT = 10.0
 #: A slot that finds its next job already buffered takes it without a checkpoint, but
@@ -473,11 +473,24 @@ class Runtime:
     # -- wake-ups -------------------------------------------------------------------------------
 
     def _wake(self, payload: str) -> None:
-        """A notification: a queue got due work, or (``@scheduled``) a job for later."""
+        """A notification: a queue got due work, (``@scheduled``) a job for later, or
+        (``@cancel:<id>``) a cancel of a running job, maybe one of ours."""
         if payload == SCHEDULED_PAYLOAD:
             self._scheduler.wake()
+        elif payload.startswith(CANCEL_PAYLOAD):
+            self._cancel(payload[len(CANCEL_PAYLOAD) :])
         elif (state := self._queues.get(payload)) is not None:
             state.wakeup.set()
+
+    def _cancel(self, job_id: str) -> None:
+        """Stop the handler of a job whose cancel was requested, if it runs (or waits) here.
+        The heartbeat would see the flag too, up to an interval later: this is the fast path."""
+        if not job_id.isdigit():
+            return
+        for held in self._held.of_job(int(job_id)):
+            logger.info("job %d (%s): cancel requested: stopping its handler", held.job.id,
+                        held.job.task)  # fmt: skip
+            held.abort("cancel")
 
     def _wake_all(self) -> None:
         for state in self._queues.values():

@@ -30,6 +30,7 @@ import attrs
 from psycopg import sql
 
 __all__ = [
+    "CANCEL_PAYLOAD",
     "NOW",
     "SCHEDULED_PAYLOAD",
     "SCHEMA_NAME_RE",
@@ -72,6 +73,9 @@ _LIVE = "('scheduled', 'available', 'running')"
 #: Notification payload for a job enqueued for later: wakes schedulers, not fetchers.
 #: (Queue names cannot contain '@'.)
 SCHEDULED_PAYLOAD = "@scheduled"
+#: Notification payload prefix for a running job whose cancel was requested: its worker
+#: stops the handler at once instead of at its next heartbeat. ``@cancel:<job id>``.
+CANCEL_PAYLOAD = "@cancel:"
 
 # Columns a worker needs of a claimed job, in `Job.COLUMNS` order. They are the cheapest
 # types for psycopg to decode: args as JSON text (trioq runs json.loads on it: psycopg's
@@ -326,7 +330,9 @@ WITH now_cancelled AS (
      WHERE id = %(id)s AND state = 'running'
     RETURNING id
 )
-SELECT (SELECT pg_catalog.count(*) FROM now_cancelled), (SELECT pg_catalog.count(*) FROM flagged)
+SELECT (SELECT pg_catalog.count(*) FROM now_cancelled), (SELECT pg_catalog.count(*) FROM flagged),
+       (SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, '@cancel:' || f.id))
+          FROM flagged f)
 """
 
 # Due scheduled jobs become available; the queues that got work are returned (to notify).

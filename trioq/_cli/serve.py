@@ -64,7 +64,10 @@ def add_serve_parser(
     sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")
     sub.add_argument("--migrate", action="store_true", help="run `trioq migrate` first")
     sub.add_argument(
-        "--processes", type=int, default=1, help="worker processes (one per core; default 1)"
+        "--processes", type=int, default=1,
+        help="worker processes, one per core (default 1). Above 1, a supervisor restarts a "
+        "worker that dies (and gives up on one that keeps dying as it starts); 1 runs the "
+        "worker in this process, unsupervised: a crash exits (use a process manager)",
     )
     sub.set_defaults(handler=_serve)
 
