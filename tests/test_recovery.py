@@ -22,7 +22,12 @@ from helpers import Counter, rows, serving, wait_until
 import trioq
 
 #: The library's own timings: a cancel that waited for the heartbeat would take up to 5 s.
-DEFAULTS: dict[str, Any] = {"lease": 30, "heartbeat_interval": 5, "poll_interval": 2, "sweep_interval": 5}
+DEFAULTS: dict[str, Any] = {
+    "lease": 30,
+    "heartbeat_interval": 5,
+    "poll_interval": 2,
+    "sweep_interval": 5,
+}
 
 
 async def test_a_running_async_handler_is_cancelled_within_a_fraction_of_a_second(
