@@ -72,8 +72,29 @@ def _command(
 def _run(action: Action, args: argparse.Namespace) -> int:
     with database(args.dsn) as dsn:
         code, payload, text = trio.run(_with_conn, dsn, action, args)
-    print(json.dumps(payload, default=str) if args.json else text)
+    print(to_json(payload) if args.json else text)
     return code
+
+
+def to_json(payload: Any) -> str:
+    """``payload`` as JSON; a value stored by another producer that json cannot encode
+    (nested too deep, say) is shown as its text instead of failing the command."""
+    try:
+        return json.dumps(payload, default=str)
+    except (ValueError, RecursionError):
+        if isinstance(payload, list):
+            return "[" + ", ".join(to_json(item) for item in payload) + "]"
+        if isinstance(payload, dict):
+            return json.dumps({k: _shown(v) for k, v in payload.items()}, default=str)
+        return json.dumps(str(payload)[:1000])
+
+
+def _shown(value: Any) -> Any:
+    try:
+        json.dumps(value, default=str)
+    except (ValueError, RecursionError):
+        return f"<not shown: {type(value).__name__} that JSON cannot encode>"
+    return value
 
 
 async def _with_conn(dsn: str, action: Action, args: argparse.Namespace) -> tuple[int, Any, str]:
