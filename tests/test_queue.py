@@ -133,7 +133,8 @@ async def test_dedup_fingerprint_and_key(dsn: str) -> None:
         # Explicit keys are scoped by task (issue #13; before, this was a duplicate of k1).
         k2 = await trioq.enqueue(conn, "u", {"z": 1}, dedup_key="order-7")
         assert not k2.duplicate
-        assert (await trioq.enqueue(conn, "t", {"z": 2}, dedup_key="order-7")).duplicate
+        again_t = await trioq.enqueue(conn, "t", {"z": 2}, dedup_key="order-7")
+        assert again_t == trioq.EnqueueResult(k1.job_id, duplicate=True)
         # A global key spans tasks.
         g1 = await trioq.enqueue(conn, "t", unique=trioq.Unique(key="g", by_task=False))
         g2 = await trioq.enqueue(conn, "u", unique=trioq.Unique(key="g", by_task=False))

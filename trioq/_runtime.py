@@ -26,8 +26,10 @@ from ._completer import Completer
 from ._config import Config, QueueConfig
 from ._context import JobServices
 from ._execute import Executor, aborted
+from ._flow import LimitedClaim
+from ._governor import Governor
 from ._heartbeat import Heartbeat
-from ._job import Job, Lease
+from ._job import Lease
 from ._leases import HeldJob, HeldJobs
 from ._listener import Listener
 from ._migrate import latest_version
@@ -36,7 +38,7 @@ from ._pool import Pool
 from ._queue import Queue
 from ._scheduler import Scheduler
 from ._schema import check_schema
-from ._sql import SCHEDULED_PAYLOAD
+from ._sql import QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
 from ._sweeper import Sweeper
 from ._wakeup import Wakeup
 
@@ -191,6 +193,11 @@ class Runtime:
         self._listener = Listener(
             dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
         )
+        self._governor = Governor(
+            self.pool, self.queue, {name: q.config for name, q in self._queues.items()},
+            poll_interval=config.poll_interval, on_change=self._wake,
+            on_paused=self._release_buffered,
+        )  # fmt: skip
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -218,6 +225,7 @@ class Runtime:
             await self._check_schema()
             async with trio.open_nursery() as services:
                 await services.start(self._listener.run)
+                await services.start(self._governor.run)
                 services.start_soon(self._completer.run)
                 services.start_soon(self._heartbeat.run)
                 services.start_soon(self._sweeper.run)
@@ -286,7 +294,7 @@ class Runtime:
                     continue
                 finished_before = state.finished
                 try:
-                    claimed = await self._claim(state, wanted)
+                    got, written = await self._claim(state, wanted)
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
                     logger.warning("claiming from queue %r failed: %s", state.name, ex)
                     # Back off, but a notification (or the listener's reconnect) means
@@ -298,24 +306,36 @@ class Runtime:
                     continue
                 backoff = CLAIM_BACKOFF_MIN
                 concurrency = state.config.concurrency
-                state.prefetch = min(concurrency, state.finished - finished_before)
+                # No prefetch while a concurrency limit decides: buffered jobs would hold
+                # slots of the whole cluster idle.
+                state.prefetch = 0 if got.concurrency_bound else min(
+                    concurrency, state.finished - finished_before
+                )
+                claimed = got.jobs
                 batch = [HeldJob(job, Lease(job.id, job.attempt)) for job in claimed]
                 self._held.add(batch)
                 state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
-                if len(claimed) < wanted:  # the queue is drained: wait for news, or poll
-                    with trio.move_on_after(self.config.poll_interval):
-                        await state.wakeup.wait()
+                if len(claimed) < wanted:  # drained or limited: wait for news, or poll
+                    await self._governor.wait(state.name, got, written, state.wakeup)
         finally:
             state.close()  # the slots release what is left in the buffer, then end
 
-    async def _claim(self, state: _QueueState, limit: int) -> list[Job]:
+    async def _claim(self, state: _QueueState, limit: int) -> tuple[LimitedClaim, int]:
         async with self.pool.connection() as conn:
-            claimed = await self.queue.claim(
+            got = await self._governor.claim(
                 conn, state.name, owner=self.config.worker_id, limit=limit,
                 lease=dt.timedelta(seconds=self.config.lease),
             )  # fmt: skip
-        self._claimed += len(claimed)
-        return claimed
+        self._claimed += len(got[0].jobs)
+        return got
+
+    async def _release_buffered(self, name: str) -> None:
+        """The queue was paused: give back the jobs claimed for it but not started."""
+        state = self._queues[name]
+        while state.buffer:
+            held = state.buffer.pop()
+            held.abort("paused")
+            await self._completer.submit(aborted("paused", held.lease))
 
     async def _slot(self, state: _QueueState) -> None:
         """One of the queue's ``concurrency`` slots: run buffered jobs one after another.
@@ -378,6 +398,7 @@ class Runtime:
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)
+        self._governor.outcomes_written()
         if any(o.kind is Kind.FAIL or (o.kind is Kind.RELEASE and o.delay) for o in batch):
             self._scheduler.wake()  # a retry or snooze may now be the next job due
 
@@ -387,6 +408,8 @@ class Runtime:
         """A notification: a queue got due work, or (``@scheduled``) a job for later."""
         if payload == SCHEDULED_PAYLOAD:
             self._scheduler.wake()
+        elif payload == QUEUES_PAYLOAD:
+            self._governor.wake()
         elif (state := self._queues.get(payload)) is not None:
             state.wakeup.set()
 
@@ -394,3 +417,4 @@ class Runtime:
         for state in self._queues.values():
             state.wakeup.set()
         self._scheduler.wake()
+        self._governor.wake()

@@ -27,6 +27,7 @@ from .._pg_errors import dsn_secrets, redact
 from .db import add_db_parser
 from .demo import demo
 from .ops import add_ops_parsers
+from .queues import add_queue_parser
 from .serve import add_serve_parser
 from .stress import add_stress_parser
 
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(commands, common)
     add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
+    add_queue_parser(commands, common)
     add_db_parser(commands)
     return parser
 

@@ -130,9 +130,11 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
 
 async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
     queues, leases = await queue.status(conn)
+    paused = sorted(s.name for s in await queue.queue_settings(conn) if s.paused)
     payload = {
-        "queues": [attrs.asdict(q) for q in queues],
+        "queues": [{**attrs.asdict(q), "paused": q.queue in paused} for q in queues],
         "workers": [attrs.asdict(w) for w in leases],
+        "paused": paused,
     }
     lines = [f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"]
     for q in queues:
@@ -142,6 +144,8 @@ async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
         )
     if not queues:
         lines.append("(no jobs)")
+    if paused:
+        lines.append(f"paused (trioq queue resume NAME): {', '.join(paused)}")
     lines.append("")
     lines.append(f"{'worker':<40} {'running':>7}  next lease expiry")
     for w in leases:

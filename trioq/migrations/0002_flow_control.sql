@@ -226,24 +226,25 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- Take the jobs (re-checked: one may have been cancelled meanwhile) and count them as
-    -- started, per queue and per key, in the same statement.
+    -- Lock the jobs to take (a chosen one may have been cancelled meanwhile: re-checked),
+    -- then take them and count them as started, per queue and per key, in one statement.
+    IF keyed THEN
+        chosen := ARRAY(SELECT j.id FROM jobs j
+                         WHERE j.id = ANY(chosen) AND j.state = 'available'
+                           FOR UPDATE SKIP LOCKED);
+    ELSE
+        chosen := ARRAY(SELECT j.id FROM jobs j
+                         WHERE j.queue = p_queue AND j.state = 'available' AND j.run_at <= t
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT room
+                           FOR UPDATE SKIP LOCKED);
+    END IF;
     RETURN QUERY
-    WITH c AS (
-        SELECT j.id FROM jobs j
-         WHERE NOT keyed AND j.queue = p_queue AND j.state = 'available' AND j.run_at <= t
-         ORDER BY j.priority, j.run_at, j.id
-         LIMIT room
-           FOR UPDATE SKIP LOCKED
-    ), ck AS (
-        SELECT j.id FROM jobs j
-         WHERE keyed AND j.id = ANY(chosen) AND j.state = 'available'
-           FOR UPDATE SKIP LOCKED
-    ), upd AS (
+    WITH upd AS (
         UPDATE jobs j
            SET state = 'running', attempt = j.attempt + 1,
                lease_owner = p_owner, lease_expires_at = t + p_lease
-         WHERE j.id IN (SELECT c.id FROM c UNION ALL SELECT ck.id FROM ck)
+         WHERE j.id = ANY(chosen)
         RETURNING j.*
     ), rated AS (
         INSERT INTO rate_starts (queue, key, started_at, n)
