@@ -44,7 +44,7 @@ PERIOD_MAX = dt.timedelta(days=366)
 PERIOD_MIN = dt.timedelta(milliseconds=1)
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_RATE_RE = re.compile(r"\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
+_RATE_RE = re.compile(r"\s*(\d{1,10})\s*/\s*(\d{0,10}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)\s*")
 
 
 class Unset(enum.Enum):
@@ -101,16 +101,17 @@ class RateLimit:
     def parse(cls, text: str, field: str = "rate") -> RateLimit:
         """``N/PERIOD``: ``100/1m``, ``5/s``, ``10/500ms``, ``1000/1h``, ``50/1d``."""
         match = _RATE_RE.fullmatch(text) if isinstance(text, str) else None
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
         if match is None:
             raise ValueError(
-                f"{field} {text!r} is invalid: use N/PERIOD, e.g. 100/1m, 5/s, 10/500ms, 1000/1h"
+                f"{field} {shown!r} is invalid: use N/PERIOD, e.g. 100/1m, 5/s, 10/500ms, 1000/1h"
             )
         amount = float(match[2]) if match[2] else 1.0
         seconds = amount * _UNITS[match[3]]
         try:
             return cls(int(match[1]), dt.timedelta(seconds=seconds))
         except (TypeError, ValueError) as ex:
-            raise ValueError(f"{field} {text!r}: {ex}") from None
+            raise ValueError(f"{field} {shown!r}: {ex}") from None
 
     def __str__(self) -> str:
         seconds = self.period.total_seconds()
