@@ -21,7 +21,7 @@ def test_help_has_examples() -> None:
 def test_migrate_with_dsn_flag_then_json(dsn: str) -> None:
     first = trioq("migrate", "--dsn", dsn)
     assert first.returncode == 0, first.stderr
-    assert "version 0 -> 1" in first.stdout
+    assert f"version 0 -> {latest_version()}" in first.stdout
     again = trioq("migrate", "--dsn", dsn, "--json")
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)

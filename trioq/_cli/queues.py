@@ -26,6 +26,7 @@ def add_queue_parser(
 ) -> None:
     parser = commands.add_parser(
         "queue",
+        parents=[common],  # so `trioq queue --dsn URL` is a usage error that names no DSN
         help="pause, resume and limit queues (across every worker)",
         description="Pause, resume and limit queues. Settings live in the database and hold "
         "across every worker process; workers hear of a change within milliseconds.",
