@@ -74,3 +74,17 @@ def test_a_usage_error_never_shows_the_dsn() -> None:
         out = trioq(*args, "--dsn", "postgresql://bob:hunter2@127.0.0.1:1/app")
         assert out.returncode == 2
         assert "hunter2" not in out.stderr + out.stdout
+
+
+def test_enqueue_with_a_unique_window_a_global_key_and_a_concurrency_key(dsn: str) -> None:
+    ok("migrate", "--dsn", dsn)
+    window = ["--dedup-key", "daily", "--unique-period", "1d"]
+    first = json.loads(ok("enqueue", "report", *window, "--concurrency-key", "c", "--dsn", dsn,
+                          "--json"))  # fmt: skip
+    again = ok("enqueue", "report", *window, "--dsn", dsn)
+    assert again.strip() == f"duplicate of job {first['job_id']} (it holds the key)"
+    ok("enqueue", "a", "--dedup-key", "g", "--global-key", "--dsn", dsn)
+    assert "duplicate" in ok("enqueue", "b", "--dedup-key", "g", "--global-key", "--dsn", dsn)
+    assert "duplicate" not in ok("enqueue", "b", "--dedup-key", "g", "--dsn", dsn)
+    out = trioq("enqueue", "x", "--unique-period", "1h", "--dsn", dsn)
+    assert out.returncode == 1 and "need a --dedup-key" in out.stderr

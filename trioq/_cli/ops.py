@@ -22,6 +22,7 @@ from .._migrate import latest_version
 from .._pg import connect
 from .._queue import Queue
 from .._schema import check_schema
+from .._unique import Unique
 
 __all__ = ["add_ops_parsers"]
 
@@ -106,7 +107,12 @@ def _enqueue_parser(
     sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
     sub.add_argument("--delay", type=float, help="seconds from now")
     sub.add_argument("--max-attempts", type=int, default=25)
-    sub.add_argument("--dedup-key", help="skip if a live job has this key")
+    sub.add_argument("--dedup-key", help="skip if a live job of this task has this key")
+    sub.add_argument("--global-key", action="store_true",
+                     help="--dedup-key is not scoped by task (any task with this key)")
+    sub.add_argument("--unique-period", metavar="DURATION",
+                     help="with --dedup-key: one job per key per window (e.g. 1h), done included")
+    sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
 
 
 async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
@@ -114,12 +120,20 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
         payload = json.loads(args.args)
     except json.JSONDecodeError as ex:
         raise ValueError(f"--args is not JSON: {ex}") from None
+    unique: bool | Unique = False
+    dedup_key = args.dedup_key
+    if args.global_key or args.unique_period:
+        if dedup_key is None:
+            raise ValueError("--global-key and --unique-period need a --dedup-key")
+        period = _duration(args.unique_period, "--unique-period") if args.unique_period else None
+        unique, dedup_key = Unique(key=dedup_key, by_task=not args.global_key, period=period), None
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-        max_attempts=args.max_attempts, dedup_key=args.dedup_key,
+        max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
+        concurrency_key=args.concurrency_key,
     )  # fmt: skip
     text = (
-        f"duplicate of live job {result.job_id}" if result.duplicate
+        f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
         else f"enqueued job {result.job_id}"
     )  # fmt: skip
     return EXIT_OK, attrs.asdict(result), text
@@ -232,10 +246,10 @@ def _ids(ids: list[int]) -> str:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _duration(text: str) -> dt.timedelta:
+def _duration(text: str, flag: str = "--older-than") -> dt.timedelta:
     unit = text[-1:]
     try:
         amount = float(text[:-1]) if unit in _UNITS else float(text)
     except ValueError:
-        raise ValueError(f"--older-than {text!r}: use a number with s, m, h or d") from None
+        raise ValueError(f"{flag} {text!r}: use a number with s, m, h or d") from None
     return dt.timedelta(seconds=amount * _UNITS.get(unit, 1))
