@@ -239,6 +239,18 @@ async def test_every_exit_from_running_gives_the_slot_back(
         assert len(got.jobs) == (1 if frees else 0), got
 
 
+async def test_a_dead_job_keeps_its_concurrency_key_when_retried(dsn: str) -> None:
+    async with migrated(dsn) as conn:
+        job = await trioq.enqueue(conn, "t", queue="q", concurrency_key="acct-1")
+        await Q.set_limits(conn, "q", key_concurrency=1)
+        [lease] = leases(await claim(conn, 1))
+        await Q.fail_many(conn, owner="w", failures=[Failure(lease=lease, error="x", fatal=True)])
+        assert await Q.dead_retry(conn) == [job.job_id]
+        cur = await conn.execute("SELECT concurrency_key FROM trioq.jobs WHERE id = %s",
+                                 (job.job_id,))  # fmt: skip
+        assert await cur.fetchone() == ("acct-1",)
+
+
 async def test_two_claims_at_once_cannot_exceed_the_limit(dsn: str) -> None:
     """The second claim waits for the first one's transaction, then counts its jobs: with
     a limit of 4 and 3 taken by the first, the second gets 1 (without the lock, or with a

@@ -308,6 +308,9 @@ def test_pause_stops_every_worker_within_100_ms(workers: Workers) -> None:
     # The CLI's own start-up (a Python process) precedes the pause's commit: measure from
     # the commit instead, as recorded by the queues row.
     committed = query(dsn, "SELECT updated_at FROM trioq.queues WHERE name = 'limited'")[0][0]
+    print(f"pause: last claim {(claims - committed).total_seconds() * 1000:.1f} ms, last "
+          f"handler start {(handlers - committed).total_seconds() * 1000:.1f} ms after the "
+          "pause's commit")  # fmt: skip
     assert (claims - committed).total_seconds() <= 0.1, (claims, committed)
     assert (handlers - committed).total_seconds() <= 0.1, (handlers, committed)
     waiting = query(dsn, "SELECT count(*), max(attempt) FROM trioq.jobs")[0]

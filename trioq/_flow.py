@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +20,7 @@ import psycopg
 
 from ._job import Job, check_queue_name
 from ._sql import Statements
+from ._unique import to_period
 
 __all__ = [
     "UNSET",
@@ -39,9 +39,6 @@ Conn = psycopg.AsyncConnection[Any]
 
 #: Limits are int4 in the database.
 LIMIT_MAX = 2**31 - 1
-#: The longest rate period (its starts are kept this long).
-PERIOD_MAX = dt.timedelta(days=366)
-PERIOD_MIN = dt.timedelta(milliseconds=1)
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE_RE = re.compile(r"\s*(\d{1,10})\s*/\s*(\d{0,10}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)\s*")
@@ -71,17 +68,7 @@ def check_limit(value: object, field: str) -> int | None:
 
 
 def _period(value: object) -> dt.timedelta:
-    if isinstance(value, dt.timedelta):
-        period = value
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise ValueError(f"rate period must be a finite number of seconds, got {value!r}")
-        period = dt.timedelta(seconds=value)
-    else:
-        raise TypeError(f"rate period must be a timedelta or seconds, got {value!r}")
-    if not PERIOD_MIN <= period <= PERIOD_MAX:
-        raise ValueError(f"rate period must be between 1 ms and 366 days, got {period}")
-    return period
+    return to_period(value, "rate period")
 
 
 def _limit(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -163,19 +163,7 @@ class Queue:
             with _migrated(conn, self.schema):
                 return await self._enqueue_windowed(conn, spec, notify)
         key = None if found is None else found.key
-        params = {
-            "queue": spec.queue,
-            "task": spec.task,
-            "args": spec.args_json,
-            "priority": spec.priority,
-            "run_at": spec.run_at,
-            "delay": spec.delay,
-            "max_attempts": spec.max_attempts,
-            "dedup_key": key,
-            "concurrency_key": spec.concurrency_key,
-            "notify": notify,
-            "channel": self.sql.channel,
-        }
+        params = {**self._one_job(spec, notify), "dedup_key": key}
         with _migrated(conn, self.schema):
             for _ in range(_TWIN_LOOKUPS):
                 cur = await conn.execute(self.sql.insert, params)
@@ -187,14 +175,9 @@ class Queue:
                     return EnqueueResult(twins[key], duplicate=True)
         raise RuntimeError(f"dedup key {key!r} keeps conflicting with jobs that finish at once")
 
-    async def _enqueue_windowed(self, conn: Conn, spec: JobSpec, notify: bool) -> EnqueueResult:
-        """A job whose key outlives it (a `Unique` with a period): ``enqueue_unique``."""
-        found = spec.uniqueness()
-        assert found is not None
-        params = {
-            "key": found.key,
-            "period": found.period,
-            "states": list(found.states),
+    def _one_job(self, spec: JobSpec, notify: bool) -> dict[str, Any]:
+        """The parameters of one job's insert (`_sql._INSERT`, ``enqueue_unique``)."""
+        return {
             "queue": spec.queue,
             "task": spec.task,
             "args": spec.args_json,
@@ -206,6 +189,13 @@ class Queue:
             "notify": notify,
             "channel": self.sql.channel,
         }
+
+    async def _enqueue_windowed(self, conn: Conn, spec: JobSpec, notify: bool) -> EnqueueResult:
+        """A job whose key outlives it (a `Unique` with a period): ``enqueue_unique``."""
+        found = spec.uniqueness()
+        assert found is not None
+        params = {**self._one_job(spec, notify), "key": found.key, "period": found.period,
+                  "states": list(found.states)}  # fmt: skip
         cur = await conn.execute(self.sql.enqueue_unique, params)
         row = await cur.fetchone()
         assert row is not None

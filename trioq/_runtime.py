@@ -334,8 +334,8 @@ class Runtime:
         state = self._queues[name]
         while state.buffer:
             held = state.buffer.pop()
-            held.abort("paused")
-            await self._completer.submit(aborted("paused", held.lease))
+            held.abort("paused")  # keeps an earlier reason: a lost lease, a cancel request
+            await self._completer.submit(aborted(held.reason, held.lease))
 
     async def _slot(self, state: _QueueState) -> None:
         """One of the queue's ``concurrency`` slots: run buffered jobs one after another.

@@ -37,6 +37,7 @@ __all__ = [
     "UniqueKey",
     "canonical_json",
     "check_dedup_key",
+    "to_period",
     "unique_key",
 ]
 
@@ -86,20 +87,24 @@ def _by_args(value: object) -> bool | tuple[str, ...]:
     return fields
 
 
-def _period(value: object) -> dt.timedelta | None:
-    if value is None:
-        return None
+def to_period(value: object, field: str = "period") -> dt.timedelta:
+    """A period of 1 ms to 366 days, given as a timedelta or seconds (unique windows and
+    rate limits)."""
     if isinstance(value, dt.timedelta):
         period = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise ValueError(f"period must be a finite number of seconds, got {value!r}")
+            raise ValueError(f"{field} must be a finite number of seconds, got {value!r}")
         period = dt.timedelta(seconds=value)
     else:
-        raise TypeError(f"period must be a timedelta, seconds or None, got {value!r}")
+        raise TypeError(f"{field} must be a timedelta or seconds, got {value!r}")
     if not dt.timedelta(milliseconds=1) <= period <= MAX_PERIOD:
-        raise ValueError(f"period must be between 1 ms and 366 days, got {period}")
+        raise ValueError(f"{field} must be between 1 ms and 366 days, got {period}")
     return period
+
+
+def _period(value: object) -> dt.timedelta | None:
+    return None if value is None else to_period(value)
 
 
 def _states(value: object) -> tuple[str, ...] | None:
