@@ -316,6 +316,11 @@ def test_pause_stops_every_worker_within_100_ms(workers: Workers) -> None:
     waiting = query(dsn, "SELECT count(*), max(attempt) FROM trioq.jobs")[0]
     assert waiting[0] > 0 and waiting[1] == 0  # nothing running, nothing spent an attempt
     cli("enqueue", "hold", "--queue", "limited", "--args", '{"ms": 1}', "--dsn", dsn)
+    # The pause is stored: a worker started now (a restart) claims nothing either.
+    workers.kill(names[0])
+    workers.wait_ready([workers.start(4)])
+    time.sleep(0.5)
+    assert query(dsn, "SELECT max(at) FROM ledger WHERE event = 'start'")[0][0] == claims
 
     resumed = json.loads(cli("queue", "resume", "limited", "--dsn", dsn, "--json"))
     assert resumed["paused"] is False

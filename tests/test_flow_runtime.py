@@ -247,3 +247,43 @@ async def test_the_governor_reads_settings_and_acts_on_changes(dsn: str) -> None
             assert (third.changed, third.paused) == (("b",), ())
             assert not governor.controlled("b")
             assert changed == ["a", "b", "b"] and paused == ["b"]
+
+
+async def test_a_full_queue_is_not_woken_by_another_queues_outcomes(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy unlimited queue beside a limited one that is full: the full one claims again
+    when one of its own slots frees, not on every batch the other queue completes."""
+    tasks = trioq.Registry()
+    release = trio.Event()
+    quick_done = Gauge()
+    claims: list[trioq.LimitedClaim] = []
+    original = trioq.Queue.claim_limited
+
+    async def counted(self: trioq.Queue, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
+        got = await original(self, *args, **kwargs)
+        claims.append(got)
+        return got
+
+    monkeypatch.setattr(trioq.Queue, "claim_limited", counted)
+
+    @tasks.task(queue="limited")
+    async def hold(job: trioq.JobContext) -> None:
+        await release.wait()
+
+    @tasks.task(queue="busy")
+    async def quick(job: trioq.JobContext) -> None:
+        await quick_done.run(0)
+
+    queues = {"limited": QueueConfig(concurrency=2, global_concurrency=1),
+              "busy": QueueConfig(concurrency=5)}  # fmt: skip
+    async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
+        await trioq.enqueue_bulk(conn, "hold", [{}] * 2, queue="limited")
+        await wait_until(lambda: value_is(conn, "SELECT count(*) FROM trioq.jobs"
+                                                " WHERE state = 'running'", 1))
+        before = len(claims)
+        for _ in range(20):  # 20 transactions: many small batches of the busy queue
+            await trioq.enqueue_bulk(conn, "quick", [{}] * 10, queue="busy")
+        await wait_until(lambda: trio_true(quick_done.done == 200))
+        assert len(claims) - before <= 2, [(len(c.jobs), c.reason) for c in claims[before:]]
+        release.set()

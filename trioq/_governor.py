@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Set
 
 import attrs
 import trio
@@ -83,15 +83,24 @@ class Governor:
         """The settings may have changed (a notification, or the listener reconnected)."""
         self._changed.set()
 
-    def outcomes_written(self) -> None:
-        """The completer wrote a batch: slots of this process are free in the database."""
+    @property
+    def waiting(self) -> bool:
+        """Whether a fetcher waits for a slot of this process to free (see
+        `outcomes_written`)."""
+        return bool(self._blocked)
+
+    def outcomes_written(self, queues: Set[str | None] | None = None) -> None:
+        """The completer wrote a batch, with outcomes of ``queues`` (None: the job's queue
+        is not known, e.g. completed by ``job.transaction()``): those slots are free in
+        the database. The runtime gives ``queues`` only while `waiting`."""
         self._written += 1
-        for name, reason in self._blocked.items():
-            if reason == "keys":
+        if not self._blocked or queues is None:
+            return
+        for name in [n for n in self._blocked if n in queues or None in queues]:
+            if self._blocked.pop(name) == "keys":
                 self._on_change(name)  # it waits for work as well: one wake-up for both
             else:
                 self._flow[name].set()
-        self._blocked.clear()
 
     async def claim(
         self, conn: Conn, name: str, *, owner: str, limit: int, lease: dt.timedelta

@@ -395,12 +395,18 @@ class Runtime:
         return outcome
 
     def _written(self, batch: Sequence[Outcome]) -> None:
+        queues = self._queues_of(batch) if self._governor.waiting else None
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)
-        self._governor.outcomes_written()
+        self._governor.outcomes_written(queues)
         if any(o.kind is Kind.FAIL or (o.kind is Kind.RELEASE and o.delay) for o in batch):
             self._scheduler.wake()  # a retry or snooze may now be the next job due
+
+    def _queues_of(self, batch: Sequence[Outcome]) -> set[str | None]:
+        """The queues of the jobs whose outcomes these are (None: no longer held)."""
+        get = self._held.get
+        return {None if (held := get(o.lease)) is None else held.job.queue for o in batch}
 
     # -- wake-ups -------------------------------------------------------------------------------
 
