@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 from clitool import trioq_cli as trioq
+
+import trioq as trioq_lib
 
 
 def ok(*args: str) -> str:
@@ -88,3 +91,22 @@ def test_enqueue_with_a_unique_window_a_global_key_and_a_concurrency_key(dsn: st
     assert "duplicate" not in ok("enqueue", "b", "--dedup-key", "g", "--dsn", dsn)
     out = trioq("enqueue", "x", "--unique-period", "1h", "--dsn", dsn)
     assert out.returncode == 1 and "need a --dedup-key" in out.stderr
+
+
+def test_serve_concurrency_flag_keeps_the_apps_limits() -> None:
+    """``trioq serve --concurrency N`` changes the slots, not the app's QueueConfig limits."""
+    import flow_app
+
+    from trioq._cli.main import build_parser
+    from trioq._cli.serve import _config
+
+    args = build_parser().parse_args(["serve", "--app", "flow_app:config", "--concurrency", "7"])
+    app = attrs.evolve(flow_app.config, queues={
+        "limited": trioq_lib.QueueConfig(concurrency=2, global_concurrency=3),
+        "rated": trioq_lib.QueueConfig(rate_limit="5/s"),
+    })  # fmt: skip
+    config = _config(args, app, "postgresql://x@localhost/db")
+    assert config.queues == {
+        "limited": trioq_lib.QueueConfig(concurrency=7, global_concurrency=3),
+        "rated": trioq_lib.QueueConfig(concurrency=7, rate_limit="5/s"),
+    }

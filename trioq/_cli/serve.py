@@ -91,8 +91,9 @@ def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Confi
         else list(config.served_queues())
     )
     base = config.queues or {}
-    override = QueueConfig(concurrency=args.concurrency) if args.concurrency else None
-    slots = {name: override or base.get(name, QueueConfig()) for name in queues}
+    slots = {name: base.get(name, QueueConfig()) for name in queues}
+    if args.concurrency:  # the slots change; the app's limits (global_concurrency, ...) stay
+        slots = {n: attrs.evolve(q, concurrency=args.concurrency) for n, q in slots.items()}
     return attrs.evolve(config, dsn=dsn, queues=slots, handle_signals=True)
 
 
