@@ -80,16 +80,15 @@ async def test_the_workers_table_shows_registered_workers_idle_ones_too(dsn: str
     app = _dashboard(dsn)
     try:
         live = (await call(app, "GET", "/live/overview")).text
-        idle = live[live.index('data-owner="hostA:111:aaaa"'):]
+        idle = live[live.index('data-owner="hostA:111:aaaa"') :]
         idle = idle[: idle.index("</tr>")]
         assert "email</a> (0 / 10)" in idle and "work</a> (0 / 4)" in idle
         assert "gone?" not in idle
-        gone = live[live.index('data-owner="hostB:222:bbbb"'):]
+        gone = live[live.index('data-owner="hostB:222:bbbb"') :]
         assert 'class="bad"' in gone[: gone.index("</tr>")]
         assert f'data-owner="{OWNER}"' in live  # from its lease
     finally:
         await app.aclose()
-
 
 
 async def test_every_page_renders_what_is_there(dsn: str) -> None:

@@ -17,6 +17,7 @@ from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
+from .options import database_options
 
 __all__ = ["add_jobs_parser"]
 
@@ -28,12 +29,14 @@ def add_jobs_parser(
 ) -> None:
     jobs = commands.add_parser(
         "jobs",
+        parents=[common],  # so `trioq jobs --dsn URL` is a usage error that names no DSN
         help="look at one job: show its status, wait for its result",
         description="Look at one job: show its status, wait for its result.",
         epilog="examples:\n  trioq jobs show 42\n  trioq jobs wait 42 --timeout 30",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subs = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
     show = _command(
         subs, common, "show", _show,
         help="show a job's state, attempts, lease, result or error (exit code 4 if unknown)",

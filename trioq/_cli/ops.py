@@ -21,6 +21,8 @@ from .._dsn import database
 from .._migrate import check_current
 from .._pg import connect
 from .._queue import Queue
+from .._unique import Unique
+from .options import database_options
 
 __all__ = ["add_ops_parsers"]
 
@@ -123,7 +125,18 @@ def _enqueue_parser(
     sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
     sub.add_argument("--delay", type=float, help="seconds from now")
     sub.add_argument("--max-attempts", type=int, default=25)
-    sub.add_argument("--dedup-key", help="skip if a live job has this key")
+    sub.add_argument("--dedup-key", help="skip if a live job of this task has this key")
+    sub.add_argument(
+        "--global-key",
+        action="store_true",
+        help="--dedup-key is not scoped by task (any task with this key)",
+    )
+    sub.add_argument(
+        "--unique-period",
+        metavar="DURATION",
+        help="with --dedup-key: one job per key per window (e.g. 1h), done included",
+    )
+    sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
 
 
 async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
@@ -131,12 +144,20 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
         payload = json.loads(args.args)
     except json.JSONDecodeError as ex:
         raise ValueError(f"--args is not JSON: {ex}") from None
+    unique: bool | Unique = False
+    dedup_key = args.dedup_key
+    if args.global_key or args.unique_period:
+        if dedup_key is None:
+            raise ValueError("--global-key and --unique-period need a --dedup-key")
+        period = duration(args.unique_period, "--unique-period") if args.unique_period else None
+        unique, dedup_key = Unique(key=dedup_key, by_task=not args.global_key, period=period), None
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-        max_attempts=args.max_attempts, dedup_key=args.dedup_key,
+        max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
+        concurrency_key=args.concurrency_key,
     )  # fmt: skip
     text = (
-        f"duplicate of live job {result.job_id}" if result.duplicate
+        f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
         else f"enqueued job {result.job_id}"
     )  # fmt: skip
     return EXIT_OK, attrs.asdict(result), text
@@ -147,9 +168,11 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
 
 async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
     queues, leases = await queue.status(conn)
+    paused = sorted(s.name for s in await queue.queue_settings(conn) if s.paused)
     payload = {
-        "queues": [attrs.asdict(q) for q in queues],
+        "queues": [{**attrs.asdict(q), "paused": q.queue in paused} for q in queues],
         "workers": [attrs.asdict(w) for w in leases],
+        "paused": paused,
     }
     lines = [f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"]
     for q in queues:
@@ -159,6 +182,8 @@ async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
         )
     if not queues:
         lines.append("(no jobs)")
+    if paused:
+        lines.append(f"paused (trioq queue resume NAME): {', '.join(paused)}")
     lines.append("")
     lines.append(f"{'worker':<40} {'running':>7}  next lease expiry")
     for w in leases:
@@ -188,6 +213,7 @@ def _dead_parser(
 ) -> None:
     dead = commands.add_parser(
         "dead",
+        parents=[common],  # so `trioq dead --dsn URL` is a usage error that names no DSN
         help="list, retry or purge dead jobs",
         description="List, retry or purge dead jobs (filters combine with AND).",
         epilog="examples:\n  trioq dead list --queue email\n  trioq dead retry --id 42 --id 43\n"
@@ -195,6 +221,7 @@ def _dead_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subs = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
     filters.add_argument("--queue")
@@ -250,9 +277,7 @@ def duration(text: str, option: str) -> dt.timedelta:
     that matched everything would delete everything."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(
-            f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d"
-        )
+        raise ValueError(f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d")
     seconds = float(match[1]) * _UNITS.get(match[2] or "s", 1)
     if not 0 < seconds < 100 * 365 * 86400:
         raise ValueError(f"{option} {text!r}: must be more than 0 and less than 100 years")

@@ -216,14 +216,28 @@ async def history(
     now = float(row[0]) if row else 0.0
     cur = await conn.execute(st.history, {"since": since, "queue": queue})
     points = []
-    for minute, done, retried, dead, cancelled, runs, _, xmax, _, wmax, xh, wh in (
-        await cur.fetchall()
-    ):
+    for (
+        minute,
+        done,
+        retried,
+        dead,
+        cancelled,
+        runs,
+        _,
+        xmax,
+        _,
+        wmax,
+        xh,
+        wh,
+    ) in await cur.fetchall():
         exec_max = xmax / 1000 if runs else None
         wait_max = wmax / 1000 if runs else None
         points.append(
             HistoryPoint(
-                minute=int(minute), completed=done, retried=retried, dead=dead,
+                minute=int(minute),
+                completed=done,
+                retried=retried,
+                dead=dead,
                 cancelled=cancelled,
                 exec_p50_ms=percentile_ms(xh, 0.5, max_ms=exec_max),
                 exec_p95_ms=percentile_ms(xh, 0.95, max_ms=exec_max),
