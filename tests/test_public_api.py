@@ -9,6 +9,8 @@ import trioq.pg
 import trioq.testing
 
 TOP_LEVEL = {
+    "CallNext",
+    "JobEvent",
     "CancelOutcome",
     "Config",
     "CronEntry",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import math
 import os
 import socket
@@ -19,7 +20,7 @@ from ._pg_errors import check_dsn, redact_dsn
 from ._registry import Registry
 from ._sql import validate_schema_name
 
-__all__ = ["Config", "QueueConfig"]
+__all__ = ["Config", "QueueConfig", "parse_address"]
 
 
 def _number(value: object) -> bool:
@@ -77,6 +78,33 @@ def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: flo
 
 
 _DAY = 86400.0
+
+
+def parse_address(value: str, field: str = "metrics") -> tuple[str, int]:
+    """(host, port) of ``host:port`` or ``[v6]:port`` (port 0 picks a free one)."""
+    host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(
+            f"{field} must look like HOST:PORT (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100),"
+            f" got {value!r}"
+        )
+    return host.strip("[]"), int(port)
+
+
+def _metrics_address(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{attribute.name} must be a 'HOST:PORT' string or None, got {value!r}")
+        parse_address(value, attribute.name)
+
+
+def _tracing(_inst: object, attribute: attrs.Attribute[Any], value: bool | None) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be True, False or None, got {value!r}")
+    if value is True and importlib.util.find_spec("opentelemetry") is None:
+        raise ValueError(
+            f"{attribute.name}=True needs OpenTelemetry: pip install 'trioq[otel]'"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -207,6 +235,21 @@ class Config:
     )
     #: Rows one pruning statement deletes at most (per kind).
     prune_batch: int = attrs.field(default=1000, validator=_positive_int)
+    #: Event callbacks (``@registry.on(...)``, docs/observability.md): each is cancelled after
+    #: this long; at most ``hook_concurrency`` run at once; at most ``hook_buffer`` events
+    #: wait for them (beyond that new ones are dropped and counted).
+    hook_timeout: float = attrs.field(default=10.0, converter=_seconds, validator=_positive)
+    hook_concurrency: int = attrs.field(default=4, validator=_positive_int)
+    hook_buffer: int = attrs.field(default=1000, validator=_positive_int)
+    #: ``HOST:PORT`` to serve Prometheus metrics on (``/metrics``); None: no metrics server.
+    metrics: str | None = attrs.field(default=None, validator=_metrics_address)
+    #: The queue depths the metrics show are read from the database at most this often.
+    metrics_depth_interval: float = attrs.field(
+        default=5.0, converter=_seconds, validator=_positive
+    )
+    #: A span per execution (OpenTelemetry, ``pip install 'trioq[otel]'``): None traces
+    #: when opentelemetry-api is installed, True requires it, False never traces.
+    tracing: bool | None = attrs.field(default=None, validator=_tracing)
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
     #: running `serve` its own Config (``attrs.evolve(config, worker_id=...)``).
     worker_id: str = attrs.field(factory=_default_worker_id)
