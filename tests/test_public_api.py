@@ -11,6 +11,7 @@ import trioq.testing
 TOP_LEVEL = {
     "CallNext",
     "JobEvent",
+    "ListenError",
     "CancelOutcome",
     "Config",
     "CronEntry",

@@ -47,6 +47,7 @@ from ._exceptions import JobDeadError as JobDeadError
 from ._exceptions import JobNotFoundError as JobNotFoundError
 from ._exceptions import JobResultError as JobResultError
 from ._exceptions import LeaseLostError as LeaseLostError
+from ._exceptions import ListenError as ListenError
 from ._exceptions import MigrationError as MigrationError
 from ._exceptions import PayloadTooLargeError as PayloadTooLargeError
 from ._exceptions import SchemaError as SchemaError

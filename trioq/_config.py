@@ -80,15 +80,19 @@ def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: flo
 _DAY = 86400.0
 
 
-def parse_address(value: str, field: str = "metrics") -> tuple[str, int]:
-    """(host, port) of ``host:port`` or ``[v6]:port`` (port 0 picks a free one)."""
-    host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+def parse_address(value: str, field: str = "metrics") -> tuple[str, int, int]:
+    """(host, first port, last port) of ``host:port``, ``[v6]:port`` or ``host:first-last``
+    (a range: the first free port of it is taken; port 0 picks any free one)."""
+    host, sep, ports = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    first, dash, last = ports.partition("-")
+    last = last if dash else first
+    ok = sep and host and first.isdigit() and last.isdigit()
+    if not ok or not 0 <= int(first) <= int(last) <= 65535 or (dash and int(first) == 0):
         raise ValueError(
-            f"{field} must look like HOST:PORT (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100),"
-            f" got {value!r}"
+            f"{field} must look like HOST:PORT (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100) "
+            f"or HOST:FIRST-LAST (a range of ports), got {value!r}"
         )
-    return host.strip("[]"), int(port)
+    return host.strip("[]"), int(first), int(last)
 
 
 def _metrics_address(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -241,7 +245,8 @@ class Config:
     hook_timeout: float = attrs.field(default=10.0, converter=_seconds, validator=_positive)
     hook_concurrency: int = attrs.field(default=4, validator=_positive_int)
     hook_buffer: int = attrs.field(default=1000, validator=_positive_int)
-    #: ``HOST:PORT`` to serve Prometheus metrics on (``/metrics``); None: no metrics server.
+    #: ``HOST:PORT`` to serve Prometheus metrics on (``/metrics``), or ``HOST:FIRST-LAST``
+    #: (the first free port of the range); None: no metrics server.
     metrics: str | None = attrs.field(default=None, validator=_metrics_address)
     #: The queue depths the metrics show are read from the database at most this often.
     metrics_depth_interval: float = attrs.field(

@@ -20,7 +20,7 @@ import bisect
 import collections
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import attrs
 import trio
@@ -156,9 +156,3 @@ class DepthSampler:
         return counts, heads
 
 
-def merged_counts(*counters: Iterable[tuple[tuple[str, str], int]]) -> dict[tuple[str, str], int]:
-    out: collections.Counter[tuple[str, str]] = collections.Counter()
-    for items in counters:
-        for key, n in items:
-            out[key] += n
-    return dict(out)

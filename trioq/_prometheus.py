@@ -15,6 +15,7 @@ meanings are listed in ``docs/observability.md``.
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
 import threading
@@ -32,6 +33,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
+from ._exceptions import ListenError
 from ._history import BUCKETS, Cell
 from ._metrics import CLAIM_BUCKETS, DepthSample, DepthSampler, Sample
 from ._obs_sql import DEPTH_CAP
@@ -83,7 +85,7 @@ class Collector:
         yield from _errors(sample)
         yield from _pools(sample)
         yield from _hooks(sample)
-        yield from _depth(self._depth())
+        yield from _depth(self._depth(), [q.queue for q in sample.queues])
 
 
 def _info(sample: Sample, version: str) -> Iterator[Metric]:
@@ -265,14 +267,22 @@ def _hooks(sample: Sample) -> Iterator[Metric]:
     )  # fmt: skip
 
 
-def _depth(depth: DepthSample) -> Iterator[Metric]:
+_STATES = ("scheduled", "available", "running", "dead")
+
+
+def _depth(depth: DepthSample, served: list[str]) -> Iterator[Metric]:
+    """Every state of every queue seen (and of the queues this worker serves), 0 included:
+    an alert on a depth needs the series to exist when it is 0."""
     counts = GaugeMetricFamily(
         "trioq_queue_depth", f"Jobs per queue and state in the database (all workers'), exact "
         f"up to {DEPTH_CAP} (then {DEPTH_CAP}); scheduled: among the next {DEPTH_CAP} due",
         labels=["queue", "state"],
     )  # fmt: skip
-    for (queue, state), n in sorted(depth.counts.items()):
-        counts.add_metric([queue, state], n)
+    queues = sorted({queue for queue, _ in depth.counts} | set(served))
+    if depth.taken_at:  # no sample yet: no series (rather than zeros that are not true)
+        for queue in queues:
+            for state in _STATES:
+                counts.add_metric([queue, state], depth.counts.get((queue, state), 0))
     yield counts
     heads = GaugeMetricFamily(
         "trioq_queue_oldest_wait_seconds", "How long the next job to be claimed has been due",
@@ -306,11 +316,11 @@ class MetricsServer:
     """Serves ``/metrics`` on ``host:port`` while `run` runs (a service of the runtime)."""
 
     def __init__(
-        self, host: str, port: int, *, sample: Callable[[], Sample], depth: DepthSampler,
+        self, host: str, ports: range, *, sample: Callable[[], Sample], depth: DepthSampler,
         version: str,
     ) -> None:  # fmt: skip
         self.host = host
-        self.port = port
+        self.ports = ports  # the first free one is taken (``range(0, 1)``: any free port)
         self._sample = sample
         self._depth = depth
         self._version = version
@@ -329,9 +339,7 @@ class MetricsServer:
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(Collector(sample, depth, self._version))
-        server, thread = await trio.to_thread.run_sync(
-            lambda: prometheus_client.start_http_server(self.port, self.host, registry)
-        )
+        server, thread = await trio.to_thread.run_sync(self._start, registry)
         host = self.host if ":" not in self.host else f"[{self.host}]"
         self.url = f"http://{host}:{server.server_port}/metrics"
         try:
@@ -340,6 +348,23 @@ class MetricsServer:
         finally:
             with trio.move_on_after(STOP_TIMEOUT, shield=True):
                 await trio.to_thread.run_sync(_stop, server, thread, abandon_on_cancel=True)
+
+
+    def _start(self, registry: CollectorRegistry) -> tuple[Any, threading.Thread]:
+        """prometheus-client's server on the first free port of `ports` (in a thread: it
+        resolves the host)."""
+        for port in self.ports:
+            try:
+                return prometheus_client.start_http_server(port, self.host, registry)
+            except OSError as ex:
+                if ex.errno != errno.EADDRINUSE or port == self.ports[-1]:
+                    span = (f"{self.ports[0]}-{self.ports[-1]}" if len(self.ports) > 1
+                            else str(self.ports[0]))  # fmt: skip
+                    error = ListenError(f"metrics: cannot listen on {self.host}:{span}: "
+                                        f"{ex.strerror or ex}")  # fmt: skip
+                    error.errno = ex.errno
+                    raise error from None
+        raise AssertionError("unreachable: ports is never empty")
 
 
 def _stop(server: Any, thread: threading.Thread) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from ._banner import banner
 from ._completer import Completer
 from ._config import Config, QueueConfig
 from ._context import JobServices
@@ -178,6 +179,7 @@ class Runtime:
         self._grace_scope = trio.CancelScope()
         self._job_finished = Wakeup()
         self._claimed = 0
+        self._schema_version = 0  # checked at start
         owner = config.worker_id
         services = JobServices(
             app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget
@@ -282,7 +284,17 @@ class Runtime:
 
     async def _check_schema(self) -> None:
         async with self.pool.connection() as conn:
-            await check_current(conn, self.config.schema)
+            self._schema_version = await check_current(conn, self.config.schema)
+
+    def _log_banner(self) -> None:
+        """The start-up lines (`trioq._banner`): where, what, and what looks wrong."""
+        config = self.config
+        for line in banner(
+            dsn=self.dsn, schema=config.schema, version=self._schema_version,
+            worker_id=config.worker_id, queues=config.served_queues(),
+            registry=config.registry, metrics_url=self.metrics_url,
+        ):  # fmt: skip
+            logger.log(line.level, "%s", line.message, extra=dict(line.extra))
 
     async def _run_jobs(self, task_status: trio.TaskStatus[Runtime]) -> None:
         async with trio.open_nursery() as jobs:
@@ -291,6 +303,7 @@ class Runtime:
                     for _ in range(state.config.concurrency):
                         jobs.start_soon(self._slot, state)
                     fetchers.start_soon(self._fetch_loop, state)
+                self._log_banner()
                 task_status.started(self)
                 await self._stop_requested.wait()
                 fetchers.cancel_scope.cancel()
@@ -334,11 +347,11 @@ class Runtime:
         from ._prometheus import MetricsServer, trioq_version
 
         assert self.config.metrics is not None
-        host, port = parse_address(self.config.metrics)
+        host, first, last = parse_address(self.config.metrics)
         depth = DepthSampler(self.pool, self.config.schema,
                              interval=self.config.metrics_depth_interval)  # fmt: skip
-        server = MetricsServer(host, port, sample=self._metrics_sample, depth=depth,
-                               version=trioq_version())  # fmt: skip
+        server = MetricsServer(host, range(first, last + 1), sample=self._metrics_sample,
+                               depth=depth, version=trioq_version())  # fmt: skip
         await server.run(task_status=task_status)
 
     def _metrics_sample(self) -> Sample:
@@ -353,7 +366,8 @@ class Runtime:
             ),
             held_leases=len(self._held), history=self._history.totals(),
             claimed=dict(meter.jobs), claim_sizes={q: list(c) for q, c in meter.sizes.items()},
-            claim_size_sums=dict(meter.size_sums), claim_errors=dict(self._claim_errors),
+            claim_size_sums=dict(meter.size_sums),
+            claim_errors={name: self._claim_errors[name] for name in self._queues},
             events=dict(self._lifecycle.counts),
             swept={"returned": self._sweeper.returned, "dead": self._sweeper.dead,
                    "cancelled": self._sweeper.cancelled},

@@ -20,7 +20,7 @@ import trio
 
 from .. import __version__
 from .._dsn import DSN_ENV_VARS
-from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
+from .._exceptions import EmbeddedPostgresError, ListenError, SchemaError, leaves
 from .._migrate import migrate
 from .._pg import connect
 from .._pg_errors import dsn_secrets, redact
@@ -38,7 +38,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 
 #: Errors that are the user's to fix: printed as one line, no traceback.
-_EXPECTED_ERRORS = (psycopg.Error, SchemaError, EmbeddedPostgresError, ValueError)
+_EXPECTED_ERRORS = (psycopg.Error, SchemaError, EmbeddedPostgresError, ValueError, ListenError)
 
 
 def _database_options() -> argparse.ArgumentParser:
