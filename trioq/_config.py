@@ -253,7 +253,8 @@ class Config:
         default=5.0, converter=_seconds, validator=_positive
     )
     #: A span per execution (OpenTelemetry, ``pip install 'trioq[otel]'``): None traces
-    #: when opentelemetry-api is installed, True requires it, False never traces.
+    #: when the application has set a tracer provider before the worker starts, True
+    #: always (opentelemetry-api required), False never.
     tracing: bool | None = attrs.field(default=None, validator=_tracing)
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
     #: running `serve` its own Config (``attrs.evolve(config, worker_id=...)``).

@@ -39,7 +39,7 @@ import math
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -51,6 +51,9 @@ from ._outcome import Kind, Outcome
 from ._registry import Registry, Task
 from ._retry import Sidekiq
 from ._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, UndecodableArgs, safe_text
+
+if TYPE_CHECKING:
+    from ._tracing import Tracing
 
 __all__ = [
     "MAX_RETRY_DELAY",
@@ -74,8 +77,12 @@ class Executor:
     """Runs handlers of ``registry`` with ``services``; sync ones on at most
     ``sync_threads`` threads at a time."""
 
-    def __init__(self, registry: Registry, services: JobServices, *, sync_threads: int) -> None:
+    def __init__(
+        self, registry: Registry, services: JobServices, *, sync_threads: int,
+        tracing: Tracing | None = None,
+    ) -> None:  # fmt: skip
         self.registry = registry
+        self._tracing = tracing  # a span per execution (OpenTelemetry), or None
         self.services = services
         self._sync_limiter = trio.CapacityLimiter(sync_threads)
         #: Jobs whose stopped sync handler's thread still runs: set when it returns.
@@ -112,7 +119,10 @@ class Executor:
         if isinstance(job.args, UndecodableArgs):
             return undecodable(job, lease)
         ctx = JobContext(job, self.services)
-        outcome = await self._call(task, ctx, lease)
+        if self._tracing is None:
+            outcome = await self._call(task, ctx, lease)
+        else:
+            outcome = await self._tracing.run(ctx, functools.partial(self._call, task, ctx, lease))
         if ctx.completed_in_transaction:
             return Outcome(kind=Kind.NOTHING, lease=lease, committed=True)
         return outcome

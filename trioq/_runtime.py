@@ -46,6 +46,8 @@ from ._queue import Queue
 from ._scheduler import Scheduler
 from ._sql import SCHEDULED_PAYLOAD
 from ._sweeper import Sweeper
+from ._tracing import Tracing
+from ._tracing import enabled as tracing_enabled
 from ._wakeup import Wakeup
 from ._watchdog import Watchdog
 
@@ -184,7 +186,10 @@ class Runtime:
         services = JobServices(
             app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget
         )
-        self._executor = Executor(config.registry, services, sync_threads=config.sync_threads)
+        tracing = Tracing() if tracing_enabled(config.tracing) else None
+        self._executor = Executor(
+            config.registry, services, sync_threads=config.sync_threads, tracing=tracing
+        )
         self._completer = Completer(
             self.pool, self.queue, owner,
             capacity=sum(q.config.concurrency for q in self._queues.values()),
