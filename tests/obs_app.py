@@ -6,6 +6,7 @@ attempt, ``doomed`` dies), and ``sleeper`` on a queue of its own, to hold slots 
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 import trioq
@@ -41,4 +42,13 @@ config = trioq.Config(
     poll_interval=0.2,
     metrics_depth_interval=0.2,
     shutdown_grace=1,
+)
+
+#: The same app with cron entries (``trioq cron list --app obs_app:with_cron``).
+with_cron = attrs.evolve(
+    config,
+    cron=(
+        trioq.CronEntry(name="nightly", schedule="0 3 * * *", task="ok"),
+        trioq.CronEntry(name="hourly", schedule="@hourly", task="ok"),
+    ),
 )

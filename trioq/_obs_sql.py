@@ -87,6 +87,21 @@ SELECT 'running', queue, pg_catalog.count(*) FROM (
 ) AS r GROUP BY queue
 """
 
+# `trioq status --watch`: per queue, the outcomes of the last `minutes` minutes (the job
+# history's rows of those minutes: its primary key leads with the minute).
+_RECENT_RATES = """
+SELECT queue, pg_catalog.sum(completed)::int8, pg_catalog.sum(retried)::int8,
+       pg_catalog.sum(dead)::int8
+  FROM {history}
+ WHERE minute >= pg_catalog.date_trunc('minute', {now}) - %(minutes)s * interval '1 minute'
+ GROUP BY queue ORDER BY queue
+"""
+
+# `trioq cron list`: each entry's latest fired tick.
+_CRON_LAST = """
+SELECT DISTINCT ON (name) name, tick, job_id, fired_at FROM {ticks} ORDER BY name, tick DESC
+"""
+
 # What a sweep (of this process) killed or cancelled: the jobs' details, for their events.
 _SWEPT_DETAILS = """
 SELECT d.id, 'dead', d.queue, d.task, d.attempt, d.args::text, d.reason, d.last_error
@@ -170,6 +185,9 @@ class ObsStatements:
     depth_dead: sql.Composed
     depth_scheduled_running: sql.Composed
     swept_details: sql.Composed
+    recent_rates: sql.Composed
+    cron_last: sql.Composed
+    clock: sql.Composed
     lists: dict[str, sql.Composed]  # `trioq jobs list`, by state
 
 
@@ -178,6 +196,8 @@ def obs_statements(schema: str) -> ObsStatements:
     names = {
         "jobs": qualified(schema, "jobs"),
         "dead": qualified(schema, "dead_jobs"),
+        "history": qualified(schema, "job_history"),
+        "ticks": qualified(schema, "cron_ticks"),
         "now": sql.SQL(NOW),
         "columns": sql.SQL(_LIST_COLUMNS),
         "filters": sql.SQL(_LIST_FILTERS),
@@ -192,5 +212,8 @@ def obs_statements(schema: str) -> ObsStatements:
         depth_dead=compose(_DEPTH_DEAD),
         depth_scheduled_running=compose(_DEPTH_SCHEDULED_RUNNING),
         swept_details=compose(_SWEPT_DETAILS),
+        recent_rates=compose(_RECENT_RATES),
+        cron_last=compose(_CRON_LAST),
+        clock=compose("SELECT {now}"),
         lists={state: compose(text) for state, text in _LISTS.items()},
     )

@@ -618,6 +618,21 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('trioq.migrate'),
                                         pg_catalog.hashtext(%(schema)s))
 """
 
+# The same lock without waiting; and who holds it (to say whom `migrate` waits for).
+_MIGRATE_TRY_LOCK = """
+SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('trioq.migrate'),
+                                            pg_catalog.hashtext(%(schema)s))
+"""
+_MIGRATE_LOCK_HOLDER = """
+SELECT l.pid, a.application_name, a.client_addr::text,
+       extract(epoch FROM pg_catalog.now() - a.xact_start)
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted
+   AND l.classid = pg_catalog.hashtext('trioq.migrate')::oid
+   AND l.objid = pg_catalog.hashtext(%(schema)s)::oid AND l.objsubid = 2
+ LIMIT 1
+"""
+
 _CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
 
 _CREATE_MIGRATIONS = """
@@ -781,6 +796,8 @@ class Statements:
     list_jobs: sql.Composed
     first_scheduled: sql.Composed
     set_clock: sql.Composed
+    migrate_try_lock: sql.Composed
+    migrate_lock_holder: sql.Composed
 
     @property
     def lock_space(self) -> str:
@@ -891,4 +908,6 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         list_jobs=compose(_LIST_JOBS),
         first_scheduled=compose(_FIRST_SCHEDULED),
         set_clock=compose(_SET_CLOCK),
+        migrate_try_lock=compose(_MIGRATE_TRY_LOCK),
+        migrate_lock_holder=compose(_MIGRATE_LOCK_HOLDER),
     )
