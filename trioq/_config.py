@@ -16,6 +16,7 @@ import attrs
 from ._cron import CronEntry, check_entries
 from ._history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
 from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
+from ._obs_sql import DEPTH_CAP
 from ._pg_errors import check_dsn, redact_dsn
 from ._registry import Registry
 from ._sql import validate_schema_name
@@ -100,6 +101,12 @@ def _metrics_address(_inst: object, attribute: attrs.Attribute[Any], value: str 
         if not isinstance(value, str):
             raise TypeError(f"{attribute.name} must be a 'HOST:PORT' string or None, got {value!r}")
         parse_address(value, attribute.name)
+
+
+def _depth_cap(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    _positive_int(_inst, attribute, value)
+    if value > 1_000_000:
+        raise ValueError(f"{attribute.name} must be at most 1,000,000, got {value!r}")
 
 
 def _tracing(_inst: object, attribute: attrs.Attribute[Any], value: bool | None) -> None:
@@ -248,10 +255,12 @@ class Config:
     #: ``HOST:PORT`` to serve Prometheus metrics on (``/metrics``), or ``HOST:FIRST-LAST``
     #: (the first free port of the range); None: no metrics server.
     metrics: str | None = attrs.field(default=None, validator=_metrics_address)
-    #: The queue depths the metrics show are read from the database at most this often.
+    #: The queue depths the metrics show are read from the database at most this often
+    #: (and only when scraped), each count exact up to ``metrics_depth_cap``.
     metrics_depth_interval: float = attrs.field(
         default=5.0, converter=_seconds, validator=_positive
     )
+    metrics_depth_cap: int = attrs.field(default=DEPTH_CAP, validator=_depth_cap)
     #: A span per execution (OpenTelemetry, ``pip install 'trioq[otel]'``): None traces
     #: when the application has set a tracer provider before the worker starts, True
     #: always (opentelemetry-api required), False never.

@@ -27,7 +27,7 @@ import trio
 
 from ._history import Cell
 from ._job import Job
-from ._obs_sql import DEPTH_CAP, MAX_QUEUES, obs_statements
+from ._obs_sql import MAX_QUEUES, obs_statements
 from ._pool import Pool, PoolStatistics
 
 __all__ = ["CLAIM_BUCKETS", "ClaimMeter", "DepthSample", "DepthSampler", "QueueGauges", "Sample"]
@@ -69,7 +69,7 @@ class QueueGauges:
 
 @attrs.frozen(kw_only=True)
 class DepthSample:
-    """Jobs per (queue, state), each count exact up to `DEPTH_CAP` (then the cap), and how
+    """Jobs per (queue, state), each count exact up to the cap (then the cap), and how
     long the job at the head of each queue (the next to be claimed) has waited."""
 
     taken_at: float  # time.time() of the sample; 0.0: none yet
@@ -108,10 +108,11 @@ class Sample:
 class DepthSampler:
     """The queue depths from the database, at most once per ``interval`` (`refresh`)."""
 
-    def __init__(self, pool: Pool, schema: str, *, interval: float) -> None:
+    def __init__(self, pool: Pool, schema: str, *, interval: float, cap: int) -> None:
         self._pool = pool
         self._sql = obs_statements(schema)
         self.interval = interval
+        self.cap = cap
         self.last = _NO_DEPTH
         self._lock = trio.Lock()
         self._errors = 0
@@ -140,7 +141,7 @@ class DepthSampler:
 
     async def run_once(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
         """One sample: (queue, state) -> count, and queue -> the head job's wait in seconds."""
-        params = {"cap": DEPTH_CAP, "max_queues": MAX_QUEUES}
+        params = {"cap": self.cap, "max_queues": MAX_QUEUES}
         counts: dict[tuple[str, str], int] = {}
         heads: dict[str, float] = {}
         async with self._pool.connection() as conn:

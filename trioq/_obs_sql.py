@@ -31,13 +31,18 @@ __all__ = [
     "obs_statements",
 ]
 
-#: Counts per queue and state are exact up to this, and show as this above it.
-DEPTH_CAP = 100_000
+#: Counts per queue and state are exact up to this (``Config.metrics_depth_cap``), and show
+#: as this above it. Each count reads up to this many entries of an index in its order (and,
+#: where the visibility map is not set, as many heap rows): a sample costs about 1 us per
+#: row read, min(backlog, cap x queues) rows; see docs/observability.md#queue-depth.
+DEPTH_CAP = 1_000
 #: Queues the depth sample reports at most.
 MAX_QUEUES = 500
 
 # Queues with available jobs (one probe of the claim index per queue), each with its capped
-# count and the age of the job at its head (the next to be claimed).
+# count and the age of the job at its head (the next to be claimed). The counts read the
+# index in its own order: an index(-only) scan that stops at the cap (without the ORDER BY
+# the planner prefers a bitmap scan, which reads the queue's whole range first).
 _DEPTH_AVAILABLE = """
 WITH RECURSIVE q(queue) AS (
     (SELECT queue FROM {jobs} WHERE state = 'available' ORDER BY queue LIMIT 1)
@@ -49,7 +54,7 @@ WITH RECURSIVE q(queue) AS (
 SELECT q.queue,
        (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM {jobs} j
                                WHERE j.queue = q.queue AND j.state = 'available'
-                               ORDER BY j.priority, j.run_at, j.id LIMIT %(cap)s) AS c),
+                               ORDER BY j.queue, j.priority, j.run_at, j.id LIMIT %(cap)s) AS c),
        extract(epoch FROM {now} - (SELECT pg_catalog.min(j.run_at) FROM (
            SELECT run_at FROM {jobs} j
             WHERE j.queue = q.queue AND j.state = 'available'
@@ -68,7 +73,7 @@ WITH RECURSIVE q(queue) AS (
 )
 SELECT q.queue,
        (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM {dead} d WHERE d.queue = q.queue
-                               ORDER BY d.died_at LIMIT %(cap)s) AS c)
+                               ORDER BY d.queue, d.died_at LIMIT %(cap)s) AS c)
   FROM q WHERE q.queue IS NOT NULL
  LIMIT %(max_queues)s
 """

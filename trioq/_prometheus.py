@@ -36,7 +36,6 @@ from prometheus_client.registry import CollectorRegistry
 from ._exceptions import ListenError
 from ._history import BUCKETS, Cell
 from ._metrics import CLAIM_BUCKETS, DepthSample, DepthSampler, Sample
-from ._obs_sql import DEPTH_CAP
 
 __all__ = ["Collector", "MetricsServer", "trioq_version"]
 
@@ -66,11 +65,13 @@ class Collector:
     """
 
     def __init__(
-        self, sample: Callable[[], Sample], depth: Callable[[], DepthSample], version: str
-    ) -> None:
+        self, sample: Callable[[], Sample], depth: Callable[[], DepthSample], version: str,
+        cap: int,
+    ) -> None:  # fmt: skip
         self._sample = sample
         self._depth = depth
         self._version = version
+        self._cap = cap
 
     def describe(self) -> list[Metric]:
         return []  # registered without a describe-time collect (it would need the trio thread)
@@ -85,7 +86,7 @@ class Collector:
         yield from _errors(sample)
         yield from _pools(sample)
         yield from _hooks(sample)
-        yield from _depth(self._depth(), [q.queue for q in sample.queues])
+        yield from _depth(self._depth(), [q.queue for q in sample.queues], self._cap)
 
 
 def _info(sample: Sample, version: str) -> Iterator[Metric]:
@@ -270,12 +271,12 @@ def _hooks(sample: Sample) -> Iterator[Metric]:
 _STATES = ("scheduled", "available", "running", "dead")
 
 
-def _depth(depth: DepthSample, served: list[str]) -> Iterator[Metric]:
+def _depth(depth: DepthSample, served: list[str], cap: int) -> Iterator[Metric]:
     """Every state of every queue seen (and of the queues this worker serves), 0 included:
     an alert on a depth needs the series to exist when it is 0."""
     counts = GaugeMetricFamily(
         "trioq_queue_depth", f"Jobs per queue and state in the database (all workers'), exact "
-        f"up to {DEPTH_CAP} (then {DEPTH_CAP}); scheduled: among the next {DEPTH_CAP} due",
+        f"up to {cap} (then {cap}: trioq_queue_depth_cap); scheduled: among the next {cap} due",
         labels=["queue", "state"],
     )  # fmt: skip
     queues = sorted({queue for queue, _ in depth.counts} | set(served))
@@ -291,6 +292,10 @@ def _depth(depth: DepthSample, served: list[str]) -> Iterator[Metric]:
     for queue, seconds in sorted(depth.head_wait.items()):
         heads.add_metric([queue], seconds)
     yield heads
+    yield GaugeMetricFamily(
+        "trioq_queue_depth_cap", "Depth counts stop at this (Config.metrics_depth_cap)",
+        value=cap,
+    )  # fmt: skip
     yield GaugeMetricFamily(
         "trioq_queue_depth_sampled_at", "When the depths were read (Unix time; 0: never)",
         value=depth.taken_at,
@@ -338,7 +343,7 @@ class MetricsServer:
             return trio.from_thread.run(self._depth.refresh, trio_token=token)
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(Collector(sample, depth, self._version))
+        registry.register(Collector(sample, depth, self._version, self._depth.cap))
         server, thread = await trio.to_thread.run_sync(self._start, registry)
         host = self.host if ":" not in self.host else f"[{self.host}]"
         self.url = f"http://{host}:{server.server_port}/metrics"

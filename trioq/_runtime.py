@@ -354,7 +354,8 @@ class Runtime:
         assert self.config.metrics is not None
         host, first, last = parse_address(self.config.metrics)
         depth = DepthSampler(self.pool, self.config.schema,
-                             interval=self.config.metrics_depth_interval)  # fmt: skip
+                             interval=self.config.metrics_depth_interval,
+                             cap=self.config.metrics_depth_cap)  # fmt: skip
         server = MetricsServer(host, range(first, last + 1), sample=self._metrics_sample,
                                depth=depth, version=trioq_version())  # fmt: skip
         await server.run(task_status=task_status)
