@@ -87,13 +87,13 @@ def _text(rows: list[dict[str, Any]], with_app: bool) -> str:
     if not rows:
         return "(no cron entries" + ("" if with_app else " have fired: give --app to list "
                                      "the schedules") + ")"  # fmt: skip
-    lines = [f"{'name':<24} {'schedule':<16} {'task':<20} {'queue':<12} {'last tick':<20} "
+    lines = [f"{'name':<24} {'schedule':<16} {'task':<20} {'queue':<12} {'last tick':<30} "
              f"next tick"]  # fmt: skip
     for r in rows:
         schedule = r["schedule"] or ("-" if with_app is False else "(not in the app)")
         last = _when(r["last_tick"]) + (f" (job {r['last_job_id']})" if r["last_job_id"] else "")
         lines.append(f"{r['name']:<24} {schedule:<16} {r['task'] or '-':<20} "
-                     f"{r['queue'] or '-':<12} {last:<20} {_when(r['next_tick'])}")  # fmt: skip
+                     f"{r['queue'] or '-':<12} {last:<30} {_when(r['next_tick'])}")  # fmt: skip
     if not with_app:
         lines.append("(schedules and next ticks: give --app MODULE:CONFIG)")
     return "\n".join(lines)
