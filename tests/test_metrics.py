@@ -298,3 +298,21 @@ def test_the_banner_says_where_and_warns_about_queues(dsn: str, workers: list[Wo
     logs = quiet.stop()
     levels = {json.loads(line)["level"] for line in logs.splitlines()}
     assert levels == {"WARNING"}  # no banner, no retry: they are INFO
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["", ":9100", "host", "host:", "host:-1", "host:65536", "host:9100-9000", "host:0-5",
+     "ho st:9100", "host\x00:9100", "host\n:9100", "host:9 100", "host:٣", 9100],
+)  # fmt: skip
+def test_bad_metrics_addresses_are_refused_at_construction(address: Any) -> None:
+    with pytest.raises((ValueError, TypeError), match="metrics must"):
+        trioq.Config(registry=trioq.Registry(), metrics=address)
+
+
+def test_good_metrics_addresses() -> None:
+    from trioq._config import parse_address
+
+    assert parse_address("0.0.0.0:9100") == ("0.0.0.0", 9100, 9100)
+    assert parse_address("[::1]:0") == ("::1", 0, 0)
+    assert parse_address("localhost:9100-9103") == ("localhost", 9100, 9103)

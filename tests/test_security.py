@@ -103,6 +103,9 @@ COMMANDS = [
     ["dead", "list", "--json"],
     ["dead", "retry", "--json"],
     ["jobs", "show", "1", "--json"],
+    ["jobs", "list", "--json"],
+    ["cron", "list", "--json"],
+    ["status", "--watch", "--count", "1", "--json"],
     ["demo", "--json"],
     ["serve", "--app", "serve_app:config"],
 ]
@@ -144,6 +147,46 @@ def test_rejected_password_never_printed(scram_dsn: str, command: list[str], how
     assert out.stderr.strip().splitlines()[-1].startswith("trioq: error: cannot connect to ")
     assert "Traceback" not in out.stderr
     assert_no_password(out.stdout, out.stderr)
+
+
+def test_check_never_prints_the_password(scram_dsn: str, dsn_with_password: str) -> None:
+    """``trioq check`` reports a rejected password as unreachable (exit 1), an accepted one
+    as ok, text or JSON, and shows the database without the password either way."""
+    rejected = make_conninfo(scram_dsn, password=PASSWORD)
+    outputs = []
+    for dsn, code in ((rejected, 1), (dsn_with_password, 3), (dsn_with_password, 0)):
+        if code == 0:
+            assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
+        for extra in ([], ["--json"]):
+            out = trioq_cli("check", "--dsn", dsn, *extra)
+            assert out.returncode == code, (code, out.stderr)
+            outputs += [out.stdout, out.stderr]
+    assert "password authentication failed" in "".join(outputs)
+    assert_no_password(*outputs)
+
+
+def test_json_logs_and_the_banner_never_show_the_password(dsn_with_password: str) -> None:
+    dsn = dsn_with_password
+    assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config", "--dsn", dsn,
+         "--log-format", "json", "--metrics", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS,
+        env={k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")},
+    )  # fmt: skip
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _poll(conn, LISTENING.format(select="1"))
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    banner = [json.loads(line) for line in stderr.splitlines() if '"schema_version"' in line]
+    assert len(banner) == 1 and banner[0]["database"] == redact_dsn(dsn)
+    assert_no_password(stdout, stderr)
 
 
 def test_rejected_password_in_a_url_never_printed(scram_dsn: str) -> None:

@@ -6,6 +6,7 @@ import datetime as dt
 import importlib.util
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -81,13 +82,18 @@ def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: flo
 _DAY = 86400.0
 
 
+_DIGITS = re.compile(r"[0-9]{1,5}")
+
+
 def parse_address(value: str, field: str = "metrics") -> tuple[str, int, int]:
     """(host, first port, last port) of ``host:port``, ``[v6]:port`` or ``host:first-last``
     (a range: the first free port of it is taken; port 0 picks any free one)."""
     host, sep, ports = value.rpartition(":") if isinstance(value, str) else ("", "", "")
     first, dash, last = ports.partition("-")
     last = last if dash else first
-    ok = sep and host and first.isdigit() and last.isdigit()
+    ok = sep and host and host.isprintable() and " " not in host and (
+        _DIGITS.fullmatch(first) and _DIGITS.fullmatch(last)  # ASCII: isdigit() takes "٣"
+    )
     if not ok or not 0 <= int(first) <= int(last) <= 65535 or (dash and int(first) == 0):
         raise ValueError(
             f"{field} must look like HOST:PORT (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100) "

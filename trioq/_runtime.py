@@ -275,10 +275,10 @@ class Runtime:
                 services.start_soon(self._lifecycle.run)
                 if self._pruner is not None:
                     services.start_soon(self._pruner.run)
-                if self.config.metrics is not None:
-                    self.metrics_url = await services.start(self._serve_metrics)
                 if self.config.handle_signals:
                     services.start_soon(self._signal_loop)
+                if self.config.metrics is not None:  # after the signals: binding takes a moment
+                    self.metrics_url = await services.start(self._serve_metrics)
                 await self._run_jobs(task_status)
                 await self._flush()
                 await self._flush_history()
