@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import select
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from clitool import ServeProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 import trioq
@@ -34,45 +33,11 @@ def _env(dsn: str) -> dict[str, str]:
     return env
 
 
-class Worker:
-    """A ``trioq serve`` process whose stderr is read line by line (bounded waits)."""
+class Worker(ServeProcess):
+    """``trioq serve --app obs_app:config ARGS`` (tests/obs_app.py)."""
 
     def __init__(self, dsn: str, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trioq._cli", "serve", "--app", "obs_app:config", *args],
-            env=_env(dsn), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, bufsize=0,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        self._partial = b""
-
-    def read_until(self, text: str, timeout: float = 30) -> str:
-        """The first line (read so far or from now on) containing ``text``."""
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + timeout
-        seen = 0
-        while True:
-            for line in self.lines[seen:]:
-                if text in line:
-                    return line
-            seen = len(self.lines)
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"{text!r} not logged:\n" + "".join(self.lines)
-            fd = self.proc.stderr.fileno()
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if ready:  # raw reads: a buffered readline would hide lines from select
-                chunk = os.read(fd, 65536)
-                assert chunk, f"exited before logging {text!r}:\n" + "".join(self.lines)
-                *complete, self._partial = (self._partial + chunk).split(b"\n")
-                self.lines.extend(line.decode() + "\n" for line in complete)
-
-    def stop(self, timeout: float = 30) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        _, rest = self.proc.communicate(timeout=timeout)
-        text = (self._partial + rest).decode()
-        self._partial = b""
-        self.lines.extend(text.splitlines(keepends=True))
-        return "".join(self.lines)
+        super().__init__(["--app", "obs_app:config", *args], env=_env(dsn))
 
 
 @pytest.fixture

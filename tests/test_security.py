@@ -30,7 +30,7 @@ import attrs
 import psycopg
 import pytest
 import trio
-from clitool import trioq_cli
+from clitool import ServeProcess, trioq_cli
 from pgcluster import copy_cluster, scratch_dir, template_cluster
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -168,25 +168,16 @@ def test_check_never_prints_the_password(scram_dsn: str, dsn_with_password: str)
 def test_json_logs_and_the_banner_never_show_the_password(dsn_with_password: str) -> None:
     dsn = dsn_with_password
     assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config", "--dsn", dsn,
-         "--log-format", "json", "--metrics", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS,
-        env={k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")},
-    )  # fmt: skip
+    worker = ServeProcess(["--app", "serve_app:config", "--dsn", dsn, "--log-format", "json",
+                           "--metrics", "127.0.0.1:0"])  # fmt: skip
     try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            _poll(conn, LISTENING.format(select="1"))
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
+        line = worker.read_until('"schema_version"')  # the banner: the worker is ready
+        log = worker.stop()
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, stderr
-    banner = [json.loads(line) for line in stderr.splitlines() if '"schema_version"' in line]
-    assert len(banner) == 1 and banner[0]["database"] == redact_dsn(dsn)
-    assert_no_password(stdout, stderr)
+        worker.kill()
+    assert worker.proc.returncode == 0, log
+    assert json.loads(line)["database"] == redact_dsn(dsn)
+    assert_no_password(log)
 
 
 def test_rejected_password_in_a_url_never_printed(scram_dsn: str) -> None:
