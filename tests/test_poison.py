@@ -133,9 +133,7 @@ async def test_a_huge_error_is_stored_cut_with_a_note(dsn: str) -> None:
     assert error.endswith("more characters cut by trioq]")
 
 
-async def test_memory_error_is_recorded_by_name(
-    dsn: str, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_memory_error_is_recorded_by_name(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     async def bad(job: trioq.JobContext) -> None:
         raise MemoryError
 
@@ -276,3 +274,17 @@ async def test_a_batch_that_fails_on_a_value_is_split_and_made_safe(dsn: str) ->
         (dead,) = await rows(conn, "SELECT id, reason, last_error FROM trioq.dead_jobs")
         assert dead[:2] == (ids[3], "result not stored")
         assert "must not contain NUL" in dead[2]
+
+
+def test_the_clis_json_never_fails_on_a_stored_value() -> None:
+    """Args that decoded but are too deep to encode again: shown as a note, the rest as is."""
+    from trioq._cli.ops import to_json
+
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    out = json.loads(to_json([{"id": 1, "args": deep}, {"id": 2, "args": {"a": 1}}]))
+    assert out == [
+        {"id": 1, "args": "<not shown: list that JSON cannot encode>"},
+        {"id": 2, "args": {"a": 1}},
+    ]

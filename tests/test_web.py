@@ -67,6 +67,30 @@ async def _csrf(app: Any, path: str = "/confirm/purge?all=1") -> tuple[dict[str,
 # -- pages ----------------------------------------------------------------------------------------
 
 
+async def test_the_workers_table_shows_registered_workers_idle_ones_too(dsn: str) -> None:
+    """Registered workers (liveness) with their queues' slots and last ping; an idle one is
+    listed; one that stopped pinging is marked; a lease owner without a row still shows."""
+    await _jobs(dsn)  # OWNER holds one running job's lease, and is not registered
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at) VALUES"
+            " ('hostA:111:aaaa', 'hostA', 111, '{\"email\": 10, \"work\": 4}', now()),"
+            " ('hostB:222:bbbb', 'hostB', 222, '{\"email\": 2}', now() - interval '1 minute')"
+        )
+    app = _dashboard(dsn)
+    try:
+        live = (await call(app, "GET", "/live/overview")).text
+        idle = live[live.index('data-owner="hostA:111:aaaa"') :]
+        idle = idle[: idle.index("</tr>")]
+        assert "email</a> (0 / 10)" in idle and "work</a> (0 / 4)" in idle
+        assert "gone?" not in idle
+        gone = live[live.index('data-owner="hostB:222:bbbb"') :]
+        assert 'class="bad"' in gone[: gone.index("</tr>")]
+        assert f'data-owner="{OWNER}"' in live  # from its lease
+    finally:
+        await app.aclose()
+
+
 async def test_every_page_renders_what_is_there(dsn: str) -> None:
     ids = await _jobs(dsn)
     app = _dashboard(dsn)

@@ -137,7 +137,11 @@ class Stack:
         rows = self.sql(
             "INSERT INTO trioq.jobs (queue, task, args, max_attempts)"
             " SELECT %s, %s, %s::jsonb, %s FROM generate_series(1, %s) RETURNING id",
-            queue, task, args, max_attempts, n,
+            queue,
+            task,
+            args,
+            max_attempts,
+            n,
         )
         self.sql("SELECT pg_notify('trioq_trioq', %s)", queue)
         return [r[0] for r in rows]

@@ -58,6 +58,7 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
         yield f"history {seconds}", ST.history, {"since": now - seconds, "queue": "queue_3"}
     yield "history_queues", ST.history_queues, {"since": now - 86400}
     yield "clock", ST.clock, {}
+    yield "workers", ST.workers, {"worker_cap": 1000}
     for state, statement in ST.lists.items():
         for name, filters in FILTERS.items():
             yield f"lists[{state}] {name}", statement, {**filters, **PAGE}
@@ -76,7 +77,7 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
     by_ids = {"ids": ids, "queue": None, "task": None}
     yield "Queue.dead_retry", LIB.dead_retry, by_ids
     yield "Queue.dead_purge", LIB.dead_purge, {**by_ids, "before": None, "older_than": None}
-    yield "Queue.cancel", LIB.cancel, {"id": 42}
+    yield "Queue.cancel", LIB.cancel, {"id": 42, "channel": LIB.channel}
 
 
 def _nodes(plan: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:

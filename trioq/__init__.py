@@ -8,7 +8,8 @@ General layout (``docs/architecture.md`` has the module map and the nursery tree
 - What a job is: ``_job`` (the field rules, `JobSpec`, `Job`, `Lease`, `Failure`),
   ``_exceptions`` (every exception), ``_registry`` (tasks), ``_retry``, ``_cron``.
 - The queue as a library: ``_queue`` (enqueue, claim, outcomes, sweep, status), ``_dead``,
-  ``_enqueue`` (the default queue), and ``_sql``, which holds every statement.
+  ``_enqueue`` (the default queue), ``_flow`` (queue settings, the limited claim),
+  ``_unique`` (dedup keys, `Unique`), and ``_sql``, which holds every statement.
 - The worker runtime: ``_serve`` -> ``_runtime`` (fetchers and slots), ``_execute``
   (handlers and their outcomes), ``_context`` (what a handler gets), ``_leases``,
   ``_completer``, and one module per service: ``_listener``, ``_heartbeat``,
@@ -55,6 +56,9 @@ from ._exceptions import SchemaMissingError as SchemaMissingError
 from ._exceptions import SchemaOutdatedError as SchemaOutdatedError
 from ._exceptions import SchemaTooNewError as SchemaTooNewError
 from ._exceptions import Snooze as Snooze
+from ._flow import LimitedClaim as LimitedClaim
+from ._flow import QueueSettings as QueueSettings
+from ._flow import RateLimit as RateLimit
 from ._hooks import CallNext as CallNext
 from ._hooks import JobEvent as JobEvent
 from ._job import EnqueueResult as EnqueueResult
@@ -79,6 +83,7 @@ from ._runtime import Runtime as Runtime
 from ._runtime import RuntimeStatistics as RuntimeStatistics
 from ._schema import check_schema as check_schema
 from ._serve import serve as serve
+from ._unique import Unique as Unique
 
 __version__ = "0.1.0"
 

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from ._cron import CronEntry, check_entries
+from ._flow import RateLimit, check_limit, to_rate_limit
 from ._history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
 from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
 from ._obs_sql import DEPTH_CAP
@@ -68,6 +69,8 @@ def _positive_timedelta(
 ) -> None:
     if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
         raise ValueError(f"{attribute.name} must be a positive duration, got {value!r}")
+
+
 def _seconds_or_none(value: float | dt.timedelta | None) -> float | None:
     return None if value is None else _seconds(value)
 
@@ -77,6 +80,18 @@ def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: flo
         raise ValueError(
             f"{attribute.name} must be a positive finite number or None, got {value!r}"
         )
+
+
+def _limit(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_limit(value, attribute.name)
+
+
+def _rate(value: object) -> RateLimit | None:
+    return to_rate_limit(value, "rate_limit")
+
+
+def _key_rate(value: object) -> RateLimit | None:
+    return to_rate_limit(value, "key_rate_limit")
 
 
 _DAY = 86400.0
@@ -126,9 +141,29 @@ def _tracing(_inst: object, attribute: attrs.Attribute[Any], value: bool | None)
 
 @attrs.frozen(kw_only=True)
 class QueueConfig:
-    """How one queue is served by this process."""
+    """How one queue is served by this process, and the limits it holds across all of them.
+
+    ``concurrency`` is this process's slots. The limits (``global_concurrency``,
+    ``rate_limit``, ``key_concurrency``, ``key_rate_limit``) hold across every process;
+    they live in the database, and `trioq.serve` writes those given here when it starts
+    (None leaves the stored value alone). ``trioq queue set`` changes them at run time.
+    """
 
     concurrency: int = attrs.field(default=10, validator=_positive_int)
+    global_concurrency: int | None = attrs.field(default=None, validator=_limit)
+    rate_limit: RateLimit | None = attrs.field(default=None, converter=_rate)
+    key_concurrency: int | None = attrs.field(default=None, validator=_limit)
+    key_rate_limit: RateLimit | None = attrs.field(default=None, converter=_key_rate)
+
+    def limits(self) -> dict[str, Any]:
+        """The limits this config sets (the others are left as stored)."""
+        given = {
+            "global_concurrency": self.global_concurrency,
+            "rate_limit": self.rate_limit,
+            "key_concurrency": self.key_concurrency,
+            "key_rate_limit": self.key_rate_limit,
+        }
+        return {name: value for name, value in given.items() if value is not None}
 
 
 def _queues(

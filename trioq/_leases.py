@@ -64,6 +64,10 @@ class HeldJobs:
         job.abort("lost")
         return job
 
+    def of_job(self, job_id: int) -> list[HeldJob]:
+        """The held attempts of job ``job_id`` (rare: a linear search)."""
+        return [held for lease, held in self._jobs.items() if lease.job_id == job_id]
+
     def leases(self) -> list[Lease]:
         return list(self._jobs)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import os
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -46,6 +47,8 @@ RV = TypeVar("RV")
 
 #: How long a cancelled query may take to acknowledge a server-side cancel
 #: before the connection is given up and closed.
+#: Seconds a connection attempt may take when the DSN does not say (``connect_timeout``).
+DEFAULT_CONNECT_TIMEOUT = 10.0
 CANCEL_DRAIN_TIMEOUT = 5.0
 
 #: How long close() keeps asking the server to cancel a running statement.
@@ -107,7 +110,7 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         """Connect, honouring ``connect_timeout`` and any enclosing trio deadline."""
         check_dsn(conninfo)  # libpq's own parse error would quote the DSN, password included
         params = await cls._get_connection_params(conninfo, **kwargs)
-        timeout = psycopg.conninfo.timeout_from_conninfo(params)
+        timeout = connect_timeout(params)
         try:
             attempts = await _resolve(params)
         except e.OperationalError as ex:  # no host name resolved
@@ -293,6 +296,15 @@ class Notifications:
                     await trio.lowlevel.checkpoint()
                 return True
         return False
+
+
+def connect_timeout(params: dict[str, Any]) -> float:
+    """Seconds each connection attempt may take: ``connect_timeout`` from the DSN, the
+    keywords or ``PGCONNECT_TIMEOUT``, else `DEFAULT_CONNECT_TIMEOUT` (libpq's and psycopg's
+    own default waits 130 s, or forever, for a server that accepts TCP and never answers)."""
+    if params.get("connect_timeout") is None and not os.environ.get("PGCONNECT_TIMEOUT"):
+        return DEFAULT_CONNECT_TIMEOUT
+    return psycopg.conninfo.timeout_from_conninfo(params)
 
 
 async def _resolve(params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,6 +22,16 @@ from psycopg.pq import TransactionStatus
 from ._carrier import carrier
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._exceptions import SchemaMissingError
+from ._flow import (
+    UNSET,
+    LimitedClaim,
+    QueueSettings,
+    RateLimit,
+    Unset,
+    change_settings,
+    claim_limited,
+    read_settings,
+)
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD,
@@ -43,6 +53,7 @@ from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._schema import check_schema, schema_version
 from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements, validate_schema_name
+from ._unique import Unique
 
 __all__ = [
     "CancelOutcome",
@@ -143,34 +154,32 @@ class Queue:
         delay: dt.timedelta | float | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         dedup_key: str | None = None,
-        unique: bool = False,
+        unique: bool | Unique = False,
+        concurrency_key: str | None = None,
         notify: bool = True,
     ) -> EnqueueResult:
         """Insert one job on ``conn``, in the caller's transaction if one is open.
 
         The job (and its wake-up notification) becomes visible when the caller
-        commits. With ``dedup_key`` or ``unique=True`` a job whose twin is still
-        available or running is not inserted: the result says ``duplicate`` and
-        carries the twin's id.
+        commits. With ``dedup_key`` (scoped by task), ``unique=True`` or
+        ``unique=trioq.Unique(...)`` a job whose twin holds the key is not inserted: the
+        result says ``duplicate`` and carries the twin's id (docs/flow-control.md says
+        which enqueue wins). ``concurrency_key`` is the job's key for the per-key limits
+        of its queue.
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
             max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
+            concurrency_key=concurrency_key,
         )  # fmt: skip
         self._check_payload(spec)
-        key = spec.effective_dedup_key()
-        params = {
-            "queue": spec.queue,
-            "task": spec.task,
-            "args": spec.args_json,
-            "priority": spec.priority,
-            "run_at": spec.run_at,
-            "delay": spec.delay,
-            "max_attempts": spec.max_attempts,
-            "dedup_key": key,
-            "notify": notify,
-            "channel": self.sql.channel,
-        }
+        found = spec.uniqueness()
+        if found is not None and found.windowed:
+            with _migrated(conn, self.schema):
+                await self._check_version(conn)
+                return await self._enqueue_windowed(conn, spec, notify)
+        key = None if found is None else found.key
+        params = {**self._one_job(spec, notify), "dedup_key": key}
         insert = self.sql.insert
         if (trace := carrier()) is not None:  # an OpenTelemetry span is current
             params["trace"] = trace
@@ -186,6 +195,32 @@ class Queue:
                 if key in twins:
                     return EnqueueResult(twins[key], duplicate=True)
         raise RuntimeError(f"dedup key {key!r} keeps conflicting with jobs that finish at once")
+
+    def _one_job(self, spec: JobSpec, notify: bool) -> dict[str, Any]:
+        """The parameters of one job's insert (`_sql._INSERT`, ``enqueue_unique``)."""
+        return {
+            "queue": spec.queue,
+            "task": spec.task,
+            "args": spec.args_json,
+            "priority": spec.priority,
+            "run_at": spec.run_at,
+            "delay": spec.delay,
+            "max_attempts": spec.max_attempts,
+            "concurrency_key": spec.concurrency_key,
+            "notify": notify,
+            "channel": self.sql.channel,
+        }
+
+    async def _enqueue_windowed(self, conn: Conn, spec: JobSpec, notify: bool) -> EnqueueResult:
+        """A job whose key outlives it (a `Unique` with a period): ``enqueue_unique``."""
+        found = spec.uniqueness()
+        assert found is not None
+        params = {**self._one_job(spec, notify), "key": found.key, "period": found.period,
+                  "states": list(found.states)}  # fmt: skip
+        cur = await conn.execute(self.sql.enqueue_unique, params)
+        row = await cur.fetchone()
+        assert row is not None
+        return EnqueueResult(int(row[0]), duplicate=bool(row[1]))
 
     async def enqueue_many(
         self, conn: Conn, jobs: Iterable[JobSpec], *, notify: bool = True
@@ -208,20 +243,45 @@ class Queue:
                 raise TypeError(f"jobs[{i}] must be a JobSpec, got {spec!r}")
             check_payload(spec.args_json, task=spec.task, max_bytes=limit, where=f"jobs[{i}].args")
         keys = [spec.effective_dedup_key() for spec in specs]
+        windowed = [i for i, s in enumerate(specs) if (u := s.uniqueness()) and u.windowed]
         with _migrated(conn, self.schema):
             await self._check_version(conn)
-            return await self._insert_specs(conn, specs, keys, notify, carrier())
+            trace = carrier()
+            if not windowed:
+                return await self._insert_specs(conn, specs, keys, notify, trace)
+            return await self._insert_mixed(conn, specs, keys, set(windowed), notify, trace=trace)
+
+    async def _insert_mixed(
+        self, conn: Conn, specs: list[JobSpec], keys: list[str | None], windowed: set[int],
+        notify: bool, *, trace: str | None,
+    ) -> list[EnqueueResult]:  # fmt: skip
+        """A batch with unique windows: those one by one (in input order, so the first of
+        two twins wins), the rest as usual; all in one transaction."""
+        results: list[EnqueueResult | None] = [None] * len(specs)
+        rest = [i for i in range(len(specs)) if i not in windowed]
+        own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        async with conn.transaction() if own else contextlib.nullcontext():
+            if rest:
+                done = await self._insert_specs(
+                    conn, [specs[i] for i in rest], [keys[i] for i in rest], notify, trace
+                )
+                for i, result in zip(rest, done, strict=True):
+                    results[i] = result
+            for i in sorted(windowed):
+                results[i] = await self._enqueue_windowed(conn, specs[i], notify)
+        return [r for r in results if r is not None]
 
     async def _insert_specs(
         self, conn: Conn, specs: list[JobSpec], keys: list[str | None], notify: bool,
         trace: str | None,
     ) -> list[EnqueueResult]:  # fmt: skip
-        if not any(keys) and _only_args_differ(specs):
+        keyed = any(keys) or any(spec.concurrency_key for spec in specs)
+        if not keyed and _only_args_differ(specs):
             ids = await self._insert_bulk(conn, specs[0], _args_runs(specs), notify, trace)
             return [EnqueueResult(job_id) for job_id in ids]
         now, ids = await self._reserve_ids(conn, len(specs))
         run_ats = [spec.run_at or now + spec.delay for spec in specs]
-        if any(keys):
+        if keyed:
             inserted = await self._insert_unnest(conn, specs, ids, run_ats, keys, trace=trace)
         else:
             await self._copy(conn, specs, ids, run_ats, now, trace=trace)
@@ -364,6 +424,7 @@ class Queue:
             "max_attempts": [s.max_attempts for s in specs],
             "dedup_keys": list(keys),
             "trace": trace,
+            "concurrency_keys": [s.concurrency_key for s in specs],
         }
         traced = statements(self.schema, traced=trace is not None)
         cur = await conn.execute(traced.insert_many, params)
@@ -548,8 +609,9 @@ class Queue:
     # -- cancel and sweep ----------------------------------------------------------------------
 
     async def cancel(self, conn: Conn, job_id: int) -> CancelOutcome:
-        """Cancel a scheduled or available job at once; flag a running one for the runtime."""
-        cur = await conn.execute(self.sql.cancel, {"id": job_id})
+        """Cancel a scheduled or available job at once; flag a running one for the runtime,
+        and notify its worker (``@cancel:<id>``), which stops the handler at once."""
+        cur = await conn.execute(self.sql.cancel, {"id": job_id, "channel": self.sql.channel})
         row = await cur.fetchone()
         assert row is not None
         if row[0]:
@@ -661,6 +723,57 @@ class Queue:
         return await wait_result(
             conn, self.sql, job_id, timeout=timeout, poll_interval=poll_interval
         )
+
+    # -- flow control (trioq._flow, docs/flow-control.md) --------------------------------------
+
+    async def queue_settings(
+        self, conn: Conn, names: Sequence[str] | None = None
+    ) -> list[QueueSettings]:
+        """The stored settings of ``names`` (default: every queue that has any), by name."""
+        with _migrated(conn, self.schema):
+            return await read_settings(conn, self.sql, names)
+
+    async def pause(self, conn: Conn, queue: str) -> QueueSettings:
+        """Stop every worker from claiming from ``queue`` (running jobs finish; enqueueing
+        goes on). Stored, so it outlives restarts; workers hear of it by notification."""
+        return await self._change(conn, queue, {"paused": True})
+
+    async def resume(self, conn: Conn, queue: str) -> QueueSettings:
+        """Let workers claim from ``queue`` again."""
+        return await self._change(conn, queue, {"paused": False})
+
+    async def set_limits(
+        self,
+        conn: Conn,
+        queue: str,
+        *,
+        global_concurrency: int | Unset | None = UNSET,
+        rate_limit: RateLimit | str | Unset | None = UNSET,
+        key_concurrency: int | Unset | None = UNSET,
+        key_rate_limit: RateLimit | str | Unset | None = UNSET,
+    ) -> QueueSettings:
+        """Change the limits of ``queue`` that are given (None removes one); the others stay.
+
+        Takes effect for every claim that starts after the caller commits, in every process.
+        """
+        given = {
+            "global_concurrency": global_concurrency,
+            "rate_limit": rate_limit,
+            "key_concurrency": key_concurrency,
+            "key_rate_limit": key_rate_limit,
+        }
+        return await self._change(conn, queue, {k: v for k, v in given.items() if v is not UNSET})
+
+    async def _change(self, conn: Conn, queue: str, changes: dict[str, Any]) -> QueueSettings:
+        with _migrated(conn, self.schema):
+            return await change_settings(conn, self.sql, queue, changes)
+
+    async def claim_limited(
+        self, conn: Conn, queue: str, *, owner: str, limit: int, lease: dt.timedelta
+    ) -> LimitedClaim:
+        """`claim` for a queue with settings: within its limits, nothing while paused, and
+        why it took fewer than ``limit``. (`claim` takes nothing from such a queue.)"""
+        return await claim_limited(conn, self.sql, queue, owner=owner, limit=limit, lease=lease)
 
     # -- dead letters --------------------------------------------------------------------------
 

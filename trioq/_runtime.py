@@ -28,11 +28,13 @@ from ._completer import Completer
 from ._config import Config, QueueConfig
 from ._context import JobServices
 from ._execute import Executor, aborted
+from ._flow import LimitedClaim
+from ._governor import Governor
 from ._heartbeat import Heartbeat
 from ._history import History
 from ._history_writer import HistoryWriter
 from ._hooks import EventDispatcher, fields
-from ._job import Job, Lease
+from ._job import Lease
 from ._leases import HeldJob, HeldJobs
 from ._lifecycle import Lifecycle
 from ._listener import Listener
@@ -44,7 +46,7 @@ from ._pool import Pool
 from ._pruner import Pruner
 from ._queue import Queue
 from ._scheduler import Scheduler
-from ._sql import SCHEDULED_PAYLOAD
+from ._sql import CANCEL_PAYLOAD, QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
 from ._sweeper import Sweeper
 from ._tracing import Tracing
 from ._tracing import enabled as tracing_enabled
@@ -56,9 +58,11 @@ __all__ = ["Runtime", "RuntimeStatistics"]
 logger = logging.getLogger("trioq.runtime")
 
 #: Backoff of a fetcher whose claims fail (a notification cuts it short).
-CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 5.0
+CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 0.5
 #: Bound on the shielded cleanup at shutdown (flushing outcomes).
 FLUSH_TIMEOUT = 10.0
+#: Bound on one (shielded) claim statement.
+CLAIM_TIMEOUT = 10.0
 #: A slot that finds its next job already buffered takes it without a checkpoint, but
 #: yields to the other tasks at least once every this many jobs. A checkpoint (one trip
 #: through trio's scheduler) costs about as much as the rest of a no-op job; handlers that
@@ -237,6 +241,11 @@ class Runtime:
             retain_done=config.retain_done, retain_cancelled=config.retain_cancelled,
             retain_dead=config.retain_dead,
         )  # fmt: skip
+        self._governor = Governor(
+            self.pool, self.queue, {name: q.config for name, q in self._queues.items()},
+            poll_interval=config.poll_interval, on_change=self._wake,
+            on_paused=self._release_buffered,
+        )  # fmt: skip
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -265,6 +274,7 @@ class Runtime:
             async with trio.open_nursery() as services:
                 await services.start(self._liveness.run)
                 await services.start(self._listener.run)
+                await services.start(self._governor.run)
                 services.start_soon(self._completer.run)
                 services.start_soon(self._heartbeat.run)
                 services.start_soon(self._sweeper.run)
@@ -408,7 +418,7 @@ class Runtime:
                     continue
                 finished_before = state.finished
                 try:
-                    claimed = await self._claim(state, wanted)
+                    got, written = await self._claim(state, wanted)
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
                     self._claim_errors[state.name] += 1
                     logger.warning("claiming from queue %r failed: %s", state.name, ex)
@@ -421,26 +431,45 @@ class Runtime:
                     continue
                 backoff = CLAIM_BACKOFF_MIN
                 concurrency = state.config.concurrency
-                state.prefetch = min(concurrency, state.finished - finished_before)
+                # No prefetch while a concurrency limit decides: buffered jobs would hold
+                # slots of the whole cluster idle.
+                state.prefetch = (
+                    0
+                    if got.concurrency_bound
+                    else min(concurrency, state.finished - finished_before)
+                )
+                claimed = got.jobs
                 batch = [HeldJob(job, Lease(job.id, job.attempt)) for job in claimed]
                 self._held.add(batch)
                 state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
-                if len(claimed) < wanted:  # the queue is drained: wait for news, or poll
-                    with trio.move_on_after(self.config.poll_interval):
-                        await state.wakeup.wait()
+                if len(claimed) < wanted:  # drained or limited: wait for news, or poll
+                    await self._governor.wait(state.name, got, written, state.wakeup)
         finally:
             state.close()  # the slots release what is left in the buffer, then end
 
-    async def _claim(self, state: _QueueState, limit: int) -> list[Job]:
+    async def _claim(self, state: _QueueState, limit: int) -> tuple[LimitedClaim, int]:
         async with self.pool.connection() as conn:
-            claimed = await self.queue.claim(
-                conn, state.name, owner=self.config.worker_id, limit=limit,
-                lease=dt.timedelta(seconds=self.config.lease),
-            )  # fmt: skip
-        self._claimed += len(claimed)
-        if self._meter is not None:
-            self._meter.claimed(state.name, claimed)
-        return claimed
+            # Shielded: a claim cut short by the stop may have committed, and its jobs would
+            # be held by nobody here. (Should it time out, the worker's row stays at the stop:
+            # see `Liveness`.)
+            with trio.move_on_after(CLAIM_TIMEOUT, shield=True):
+                got = await self._governor.claim(
+                    conn, state.name, owner=self.config.worker_id, limit=limit,
+                    lease=dt.timedelta(seconds=self.config.lease),
+                )  # fmt: skip
+                self._claimed += len(got[0].jobs)
+                if self._meter is not None:
+                    self._meter.claimed(state.name, got[0].jobs)
+                return got
+        raise TimeoutError(f"the claim took longer than {CLAIM_TIMEOUT} s")
+
+    async def _release_buffered(self, name: str) -> None:
+        """The queue was paused: give back the jobs claimed for it but not started."""
+        state = self._queues[name]
+        while state.buffer:
+            held = state.buffer.pop()
+            held.abort("paused")  # keeps an earlier reason: a lost lease, a cancel request
+            await self._completer.submit(aborted(held.reason, held.lease))
 
     async def _slot(self, state: _QueueState) -> None:
         """One of the queue's ``concurrency`` slots: run buffered jobs one after another.
@@ -551,22 +580,45 @@ class Runtime:
     def _written(self, batch: Sequence[Outcome]) -> None:
         self._history.record(batch)
         self._lifecycle.written(batch)  # logs, events and counts of retries, deaths, ...
+        queues = self._queues_of(batch) if self._governor.waiting else None
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)
+        self._governor.outcomes_written(queues)
         if any(o.kind in _SCHEDULES or (o.kind is Kind.RELEASE and o.delay) for o in batch):
             self._scheduler.wake()  # a retry or snooze may now be the next job due
+
+    def _queues_of(self, batch: Sequence[Outcome]) -> set[str | None]:
+        """The queues of the jobs whose outcomes these are (None: no longer held)."""
+        get = self._held.get
+        return {None if (held := get(o.lease)) is None else held.job.queue for o in batch}
 
     # -- wake-ups -------------------------------------------------------------------------------
 
     def _wake(self, payload: str) -> None:
-        """A notification: a queue got due work, or (``@scheduled``) a job for later."""
+        """A notification: a queue got due work, (``@scheduled``) a job for later, or
+        (``@cancel:<id>``) a cancel of a running job, maybe one of ours."""
         if payload == SCHEDULED_PAYLOAD:
             self._scheduler.wake()
+        elif payload == QUEUES_PAYLOAD:
+            self._governor.wake()
+        elif payload.startswith(CANCEL_PAYLOAD):
+            self._cancel(payload[len(CANCEL_PAYLOAD) :])
         elif (state := self._queues.get(payload)) is not None:
             state.wakeup.set()
+
+    def _cancel(self, job_id: str) -> None:
+        """Stop the handler of a job whose cancel was requested, if it runs (or waits) here.
+        The heartbeat would see the flag too, up to an interval later: this is the fast path."""
+        if not job_id.isdigit():
+            return
+        for held in self._held.of_job(int(job_id)):
+            logger.info("job %d (%s): cancel requested: stopping its handler", held.job.id,
+                        held.job.task)  # fmt: skip
+            held.abort("cancel")
 
     def _wake_all(self) -> None:
         for state in self._queues.values():
             state.wakeup.set()
         self._scheduler.wake()
+        self._governor.wake()

@@ -30,7 +30,9 @@ import attrs
 from psycopg import sql
 
 __all__ = [
+    "CANCEL_PAYLOAD",
     "NOW",
+    "QUEUES_PAYLOAD",
     "SCHEDULED_PAYLOAD",
     "SCHEMA_NAME_RE",
     "WRITABLE",
@@ -61,6 +63,7 @@ def qualified(schema: str, name: str) -> sql.Identifier:
     """``"schema"."name"`` as a composable identifier."""
     return sql.Identifier(validate_schema_name(schema), name)
 
+
 #: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
 NOW = (
     "coalesce(nullif(pg_catalog.current_setting('trioq.now', true), '')::timestamptz,"
@@ -72,6 +75,11 @@ _LIVE = "('scheduled', 'available', 'running')"
 #: Notification payload for a job enqueued for later: wakes schedulers, not fetchers.
 #: (Queue names cannot contain '@'.)
 SCHEDULED_PAYLOAD = "@scheduled"
+#: Notification payload prefix for a running job whose cancel was requested: its worker
+#: stops the handler at once instead of at its next heartbeat. ``@cancel:<job id>``.
+CANCEL_PAYLOAD = "@cancel:"
+#: Notification payload when a queue's settings changed (paused, resumed, limits).
+QUEUES_PAYLOAD = "@queues"
 
 # Columns a worker needs of a claimed job, in `Job.COLUMNS` order. They are the cheapest
 # types for psycopg to decode: args as JSON text (trioq runs json.loads on it: psycopg's
@@ -95,11 +103,11 @@ _INSERT = """
 WITH v AS (
     SELECT coalesce(%(run_at)s, {now} + %(delay)s) AS run_at
 ), ins AS (
-    INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts, dedup_key
-                        {trace_column})
+    INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts, dedup_key,
+                        concurrency_key {trace_column})
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, v.run_at,
            CASE WHEN v.run_at > {now} THEN 'scheduled' ELSE 'available' END,
-           %(max_attempts)s, %(dedup_key)s {trace_value}
+           %(max_attempts)s, %(dedup_key)s, %(concurrency_key)s {trace_value}
       FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue, state
@@ -112,13 +120,14 @@ SELECT id, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
 
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
 _INSERT_MANY = """
-INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, dedup_key
-                    {trace_column})
-SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m, k
-       {trace_value}
+INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, dedup_key,
+                    concurrency_key {trace_column})
+SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m, k,
+       ck {trace_value}
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
-              %(dedup_keys)s::text[]) AS u(i, q, t, a, p, r, m, k)
+              %(dedup_keys)s::text[], %(concurrency_keys)s::text[])
+              AS u(i, q, t, a, p, r, m, k, ck)
  ORDER BY k, i  -- one lock order for every transaction (overlapping batches wait, never
               -- deadlock); among twins in one batch the first (lowest reserved id) wins
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
@@ -179,6 +188,7 @@ _CLAIM = """
 WITH c AS (
     SELECT id FROM {jobs}
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled)
      ORDER BY priority, run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -238,9 +248,9 @@ WITH f AS (
                                       ELSE 'attempts exhausted' END) AS reason
 ), buried AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-                        reason, last_error, traceback, enqueued_at, died_at)
+                        reason, last_error, traceback, enqueued_at, died_at, concurrency_key)
     SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-           reason, error, traceback, enqueued_at, {now} FROM died
+           reason, error, traceback, enqueued_at, {now}, concurrency_key FROM died
     RETURNING id
 ), retried AS (
     UPDATE {jobs} j
@@ -292,9 +302,9 @@ WITH f AS (
     RETURNING j.*, t.error AS error
 ), buried AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-                        reason, last_error, enqueued_at, died_at)
+                        reason, last_error, enqueued_at, died_at, concurrency_key)
     SELECT id, queue, task, args, priority, attempt - 1, max_attempts, dedup_key,
-           'unknown task', error, enqueued_at, {now} FROM died
+           'unknown task', error, enqueued_at, {now}, concurrency_key FROM died
     RETURNING id
 ), released AS (
     UPDATE {jobs} j
@@ -332,7 +342,9 @@ WITH now_cancelled AS (
      WHERE id = %(id)s AND state = 'running'
     RETURNING id
 )
-SELECT (SELECT pg_catalog.count(*) FROM now_cancelled), (SELECT pg_catalog.count(*) FROM flagged)
+SELECT (SELECT pg_catalog.count(*) FROM now_cancelled), (SELECT pg_catalog.count(*) FROM flagged),
+       (SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, '@cancel:' || f.id))
+          FROM flagged f)
 """
 
 # Due scheduled jobs become available; the queues that got work are returned (to notify).
@@ -399,9 +411,9 @@ _SWEEP_OUTCOMES = """, died AS (
     RETURNING j.*
 ), buried AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-                        reason, last_error, enqueued_at, died_at)
+                        reason, last_error, enqueued_at, died_at, concurrency_key)
     SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-           %(dead_reason)s, %(lost_error)s, enqueued_at, {now}
+           %(dead_reason)s, %(lost_error)s, enqueued_at, {now}, concurrency_key
       FROM died
     RETURNING id, queue
 ), cancelled AS (
@@ -439,7 +451,17 @@ _WORKER_PING = """
 UPDATE {workers} SET seen_at = {now}, running = %(running)s WHERE id = %(id)s RETURNING id
 """
 
-_WORKER_REMOVE = "DELETE FROM {workers} WHERE id = %(id)s"
+# At a graceful stop. A worker that still holds running jobs (outcomes it could not write,
+# a claim cut short by the stop) keeps its row: once its liveness lock drops, the sweepers
+# take it for dead and return those jobs within the grace rather than at lease expiry.
+_WORKER_REMOVE = """
+DELETE FROM {workers} w
+ WHERE w.id = %(id)s
+   AND NOT EXISTS (SELECT FROM {jobs} j
+                    WHERE j.lease_expires_at IS NOT NULL  -- jobs_lease_idx: running jobs
+                      AND j.state = 'running' AND j.lease_owner = w.name)
+RETURNING w.id
+"""
 
 _WORKERS_LIST = """
 SELECT id, name, host, pid, queues, started_at, seen_at, running, {now} - seen_at
@@ -495,8 +517,9 @@ WITH moved AS (
     RETURNING d.*
 )
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, attempt, max_attempts, dedup_key,
-                    enqueued_at)
-SELECT id, queue, task, args, priority, {now}, 0, max_attempts, dedup_key, enqueued_at FROM moved
+                    enqueued_at, concurrency_key)
+SELECT id, queue, task, args, priority, {now}, 0, max_attempts, dedup_key, enqueued_at,
+       concurrency_key FROM moved
 RETURNING id
 """
 
@@ -508,6 +531,63 @@ DELETE FROM {dead}
    AND (%(before)s::timestamptz IS NULL OR died_at < %(before)s)
    AND (%(older_than)s::interval IS NULL OR died_at < {now} - %(older_than)s::interval)
 RETURNING id
+"""
+
+# -- flow control: queue settings, the limited claim, unique windows (0002, docs/flow-control.md)
+
+_QUEUE_SETTINGS = """
+SELECT name, paused, global_concurrency, rate_limit, rate_period, key_concurrency,
+       key_rate_limit, key_rate_period
+  FROM {queues}
+ WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])
+ ORDER BY name
+"""
+
+# Changes only the settings whose set_* flag is true (atomic: two concurrent changes of
+# different settings both land). Clearing a rate limit forgets its counted starts. Every
+# worker hears of it through one notification.
+_CHANGE_QUEUE = """
+WITH up AS (
+    INSERT INTO {queues} AS q (name, paused, global_concurrency, rate_limit, rate_period,
+                               key_concurrency, key_rate_limit, key_rate_period)
+    VALUES (%(name)s, coalesce(%(paused)s::bool, false), %(global_concurrency)s::int4,
+            %(rate_limit)s::int4, %(rate_period)s::interval, %(key_concurrency)s::int4,
+            %(key_rate_limit)s::int4, %(key_rate_period)s::interval)
+    ON CONFLICT (name) DO UPDATE SET
+        paused = CASE WHEN %(set_paused)s THEN EXCLUDED.paused ELSE q.paused END,
+        global_concurrency = CASE WHEN %(set_global_concurrency)s
+                                  THEN EXCLUDED.global_concurrency
+                                  ELSE q.global_concurrency END,
+        rate_limit = CASE WHEN %(set_rate_limit)s THEN EXCLUDED.rate_limit
+                          ELSE q.rate_limit END,
+        rate_period = CASE WHEN %(set_rate_limit)s THEN EXCLUDED.rate_period
+                           ELSE q.rate_period END,
+        key_concurrency = CASE WHEN %(set_key_concurrency)s THEN EXCLUDED.key_concurrency
+                               ELSE q.key_concurrency END,
+        key_rate_limit = CASE WHEN %(set_key_rate_limit)s THEN EXCLUDED.key_rate_limit
+                              ELSE q.key_rate_limit END,
+        key_rate_period = CASE WHEN %(set_key_rate_limit)s THEN EXCLUDED.key_rate_period
+                               ELSE q.key_rate_period END,
+        updated_at = now()
+    RETURNING q.name, q.paused, q.global_concurrency, q.rate_limit, q.rate_period,
+              q.key_concurrency, q.key_rate_limit, q.key_rate_period
+), cleared AS (
+    DELETE FROM {rate_starts} s USING up
+     WHERE s.queue = up.name
+       AND ((s.key = '' AND up.rate_limit IS NULL) OR (s.key <> '' AND up.key_rate_limit IS NULL))
+)
+SELECT up.*, pg_notify(%(channel)s, '@queues')::text FROM up
+"""
+
+_CLAIM_LIMITED = """
+SELECT * FROM {claim_limited}(%(queue)s, %(owner)s, %(limit)s, %(lease)s)
+"""
+
+_ENQUEUE_UNIQUE = """
+SELECT * FROM {enqueue_unique}(
+    %(key)s, %(period)s::interval, %(states)s::text[], %(queue)s, %(task)s, %(args)s,
+    %(priority)s::int2, %(run_at)s::timestamptz, %(delay)s::interval, %(max_attempts)s::int4,
+    %(concurrency_key)s, %(notify)s, %(channel)s)
 """
 
 # -- cron ---------------------------------------------------------------------------------------
@@ -772,6 +852,10 @@ class Statements:
     listen: sql.Composed
     clock: sql.Composed
     cron_last_ticks: sql.Composed
+    queue_settings: sql.Composed
+    change_queue: sql.Composed
+    claim_limited: sql.Composed
+    enqueue_unique: sql.Composed
     cron_record_tick: sql.Composed
     cron_set_job: sql.Composed
     history_upsert: sql.Composed
@@ -836,6 +920,10 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         "history": qualified(schema, "job_history"),
         "migrations": qualified(schema, "migrations"),
         "workers": qualified(schema, "workers"),
+        "queues": qualified(schema, "queues"),
+        "rate_starts": qualified(schema, "rate_starts"),
+        "claim_limited": qualified(schema, "claim_limited"),
+        "enqueue_unique": qualified(schema, "enqueue_unique"),
         "channel": sql.Identifier(channel),
         "now": sql.SQL(NOW),
         "live": sql.SQL(_LIVE),
@@ -885,6 +973,10 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         listen=compose("LISTEN {channel}"),
         clock=compose(_CLOCK),
         cron_last_ticks=compose(_CRON_LAST_TICKS),
+        queue_settings=compose(_QUEUE_SETTINGS),
+        change_queue=compose(_CHANGE_QUEUE),
+        claim_limited=compose(_CLAIM_LIMITED),
+        enqueue_unique=compose(_ENQUEUE_UNIQUE),
         cron_record_tick=compose(_CRON_RECORD_TICK),
         cron_set_job=compose(_CRON_SET_JOB),
         history_upsert=compose(_HISTORY_UPSERT),

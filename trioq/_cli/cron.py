@@ -19,6 +19,7 @@ from .._cron import CronEntry
 from .._obs_sql import obs_statements
 from .._queue import Queue
 from .ops import EXIT_OK, _command
+from .options import database_options
 
 __all__ = ["add_cron_parser"]
 
@@ -28,12 +29,14 @@ def add_cron_parser(
 ) -> None:
     cron = commands.add_parser(
         "cron",
+        parents=[common],  # so `trioq cron --dsn URL list` is used, as for `trioq dead`
         help="list cron entries with their last and next ticks",
         description="List cron entries with their last and next ticks.",
         epilog="examples:\n  trioq cron list --app myapp.jobs:config\n  trioq cron list --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subs = cron.add_subparsers(dest="cron_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
     listing = _command(
         subs, common, "list", _list,
         help="each entry: schedule, task, queue, last tick (and its job), next tick",

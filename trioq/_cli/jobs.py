@@ -20,6 +20,7 @@ from .._obs_sql import LIST_STATES, LIST_WINDOW, obs_statements
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
+from .options import database_options
 
 __all__ = ["add_jobs_parser"]
 
@@ -31,6 +32,7 @@ def add_jobs_parser(
 ) -> None:
     jobs = commands.add_parser(
         "jobs",
+        parents=[common],  # so `trioq jobs --dsn URL` is a usage error that names no DSN
         help="look at jobs: list them, show one's status, wait for its result",
         description="Look at jobs: list them, show one's status, wait for its result.",
         epilog="examples:\n  trioq jobs list --state running\n  trioq jobs show 42\n"
@@ -38,6 +40,7 @@ def add_jobs_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subs = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
     listing = _command(
         subs, common, "list", _list,
         help="list jobs of one state (default: running, then available, then scheduled), "

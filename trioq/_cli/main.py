@@ -31,6 +31,8 @@ from .db import add_db_parser
 from .demo import DEMO_QUEUE, DEMO_SCHEMA, demo
 from .jobs import add_jobs_parser
 from .ops import add_ops_parsers
+from .options import database_options
+from .queues import add_queue_parser
 from .serve import add_serve_parser
 from .stress import add_stress_parser
 from .web import add_web_parser
@@ -42,17 +44,6 @@ EXIT_ERROR = 1
 
 #: Errors that are the user's to fix: printed as one line, no traceback.
 _EXPECTED_ERRORS = (psycopg.Error, SchemaError, EmbeddedPostgresError, ValueError, ListenError)
-
-
-def _database_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--dsn",
-        help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded Postgres)",
-    )
-    common.add_argument("--schema", default="trioq", help="trioq's schema (default: trioq)")
-    common.add_argument("--json", action="store_true", help="print JSON instead of text")
-    return common
 
 
 def _parser_class(json_errors: bool) -> type[argparse.ArgumentParser]:
@@ -81,7 +72,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trioq {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = _database_options()
+    common = database_options()
     _add(
         commands,
         "migrate",
@@ -94,7 +85,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         commands,
         "demo",
         demo,
-        _database_options(),  # its own: set_defaults below changes the shared actions' default
+        database_options(),  # its own: set_defaults below changes the shared actions' default
         help="run the example app: start the embedded Postgres (unless a DSN is set), make a "
         f"schema of its own ({DEMO_SCHEMA} unless --schema says otherwise), enqueue 16 jobs "
         f"on its own queue ({DEMO_QUEUE}) and run them with a worker",
@@ -106,6 +97,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     add_jobs_parser(commands, common)
     add_cron_parser(commands, common)
     add_check_parser(commands, common)
+    add_queue_parser(commands, common)
     add_db_parser(commands)
     add_web_parser(commands, common)
     return parser

@@ -24,6 +24,8 @@ from .._migrate import check_current
 from .._obs_sql import obs_statements
 from .._pg import connect
 from .._queue import Queue, QueueStatus
+from .._unique import Unique
+from .options import database_options
 
 __all__ = ["add_ops_parsers"]
 
@@ -85,8 +87,29 @@ def _run(action: Action, args: argparse.Namespace) -> int:
     with database(args.dsn) as dsn:
         code, payload, text = trio.run(_with_conn, dsn, action, args)
     if text is not None:  # None: the action printed its output itself (status --watch)
-        print(json.dumps(payload, default=str) if args.json else text)
+        print(to_json(payload) if args.json else text)
     return code
+
+
+def to_json(payload: Any) -> str:
+    """``payload`` as JSON; a value stored by another producer that json cannot encode
+    (nested too deep, say) is shown as its text instead of failing the command."""
+    try:
+        return json.dumps(payload, default=str)
+    except (ValueError, RecursionError):
+        if isinstance(payload, list):
+            return "[" + ", ".join(to_json(item) for item in payload) + "]"
+        if isinstance(payload, dict):
+            return json.dumps({k: _shown(v) for k, v in payload.items()}, default=str)
+        return json.dumps(str(payload)[:1000])
+
+
+def _shown(value: Any) -> Any:
+    try:
+        json.dumps(value, default=str)
+    except (ValueError, RecursionError):
+        return f"<not shown: {type(value).__name__} that JSON cannot encode>"
+    return value
 
 
 async def _with_conn(dsn: str, action: Action, args: argparse.Namespace) -> tuple[int, Any, str]:
@@ -121,7 +144,18 @@ def _enqueue_parser(
     sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
     sub.add_argument("--delay", type=float, help="seconds from now")
     sub.add_argument("--max-attempts", type=int, default=25)
-    sub.add_argument("--dedup-key", help="skip if a live job has this key")
+    sub.add_argument("--dedup-key", help="skip if a live job of this task has this key")
+    sub.add_argument(
+        "--global-key",
+        action="store_true",
+        help="--dedup-key is not scoped by task (any task with this key)",
+    )
+    sub.add_argument(
+        "--unique-period",
+        metavar="DURATION",
+        help="with --dedup-key: one job per key per window (e.g. 1h), done included",
+    )
+    sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
 
 
 def read_args(value: str) -> tuple[str, str]:
@@ -155,12 +189,20 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
         raise ValueError(f"{source} is not JSON: {ex}") from None
     except RecursionError:
         raise ValueError(f"{source} is not JSON trioq can read: nested too deeply") from None
+    unique: bool | Unique = False
+    dedup_key = args.dedup_key
+    if args.global_key or args.unique_period:
+        if dedup_key is None:
+            raise ValueError("--global-key and --unique-period need a --dedup-key")
+        period = duration(args.unique_period, "--unique-period") if args.unique_period else None
+        unique, dedup_key = Unique(key=dedup_key, by_task=not args.global_key, period=period), None
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-        max_attempts=args.max_attempts, dedup_key=args.dedup_key,
+        max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
+        concurrency_key=args.concurrency_key,
     )  # fmt: skip
     text = (
-        f"duplicate of live job {result.job_id}" if result.duplicate
+        f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
         else f"enqueued job {result.job_id}"
     )  # fmt: skip
     return EXIT_OK, attrs.asdict(result), text
@@ -196,7 +238,7 @@ async def _watch(conn: Any, queue: Queue, args: argparse.Namespace) -> None:
         payload, text = await _status_once(conn, queue, rates=rates)
         now = dt.datetime.now(dt.UTC).replace(microsecond=0)
         if args.json:
-            print(json.dumps({"time": now.isoformat(), **payload}, default=str), flush=True)
+            print(to_json({"time": now.isoformat(), **payload}), flush=True)
         else:
             header = (f"trioq status, every {args.interval:g} s, {now:%Y-%m-%d %H:%M:%S} UTC "
                       f"(per minute: the last {RATE_MINUTES} minutes; Ctrl-C stops)")  # fmt: skip
@@ -218,19 +260,25 @@ async def _status_once(
     the last `RATE_MINUTES`), each queue's completions and failures per minute too, and the
     queues that drained but were busy a moment ago."""
     queues, leases = await queue.status(conn)
-    rows = [attrs.asdict(q) for q in queues]
+    paused = sorted(s.name for s in await queue.queue_settings(conn) if s.paused)
+    rows = [{**attrs.asdict(q), "paused": q.queue in paused} for q in queues]
     head = f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"
     if rates is not None:
         head += f"  {'done/min':>9} {'failed/min':>10}"
         seen = {row["queue"] for row in rows}
-        rows += [attrs.asdict(QueueStatus(queue=name, available=0, scheduled=0, running=0,
-                                          dead=0, oldest_wait_seconds=None))
+        rows += [{**attrs.asdict(QueueStatus(queue=name, available=0, scheduled=0, running=0,
+                                             dead=0, oldest_wait_seconds=None)),
+                  "paused": name in paused}
                  for name in sorted(set(rates) - seen)]  # fmt: skip
         for row in rows:
             done, retried, dead = rates.get(row["queue"], (0, 0, 0))
             row["completed_per_minute"] = round(done / RATE_MINUTES, 1)
             row["failed_per_minute"] = round((retried + dead) / RATE_MINUTES, 1)
-    payload: dict[str, Any] = {"queues": rows, "workers": [attrs.asdict(w) for w in leases]}
+    payload: dict[str, Any] = {
+        "queues": rows,
+        "workers": [attrs.asdict(w) for w in leases],
+        "paused": paused,
+    }
     lines = [head]
     for row in rows:
         wait = row["oldest_wait_seconds"]
@@ -243,6 +291,8 @@ async def _status_once(
         lines.append(line)
     if not rows:
         lines.append("(no jobs)")
+    if paused:
+        lines.append(f"paused (trioq queue resume NAME): {', '.join(paused)}")
     lines.append("")
     lines.append(f"{'worker':<40} {'running':>7}  next lease expiry")
     for w in leases:
@@ -272,6 +322,7 @@ def _dead_parser(
 ) -> None:
     dead = commands.add_parser(
         "dead",
+        parents=[common],  # so `trioq dead --dsn URL` is a usage error that names no DSN
         help="list, retry or purge dead jobs",
         description="List, retry or purge dead jobs (filters combine with AND).",
         epilog="examples:\n  trioq dead list --queue email\n  trioq dead retry --id 42 --id 43\n"
@@ -279,6 +330,7 @@ def _dead_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subs = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
     filters.add_argument("--queue")
@@ -334,9 +386,7 @@ def duration(text: str, option: str) -> dt.timedelta:
     that matched everything would delete everything."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(
-            f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d"
-        )
+        raise ValueError(f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d")
     seconds = float(match[1]) * _UNITS.get(match[2] or "s", 1)
     if not 0 < seconds < 100 * 365 * 86400:
         raise ValueError(f"{option} {text!r}: must be more than 0 and less than 100 years")

@@ -62,7 +62,12 @@ def add_serve_parser(
     sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")
     sub.add_argument("--migrate", action="store_true", help="run `trioq migrate` first")
     sub.add_argument(
-        "--processes", type=int, default=1, help="worker processes (one per core; default 1)"
+        "--processes",
+        type=int,
+        default=1,
+        help="worker processes, one per core (default 1). Above 1, a supervisor restarts a "
+        "worker that dies (and gives up on one that keeps dying as it starts); 1 runs the "
+        "worker in this process, unsupervised: a crash exits (use a process manager)",
     )
     sub.add_argument(
         "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics on http://HOST:PORT"
@@ -98,8 +103,9 @@ def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Confi
         else list(config.served_queues())
     )
     base = config.queues or {}
-    override = QueueConfig(concurrency=args.concurrency) if args.concurrency else None
-    slots = {name: override or base.get(name, QueueConfig()) for name in queues}
+    slots = {name: base.get(name, QueueConfig()) for name in queues}
+    if args.concurrency:  # the slots change; the app's limits (global_concurrency, ...) stay
+        slots = {n: attrs.evolve(q, concurrency=args.concurrency) for n, q in slots.items()}
     metrics = args.metrics or config.metrics
     if args.metrics:
         parse_address(args.metrics, "--metrics")  # the option named in the error

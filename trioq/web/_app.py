@@ -378,9 +378,7 @@ def _action(request: Request) -> str:
     return action
 
 
-def _target(
-    raw_ids: list[Any], params: Any
-) -> tuple[list[int] | None, str | None, str | None]:
+def _target(raw_ids: list[Any], params: Any) -> tuple[list[int] | None, str | None, str | None]:
     """(ids, queue, task) of an action: selected ids, or all matching queue and task."""
     if len(raw_ids) > MAX_IDS:
         raise BadRequest(f"at most {MAX_IDS} jobs at a time, got {len(raw_ids)}")
