@@ -30,6 +30,7 @@ import attrs
 import psycopg
 
 from ._enqueue import DEFAULT_QUEUE
+from ._hooks import EventCallback, Hooks, Middleware, check_kind
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     EnqueueResult,
@@ -204,6 +205,26 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        #: Middleware and event callbacks (`trioq._hooks`): `middleware`, `on`.
+        self.hooks = Hooks()
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Register ``async def fn(job, call_next)`` around every execution of this registry's
+        tasks (the first registered is the outermost): ``@tasks.middleware``. See
+        ``docs/observability.md#middleware`` for what a middleware may do."""
+        self.hooks.add_middleware(fn)
+        return fn
+
+    def on(self, kind: str) -> Callable[[EventCallback], EventCallback]:
+        """Register ``async def fn(event: trioq.JobEvent)`` for one kind of event:
+        ``@tasks.on("dead")``. Kinds: retried, dead, cancelled, lease_lost, unknown_task."""
+        check_kind(kind)
+
+        def register(fn: EventCallback) -> EventCallback:
+            self.hooks.add_callback(kind, fn)
+            return fn
+
+        return register
 
     @overload
     def task(self, fn: Handler, /) -> Task: ...
