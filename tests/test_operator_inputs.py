@@ -133,8 +133,9 @@ def test_a_handler_that_cannot_take_the_job_context_is_refused(signature: str) -
     """Every run of such a handler would fail with a TypeError: refuse it at import instead."""
     namespace: dict[str, Any] = {}
     exec(f"async def noop({signature}): ...", namespace)
-    with pytest.raises(TypeError, match=r"task 'noop': the handler must take the job context as its"
-                       r" first positional parameter, e.g. `async def noop\(job, \*\*args\)`"):  # fmt: skip
+    refused = (r"task 'noop': the handler must take the job context as its first positional"
+               r" parameter, e.g. `async def noop\(job, \*\*args\)`")  # fmt: skip
+    with pytest.raises(TypeError, match=refused):
         trioq.Registry().task(name="noop")(namespace["noop"])
 
 
