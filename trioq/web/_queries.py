@@ -71,6 +71,7 @@ class QueueRow:
     running: Count
     dead: Count
     head_wait_seconds: float | None  # how long the next job to be claimed has waited
+    paused: bool = False  # `trioq queue pause` / the dashboard's Pause: no worker claims
 
 
 @attrs.frozen(kw_only=True)
@@ -107,11 +108,14 @@ class Overview:
     leases_capped: bool
 
 
-async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
+async def overview(
+    conn: Conn, st: WebStatements, *, now: float, paused: frozenset[str] = frozenset()
+) -> Overview:
     """Every queue's counts, and the workers seen through their leases.
 
-    The queues are those with jobs waiting, running or dead, and those with history in
-    the last day (so a queue that just drained still shows, with zeros).
+    The queues are those with jobs waiting, running or dead, those with history in the
+    last day (so a queue that just drained still shows, with zeros), and the ``paused``
+    ones (so they can be resumed).
     """
     caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES, "lease_cap": LEASE_CAP}
     recent = await history_queues(conn, st, since=int(now) - 86400)
@@ -131,7 +135,7 @@ async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
     for _, queue, n, _, _ in lease_rows:
         running[queue] = running.get(queue, 0) + n
     leases_capped = sum(running.values()) >= LEASE_CAP
-    names = sorted({*available, *dead, *scheduled, *running, *recent})[:MAX_QUEUES]
+    names = sorted({*available, *dead, *scheduled, *running, *recent, *paused})[:MAX_QUEUES]
     queues = tuple(
         QueueRow(
             queue=name,
@@ -140,6 +144,7 @@ async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
             running=Count(running.get(name, 0), capped=leases_capped),
             dead=_count(dead.get(name, 0)),
             head_wait_seconds=_float(available.get(name, (0, None))[1]),
+            paused=name in paused,
         )
         for name in names
     )
