@@ -1,6 +1,6 @@
 """Flow control as a library: queue settings, pause and resume, and the limited claim.
 
-A queue's settings are a row of the ``queues`` table (migration 0002): paused, a global
+A queue's settings are a row of the ``queues`` table (migration 6): paused, a global
 concurrency limit, a rate limit, and per-key limits of both kinds. They hold across every
 process because the claim enforces them in the database (``claim_limited`` in the
 migration, explained in ``docs/flow-control.md``). This module turns arguments into

@@ -533,7 +533,7 @@ DELETE FROM {dead}
 RETURNING id
 """
 
-# -- flow control: queue settings, the limited claim, unique windows (0002, docs/flow-control.md)
+# -- flow control: queue settings, the limited claim, unique windows (migration 6, docs/flow-control.md)
 
 _QUEUE_SETTINGS = """
 SELECT name, paused, global_concurrency, rate_limit, rate_period, key_concurrency,
@@ -750,7 +750,7 @@ SELECT d.id, 'dead', d.queue, d.task, d.args, d.priority, d.attempt, d.max_attem
   FROM {dead} d WHERE d.id = %(id)s
 """
 
-# A waiter flags the job so that its end notifies (the triggers of migration 0002). Only a
+# A waiter flags the job so that its end notifies (the triggers of migration 5). Only a
 # job not flagged yet is written. A claim that met the row locked by this statement skipped
 # it: the queue's notification, sent at this commit, makes that worker claim again.
 _WAIT_FLAG = """

@@ -4,7 +4,7 @@ A job enqueued with ``dedup_key``, ``unique=True`` or ``unique=trioq.Unique(...)
 key in ``jobs.dedup_key``; the partial unique index ``jobs_dedup_idx`` allows one live
 (scheduled, available, running) job per key. A `Unique` with a ``period`` (or that counts
 finished states) also keeps the key in ``unique_keys`` for the rest of its window, so it
-stays taken after the job finished (``enqueue_unique`` in the 0002 migration).
+stays taken after the job finished (``enqueue_unique`` in migration 6).
 
 The stored keys, by what the caller gave (``docs/flow-control.md`` has the rules):
 
