@@ -533,7 +533,7 @@ DELETE FROM {dead}
 RETURNING id
 """
 
-# -- flow control: queue settings, the limited claim, unique windows (migration 6, docs/flow-control.md)
+# -- flow control: queue settings, the limited claim, unique windows (migration 6) ------------
 
 _QUEUE_SETTINGS = """
 SELECT name, paused, global_concurrency, rate_limit, rate_period, key_concurrency,
