@@ -863,7 +863,7 @@ SELECT id, total, pending, succeeded, failed, cancelled, callback_task, callback
 
 # A job's dependencies, with what became of each (the dependency's row, or dead_jobs).
 _DEPENDENCIES = """
-SELECT e.depends_on, coalesce(j.task, d.task),
+SELECT e.depends_on, coalesce(j.task, d.task, e.task),
        coalesce(e.outcome, 'pending'),
        j.state = 'done' AND e.outcome = 'done',
        CASE WHEN j.state = 'done' THEN j.result END,

@@ -22,13 +22,14 @@ ALTER TABLE jobs ADD COLUMN dependency_policy text
 ALTER TABLE jobs ADD COLUMN batch_id bigint;
 
 -- One row per edge: job_id waits for depends_on. outcome is NULL until depends_on ends, then
--- how it ended. No foreign keys: jobs move to dead_jobs and are pruned. A dependant's edges
+-- how it ended (and depends_on's task). No foreign keys: jobs move to dead_jobs and are pruned. A dependant's edges
 -- are deleted with its row (the trigger below), so they live as long as it does.
 CREATE TABLE job_dependencies (
     job_id      bigint      NOT NULL,
     depends_on  bigint      NOT NULL,
     outcome     text        CHECK (outcome IN ('done', 'dead', 'cancelled', 'deleted')),
     resolved_at timestamptz,
+    task        text,  -- depends_on's task, set when it ends (its row may go then)
     PRIMARY KEY (job_id, depends_on),
     CHECK (job_id <> depends_on)
 );
@@ -143,7 +144,7 @@ BEGIN
         END IF;
 
         WITH e AS (
-            UPDATE job_dependencies d SET outcome = f.outcome, resolved_at = t
+            UPDATE job_dependencies d SET outcome = f.outcome, resolved_at = t, task = f.task
               FROM unnest(ids, outcomes, tasks, details) AS f(id, outcome, task, detail)
              WHERE d.depends_on = f.id AND d.outcome IS NULL
                AND (p_only IS NULL OR d.job_id = ANY(p_only))
