@@ -49,6 +49,11 @@ async def _kill(conn: Any, jobs: list[trioq.Job], error: str = "boom") -> None:
     assert result.dead == {j.id for j in jobs}
 
 
+async def _move_clock(conn: Any, by: dt.timedelta) -> None:
+    later = (dt.datetime.now(dt.UTC) + by).isoformat()
+    await conn.execute("SELECT set_config('trioq.now', %s, false)", (later,))
+
+
 async def _run_job(conn: Any, job_id: int) -> trioq.Job:
     [job] = [j for j in await _claim(conn, 100) if j.id == job_id]
     return job
@@ -185,8 +190,7 @@ async def test_a_dead_workers_reclaimed_jobs_resolve_their_dependants(dsn: str) 
             "INSERT INTO trioq.workers (name, host, pid, queues, seen_at)"
             " VALUES ('w', 'h', 1, '{}', now() - interval '1 minute')"
         )
-        await conn.execute("SELECT set_config('trioq.now', %s, false)",
-                           ((dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5)).isoformat(),))  # fmt: skip
+        await _move_clock(conn, dt.timedelta(seconds=5))
         result = await Q.reclaim_dead_workers(conn, grace=dt.timedelta(seconds=1))
         assert result.dead == {a}
         assert await _state(conn, b) == "cancelled"
@@ -302,7 +306,7 @@ async def test_after_input_is_checked_before_any_sql(dsn: str) -> None:
             (list(range(10_001)), ValueError, "a job may wait for at most 10000"),
         ]:
             with pytest.raises(error, match=match):
-                await trioq.enqueue(conn, "t", after=bad)
+                await trioq.enqueue(conn, "t", after=bad)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="cannot have a dedup_key or be unique"):
             await trioq.enqueue(conn, "t", after=[1], dedup_key="k")
         with pytest.raises(ValueError, match="on_dependency_failure must be 'cancel'"):
@@ -337,11 +341,10 @@ async def test_concurrent_enqueue_and_completion_of_a_dependency(dsn: str) -> No
         a = (await trioq.enqueue(conn, "a")).job_id
         job = await _run_job(conn, a)
         with trio.fail_after(20):
-            async with trio.open_nursery() as nursery:
-                async with producer.transaction():
-                    b = (await trioq.enqueue(producer, "b", after=[a])).job_id
-                    nursery.start_soon(_complete, completer, [job])
-                    await _wait_for_lock(conn, completer)  # the DELETE waits for our commit
+            async with trio.open_nursery() as nursery, producer.transaction():
+                b = (await trioq.enqueue(producer, "b", after=[a])).job_id
+                nursery.start_soon(_complete, completer, [job])
+                await _wait_for_lock(conn, completer)  # the DELETE waits for our commit
         assert await _state(conn, a) == "unknown"
         assert await _state(conn, b) == "available"
 
@@ -371,11 +374,10 @@ async def test_the_last_two_dependencies_ending_at_once_free_the_dependant_once(
         c = (await trioq.enqueue(conn, "c", after=[a, b])).job_id
         jobs = {j.id: j for j in await _claim(conn)}
         with trio.fail_after(20):
-            async with trio.open_nursery() as nursery:
-                async with one.transaction():
-                    await _complete(one, [jobs[a]])
-                    nursery.start_soon(_complete, two, [jobs[b]])
-                    await _wait_for_lock(conn, two)  # waits for c's row, locked by `one`
+            async with trio.open_nursery() as nursery, one.transaction():
+                await _complete(one, [jobs[a]])
+                nursery.start_soon(_complete, two, [jobs[b]])
+                await _wait_for_lock(conn, two)  # waits for c's row, locked by `one`
         assert await _state(conn, b) == "unknown"
         cur = await conn.execute(
             "SELECT state, dependencies_left FROM trioq.jobs WHERE id = %s", (c,)
@@ -396,11 +398,10 @@ async def test_the_last_two_members_of_a_batch_ending_at_once_enqueue_one_callba
         enqueued = await batch.enqueue(conn)
         jobs = await _claim(conn)
         with trio.fail_after(20):
-            async with trio.open_nursery() as nursery:
-                async with one.transaction():
-                    await _complete(one, jobs[:1])
-                    nursery.start_soon(_kill, two, jobs[1:])
-                    await _wait_for_lock(conn, two)  # waits for the batch row
+            async with trio.open_nursery() as nursery, one.transaction():
+                await _complete(one, jobs[:1])
+                nursery.start_soon(_kill, two, jobs[1:])
+                await _wait_for_lock(conn, two)  # waits for the batch row
         cur = await conn.execute("SELECT id, args FROM trioq.jobs WHERE task = 'cb'")
         [(callback, args)] = await cur.fetchall()
         assert args == {"batch": {"id": enqueued.batch_id, "total": 2, "succeeded": 1,
@@ -410,7 +411,7 @@ async def test_the_last_two_members_of_a_batch_ending_at_once_enqueue_one_callba
 
 
 async def test_batch_input_is_checked(dsn: str) -> None:
-    for kwargs, error, match in [
+    cases: list[tuple[dict[str, Any], type[Exception], str]] = [
         ({"jobs": JobSpec(task="a"), "callback": JobSpec(task="b")}, TypeError, "jobs must be a"),
         ({"jobs": ["a"], "callback": JobSpec(task="b")}, TypeError, r"jobs\[0\] must be"),
         ({"jobs": [JobSpec(task="a", dedup_key="k")], "callback": JobSpec(task="b")},
@@ -419,7 +420,8 @@ async def test_batch_input_is_checked(dsn: str) -> None:
         ({"jobs": [], "callback": JobSpec(task="b", args={"batch": 1})}, ValueError,
          "must not have a 'batch' key"),
         ({"jobs": [], "callback": JobSpec(task="b", delay=5)}, ValueError, "delay cannot be set"),
-    ]:  # fmt: skip
+    ]  # fmt: skip
+    for kwargs, error, match in cases:
         with pytest.raises(error, match=match):
             trioq.Batch(**kwargs)
 
@@ -435,9 +437,9 @@ async def test_a_kept_dependency_outlives_retention_while_its_dependant_waits(ds
         lonely = (await trioq.enqueue(conn, "lonely")).job_id
         claimed = {j.id: j for j in await _claim(conn)}
         await _complete(conn, [claimed[a], claimed[lonely]], keep=True)
-        await conn.execute("SELECT set_config('trioq.now', %s, false)",
-                           ((dt.datetime.now(dt.UTC) + dt.timedelta(days=3)).isoformat(),))  # fmt: skip
-        ages = {"retain_done": 60.0, "retain_cancelled": 60.0, "retain_dead": 60.0, "limit": 100}
+        await _move_clock(conn, dt.timedelta(days=3))
+        ages: dict[str, Any] = {"retain_done": 60.0, "retain_cancelled": 60.0,
+                                "retain_dead": 60.0, "limit": 100}  # fmt: skip
         pruned = await prune(conn, Q.sql, **ages)
         assert pruned.done == 1  # lonely
         assert await _state(conn, a) == "done"  # b still waits, and will read it
