@@ -13,7 +13,7 @@ it also enqueues the callback, its args extended with the counts::
 
 Exactly once: each member counts itself down in the ``batches`` row under its row lock, in
 the transaction of the write that ends it (``batch_members_ended`` in
-``migrations/0007_workflows.sql``), so the last two ending at once in two workers take it
+``migrations/0008_workflows.sql``), so the last two ending at once in two workers take it
 to 1 and to 0, and only the one at 0 enqueues. A member is counted once: a job ends once
 (one brought back from dead_jobs by ``dead retry`` is a new job, outside the batch).
 """

@@ -12,7 +12,7 @@ caller's, or one of its own in autocommit): ``enqueue(after=...)``, ``enqueue_ma
    when they have dependencies), then their edges.
 3. Dependencies that had already ended (kept as done, cancelled, dead) are resolved at once
    by the same database function the triggers call on every later ending
-   (``jobs_ended`` in ``migrations/0007_workflows.sql``), for the new jobs' edges only: a
+   (``jobs_ended`` in ``migrations/0008_workflows.sql``), for the new jobs' edges only: a
    done one counts as done, a dead or cancelled one applies the job's policy.
 4. One notification per queue that got a job it can run now, and ``@scheduled`` for one
    due later; jobs that become runnable later are notified by the ending that frees them.

@@ -779,7 +779,7 @@ WITH doomed AS (
 DELETE FROM {dead} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """
 
-# -- workflows: dependencies and batches (migration 0007_workflows.sql, docs/workflows.md) ----
+# -- workflows: dependencies and batches (migration 0008_workflows.sql, docs/workflows.md) ----
 
 # Existing jobs that new jobs will wait for, locked in id order (so enqueuers of overlapping
 # dependencies never deadlock) until the enqueue commits: a dependency that ends meanwhile
