@@ -42,6 +42,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 import trioq
 from trioq import JobSpec, Queue
+from trioq._obs_sql import DEPTH_CAP, LIST_WINDOW, MAX_QUEUES, obs_statements
 from trioq._sql import statements
 
 pytestmark = pytest.mark.slow
@@ -363,7 +364,54 @@ async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None
                 print(f"\n{name}, {kind} plan:\n{_render(plan)}")
                 _assert_uses(plan, index, ("Index Scan", "Index Only Scan"))
 
+        await _observability_statements(conn)
         await _check_limited_claim(conn)  # last: it changes the target queue's jobs
+
+
+async def _analyzed(conn: Any, statement: sql.Composed, params: Mapping[str, Any]) -> Any:
+    """EXPLAIN (ANALYZE, BUFFERS) of a read-only statement."""
+    cur = psycopg.AsyncClientCursor(conn)
+    await cur.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + statement, params)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0][0]
+
+
+def _assert_no_seq_scan(plan: Mapping[str, Any]) -> None:
+    seq = [n for n in _nodes(plan) if n["Node Type"] == "Seq Scan"
+           and n.get("Relation Name") in ("jobs", "dead_jobs")]  # fmt: skip
+    assert not seq, f"sequential scan:\n{_render(plan)}"
+
+
+async def _observability_statements(conn: Any) -> None:
+    """The metrics' depth sample and `trioq jobs list` (trioq._obs_sql): indexes only, and
+    the depth sample's cost on this table (printed: docs/observability.md quotes it)."""
+    st = obs_statements("trioq")
+    depth = {"depth_available": st.depth_available, "depth_dead": st.depth_dead,
+             "depth_scheduled_running": st.depth_scheduled_running}  # fmt: skip
+    for cap in (DEPTH_CAP, 10 * DEPTH_CAP):  # the default, and ten times it
+        total = 0.0
+        for name, statement in depth.items():
+            analyzed = await _analyzed(conn, statement, {"cap": cap, "max_queues": MAX_QUEUES})
+            total += analyzed["Execution Time"]
+            plan = analyzed["Plan"]
+            print(f"\n{name}, cap {cap}, EXPLAIN ANALYZE, {analyzed['Execution Time']:.1f} ms:"
+                  f"\n{_render(plan)}")  # fmt: skip
+            _assert_no_seq_scan(plan)
+            if name != "depth_scheduled_running":  # the counts stop at the cap: no sort, no
+                kinds = {n["Node Type"] for n in _nodes(plan)}  # bitmap of a whole queue
+                assert not kinds & {"Sort", "Bitmap Heap Scan"}, _render(plan)
+        print(f"\nthe depth sample (3 statements, cap {cap}): {total:.1f} ms")
+    filters: list[dict[str, str | None]] = [
+        {"queue": None, "task": None}, {"queue": TARGET, "task": None},
+        {"queue": None, "task": "task_3"},
+    ]  # fmt: skip
+    for state, statement in st.lists.items():
+        for where in filters:
+            list_params = {**where, "window": LIST_WINDOW, "limit": 50}
+            analyzed = await _analyzed(conn, statement, list_params)
+            _assert_no_seq_scan(analyzed["Plan"])
+            assert analyzed["Execution Time"] < 2000, (state, where, _render(analyzed["Plan"]))
 
 
 async def _nested_plans(conn: Any, statement: sql.Composed, params: Mapping[str, Any],

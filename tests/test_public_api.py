@@ -9,6 +9,9 @@ import trioq.pg
 import trioq.testing
 
 TOP_LEVEL = {
+    "CallNext",
+    "JobEvent",
+    "ListenError",
     "CancelOutcome",
     "Config",
     "CronEntry",

@@ -16,6 +16,9 @@ General layout (``docs/architecture.md`` has the module map and the nursery tree
   (handlers and their outcomes), ``_context`` (what a handler gets), ``_leases``,
   ``_completer``, and one module per service: ``_listener``, ``_heartbeat``,
   ``_sweeper``, ``_scheduler``.
+- Seeing what it does: ``_hooks`` (middleware, `JobEvent` callbacks), ``_lifecycle``
+  (retries, deaths, cancels logged and reported once), ``_metrics`` and ``_prometheus``
+  (``/metrics``), ``_tracing`` (OpenTelemetry spans), ``_obs_sql`` (their statements).
 - The database: ``_pg``, ``_pg_wait``, ``_pg_errors``, ``_pool`` (psycopg on trio),
   ``_schema`` and ``_migrate`` (the version check, migrations), ``_embedded`` and
   ``_dsn`` (the private Postgres used when no DSN is configured).
@@ -53,6 +56,7 @@ from ._exceptions import JobDeadError as JobDeadError
 from ._exceptions import JobNotFoundError as JobNotFoundError
 from ._exceptions import JobResultError as JobResultError
 from ._exceptions import LeaseLostError as LeaseLostError
+from ._exceptions import ListenError as ListenError
 from ._exceptions import MigrationError as MigrationError
 from ._exceptions import PayloadTooLargeError as PayloadTooLargeError
 from ._exceptions import SchemaError as SchemaError
@@ -65,6 +69,8 @@ from ._exceptions import WorkflowError as WorkflowError
 from ._flow import LimitedClaim as LimitedClaim
 from ._flow import QueueSettings as QueueSettings
 from ._flow import RateLimit as RateLimit
+from ._hooks import CallNext as CallNext
+from ._hooks import JobEvent as JobEvent
 from ._job import EnqueueResult as EnqueueResult
 from ._job import Failure as Failure
 from ._job import Job as Job

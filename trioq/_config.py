@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,11 +18,12 @@ from ._cron import CronEntry, check_entries
 from ._flow import RateLimit, check_limit, to_rate_limit
 from ._history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
 from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
+from ._obs_sql import DEPTH_CAP
 from ._pg_errors import check_dsn, redact_dsn
 from ._registry import Registry
 from ._sql import validate_schema_name
 
-__all__ = ["Config", "QueueConfig"]
+__all__ = ["Config", "QueueConfig", "parse_address"]
 
 
 def _number(value: object) -> bool:
@@ -92,6 +95,48 @@ def _key_rate(value: object) -> RateLimit | None:
 
 
 _DAY = 86400.0
+
+
+_DIGITS = re.compile(r"[0-9]{1,5}")
+
+
+def parse_address(value: str, field: str = "metrics") -> tuple[str, int, int]:
+    """(host, first port, last port) of ``host:port``, ``[v6]:port`` or ``host:first-last``
+    (a range: the first free port of it is taken; port 0 picks any free one)."""
+    host, sep, ports = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    first, dash, last = ports.partition("-")
+    last = last if dash else first
+    ok = sep and host and host.isprintable() and " " not in host and (
+        _DIGITS.fullmatch(first) and _DIGITS.fullmatch(last)  # ASCII: isdigit() takes "٣"
+    )
+    if not ok or not 0 <= int(first) <= int(last) <= 65535 or (dash and int(first) == 0):
+        raise ValueError(
+            f"{field} must look like HOST:PORT (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100) "
+            f"or HOST:FIRST-LAST (a range of ports), got {value!r}"
+        )
+    return host.strip("[]"), int(first), int(last)
+
+
+def _metrics_address(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{attribute.name} must be a 'HOST:PORT' string or None, got {value!r}")
+        parse_address(value, attribute.name)
+
+
+def _depth_cap(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    _positive_int(_inst, attribute, value)
+    if value > 1_000_000:
+        raise ValueError(f"{attribute.name} must be at most 1,000,000, got {value!r}")
+
+
+def _tracing(_inst: object, attribute: attrs.Attribute[Any], value: bool | None) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be True, False or None, got {value!r}")
+    if value is True and importlib.util.find_spec("opentelemetry") is None:
+        raise ValueError(
+            f"{attribute.name}=True needs OpenTelemetry: pip install 'trioq[otel]'"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -242,6 +287,25 @@ class Config:
     )
     #: Rows one pruning statement deletes at most (per kind).
     prune_batch: int = attrs.field(default=1000, validator=_positive_int)
+    #: Event callbacks (``@registry.on(...)``, docs/observability.md): each is cancelled after
+    #: this long; at most ``hook_concurrency`` run at once; at most ``hook_buffer`` events
+    #: wait for them (beyond that new ones are dropped and counted).
+    hook_timeout: float = attrs.field(default=10.0, converter=_seconds, validator=_positive)
+    hook_concurrency: int = attrs.field(default=4, validator=_positive_int)
+    hook_buffer: int = attrs.field(default=1000, validator=_positive_int)
+    #: ``HOST:PORT`` to serve Prometheus metrics on (``/metrics``), or ``HOST:FIRST-LAST``
+    #: (the first free port of the range); None: no metrics server.
+    metrics: str | None = attrs.field(default=None, validator=_metrics_address)
+    #: The queue depths the metrics show are read from the database at most this often
+    #: (and only when scraped), each count exact up to ``metrics_depth_cap``.
+    metrics_depth_interval: float = attrs.field(
+        default=5.0, converter=_seconds, validator=_positive
+    )
+    metrics_depth_cap: int = attrs.field(default=DEPTH_CAP, validator=_depth_cap)
+    #: A span per execution (OpenTelemetry, ``pip install 'trioq[otel]'``): None traces
+    #: when the application has set a tracer provider before the worker starts, True
+    #: always (opentelemetry-api required), False never.
+    tracing: bool | None = attrs.field(default=None, validator=_tracing)
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
     #: running `serve` its own Config (``attrs.evolve(config, worker_id=...)``).
     worker_id: str = attrs.field(factory=_default_worker_id)

@@ -32,6 +32,7 @@ import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from ._carrier import carrier
 from ._exceptions import UnknownDependencyError
 from ._job import JobSpec, JSONValue, check_job_id
 from ._sql import SCHEDULED_PAYLOAD, Statements
@@ -176,6 +177,7 @@ def _rows(jobs: Sequence[GraphJob], ids: list[int], run_ats: list[dt.datetime]) 
         "waits": [len(job.waits_for) + len(job.spec.after) for job in jobs],
         "policies": [s.on_dependency_failure for s in specs],
         "batches": [job.batch_id for job in jobs],
+        "trace": carrier(),  # the enqueuing span's context, as every enqueue stores it
     }
 
 

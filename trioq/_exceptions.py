@@ -12,6 +12,8 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      │    │                         unknown step, a duplicate name or edge (nothing enqueued)
      │    └── UnknownDependencyError  after= names a job that does not exist (also a
      │                              LookupError; nothing enqueued)
+     ├── OSError
+     │    └── ListenError           the metrics server cannot listen on its address
      ├── RuntimeError
      │    ├── LeaseLostError        the job's lease was reclaimed: its outcome is not ours
      │    ├── PoolClosedError       a connection was asked of a closed pool
@@ -57,6 +59,7 @@ __all__ = [
     "JobNotFoundError",
     "JobResultError",
     "LeaseLostError",
+    "ListenError",
     "MigrationError",
     "PayloadTooLargeError",
     "PoolClosedError",
@@ -105,6 +108,11 @@ class UnknownDependencyError(ValueError, LookupError):
     def __init__(self, message: str, *, job_ids: tuple[int, ...]) -> None:
         super().__init__(message)
         self.job_ids = job_ids
+
+
+class ListenError(OSError):
+    """A server of the worker (``Config.metrics``) cannot listen on its address (in use, not
+    this machine's, not allowed); ``errno`` is the socket's."""
 
 
 class LeaseLostError(RuntimeError):

@@ -533,6 +533,13 @@ class Job:
         fields = ", ".join(f"{name}={value!r}" for name, value in pairs)
         return f"Job({fields})"
 
+    @property
+    def trace_context(self) -> str | None:
+        """The W3C trace context (JSON text) of the span that enqueued the job, if one was
+        current (`trioq._tracing`); not one of `COLUMNS` (no part of the job's equality)."""
+        row = self._row
+        return row[10] if len(row) > 10 else None
+
     def history_fields(self) -> tuple[str, str, int]:
         """(queue, task, when this attempt was due): ``max(enqueued_at, run_at)`` in µs since
         the epoch. One call, for the job history (`trioq._history`), which reads them once

@@ -19,6 +19,7 @@ import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from ._carrier import carrier
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, GraphJob, insert_graph, read_dependencies
 from ._exceptions import SchemaMissingError
@@ -188,10 +189,14 @@ class Queue:
                 return await self._enqueue_windowed(conn, spec, notify)
         key = None if found is None else found.key
         params = {**self._one_job(spec, notify), "dedup_key": key}
+        insert = self.sql.insert
+        if (trace := carrier()) is not None:  # an OpenTelemetry span is current
+            params["trace"] = trace
+            insert = statements(self.schema, traced=True).insert
         with _migrated(conn, self.schema):
             await self._check_version(conn)
             for _ in range(_TWIN_LOOKUPS):
-                cur = await conn.execute(self.sql.insert, params)
+                cur = await conn.execute(insert, params)
                 row = await cur.fetchone()
                 if row is not None:
                     return EnqueueResult(int(row[0]))
@@ -252,9 +257,10 @@ class Queue:
         windowed = [i for i, s in enumerate(specs) if (u := s.uniqueness()) and u.windowed]
         with _migrated(conn, self.schema):
             await self._check_version(conn)
+            trace = carrier()
             if not windowed:
-                return await self._insert_specs(conn, specs, keys, notify)
-            return await self._insert_mixed(conn, specs, keys, set(windowed), notify)
+                return await self._insert_specs(conn, specs, keys, notify, trace)
+            return await self._insert_mixed(conn, specs, keys, set(windowed), notify, trace=trace)
 
     async def _insert_graph(
         self, conn: Conn, specs: Sequence[JobSpec], notify: bool
@@ -295,7 +301,7 @@ class Queue:
 
     async def _insert_mixed(
         self, conn: Conn, specs: list[JobSpec], keys: list[str | None], windowed: set[int],
-        notify: bool,
+        notify: bool, *, trace: str | None,
     ) -> list[EnqueueResult]:  # fmt: skip
         """A batch with unique windows: those one by one (in input order, so the first of
         two twins wins), the rest as usual; all in one transaction."""
@@ -305,7 +311,7 @@ class Queue:
         async with conn.transaction() if own else contextlib.nullcontext():
             if rest:
                 done = await self._insert_specs(
-                    conn, [specs[i] for i in rest], [keys[i] for i in rest], notify
+                    conn, [specs[i] for i in rest], [keys[i] for i in rest], notify, trace
                 )
                 for i, result in zip(rest, done, strict=True):
                     results[i] = result
@@ -314,18 +320,19 @@ class Queue:
         return [r for r in results if r is not None]
 
     async def _insert_specs(
-        self, conn: Conn, specs: list[JobSpec], keys: list[str | None], notify: bool
-    ) -> list[EnqueueResult]:
+        self, conn: Conn, specs: list[JobSpec], keys: list[str | None], notify: bool,
+        trace: str | None,
+    ) -> list[EnqueueResult]:  # fmt: skip
         keyed = any(keys) or any(spec.concurrency_key for spec in specs)
         if not keyed and _only_args_differ(specs):
-            ids = await self._insert_bulk(conn, specs[0], _args_runs(specs), notify)
+            ids = await self._insert_bulk(conn, specs[0], _args_runs(specs), notify, trace)
             return [EnqueueResult(job_id) for job_id in ids]
         now, ids = await self._reserve_ids(conn, len(specs))
         run_ats = [spec.run_at or now + spec.delay for spec in specs]
         if keyed:
-            inserted = await self._insert_unnest(conn, specs, ids, run_ats, keys)
+            inserted = await self._insert_unnest(conn, specs, ids, run_ats, keys, trace=trace)
         else:
-            await self._copy(conn, specs, ids, run_ats, now)
+            await self._copy(conn, specs, ids, run_ats, now, trace=trace)
             inserted = set(ids)
         results = [EnqueueResult(job_id) for job_id in ids]
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
@@ -384,7 +391,7 @@ class Queue:
             return [r.job_id for r in await self._insert_graph(conn, specs, notify)]
         with _migrated(conn, self.schema):
             await self._check_version(conn)
-            return await self._insert_bulk(conn, spec, runs, notify)
+            return await self._insert_bulk(conn, spec, runs, notify, carrier())
 
     async def _check_version(self, conn: Conn) -> None:
         """Refuse to enqueue into a schema of another version than this trioq's (a newer
@@ -403,24 +410,26 @@ class Queue:
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
 
     async def _insert_bulk(
-        self, conn: Conn, spec: JobSpec, runs: Sequence[tuple[int, str]], notify: bool
-    ) -> list[int]:
+        self, conn: Conn, spec: JobSpec, runs: Sequence[tuple[int, str]], notify: bool,
+        trace: str | None,
+    ) -> list[int]:  # fmt: skip
         """Jobs like ``spec`` with the args in ``runs`` (see `encode_args_runs`): their ids."""
-        statements = _bulk_statements(runs)
-        if not statements:
+        chunks = _bulk_statements(runs)
+        if not chunks:
             return []
-        if len(statements) == 1:
-            return await self._insert_bulk_one(conn, spec, *statements[0], notify)
+        if len(chunks) == 1:
+            return await self._insert_bulk_one(conn, spec, *chunks[0], notify, trace=trace)
         ids: list[int] = []
         own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
         async with conn.transaction() if own else contextlib.nullcontext():
-            for jobs, text in statements:
-                ids += await self._insert_bulk_one(conn, spec, jobs, text, notify)
+            for jobs, text in chunks:
+                ids += await self._insert_bulk_one(conn, spec, jobs, text, notify, trace=trace)
         return ids
 
     async def _insert_bulk_one(
-        self, conn: Conn, spec: JobSpec, jobs: int, args_array: str, notify: bool
-    ) -> list[int]:
+        self, conn: Conn, spec: JobSpec, jobs: int, args_array: str, notify: bool, *,
+        trace: str | None,
+    ) -> list[int]:  # fmt: skip
         params = {
             "jobs": f"{self.schema}.jobs",
             "args": args_array,
@@ -432,8 +441,10 @@ class Queue:
             "max_attempts": spec.max_attempts,
             "channel": self.sql.channel,
             "notify": notify,
+            "trace": trace,
         }
-        cur = await conn.execute(self.sql.insert_bulk, params)
+        cur = await conn.execute(statements(self.schema, traced=trace is not None).insert_bulk,
+                                 params)  # fmt: skip
         row = await cur.fetchone()
         assert row is not None and row[0] == jobs, (row, jobs)
         if row[2] is not None:  # ids not consecutive (another session drew ids meanwhile)
@@ -454,6 +465,8 @@ class Queue:
         ids: Sequence[int],
         run_ats: Sequence[dt.datetime],
         keys: Sequence[str | None],
+        *,
+        trace: str | None,
     ) -> set[int]:
         params = {
             "ids": list(ids),
@@ -464,9 +477,11 @@ class Queue:
             "run_ats": list(run_ats),
             "max_attempts": [s.max_attempts for s in specs],
             "dedup_keys": list(keys),
+            "trace": trace,
             "concurrency_keys": [s.concurrency_key for s in specs],
         }
-        cur = await conn.execute(self.sql.insert_many, params)
+        traced = statements(self.schema, traced=trace is not None)
+        cur = await conn.execute(traced.insert_many, params)
         return {row[0] for row in await cur.fetchall()}
 
     async def _copy(
@@ -476,8 +491,12 @@ class Queue:
         ids: Sequence[int],
         run_ats: Sequence[dt.datetime],
         now: dt.datetime,
+        *,
+        trace: str | None,
     ) -> None:
         """COPY in text format, rows built by hand: names are validated, args escaped."""
+        # the trace context, as the last field of every row (JSON text, escaped like args)
+        end = "\n" if trace is None else f"\t{_copy_escape(trace)}\n"
         stamps: dict[dt.datetime, str] = {}  # isoformat() once per distinct run_at
         lines = []
         for job_id, s, run_at in zip(ids, specs, run_ats, strict=True):
@@ -487,9 +506,10 @@ class Queue:
             args = _copy_escape(s.args_json) if "\\" in s.args_json else s.args_json
             lines.append(
                 f"{job_id}\t{s.queue}\t{s.task}\t{args}\t{s.priority}\t{stamp}\t"
-                f"{'scheduled' if run_at > now else 'available'}\t{s.max_attempts}\n"
+                f"{'scheduled' if run_at > now else 'available'}\t{s.max_attempts}{end}"
             )
-        async with conn.cursor() as cur, cur.copy(self.sql.copy_jobs) as copy:
+        copy_jobs = statements(self.schema, traced=trace is not None).copy_jobs
+        async with conn.cursor() as cur, cur.copy(copy_jobs) as copy:
             await copy.write("".join(lines).encode())
 
     async def _live_twins(self, conn: Conn, keys: Sequence[str | None]) -> dict[str, int]:

@@ -30,6 +30,7 @@ import attrs
 import psycopg
 
 from ._enqueue import DEFAULT_QUEUE
+from ._hooks import EventCallback, Hooks, Middleware, check_kind
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     EnqueueResult,
@@ -82,11 +83,6 @@ def _check_unique(value: object) -> None:
         raise TypeError(f"unique must be a trioq.Unique or None, got {value!r}")
 
 
-#: The names `Task.enqueue` takes for itself: a handler parameter of one of these names
-#: could never be given as a keyword argument there (it would be taken as the option).
-ENQUEUE_OPTIONS = frozenset({"conn", "args", "priority", "run_at", "delay", "dedup_key", "unique"})
-
-
 def _timeout(value: float | dt.timedelta | None) -> float | None:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
@@ -102,12 +98,22 @@ def _check_timeout(value: float | None) -> None:
 
 
 def _check_parameters(name: str, fn: Handler) -> None:
-    """Refuse a handler whose parameters (after the job context) include an option name
-    of `Task.enqueue`, where ``send.enqueue(conn, delay=5)`` would silently mean the option."""
+    """Refuse a handler that cannot take the job context as its first argument (every
+    run would fail), and one whose other parameters include an option name of
+    `Task.enqueue`, where ``send.enqueue(conn, delay=5)`` would silently mean the option."""
     try:
-        parameters = list(inspect.signature(fn).parameters.values())[1:]
+        every = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # no signature to read (some builtins): nothing to refuse
         return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)  # fmt: skip
+    if not every or every[0].kind not in positional:
+        raise TypeError(
+            f"task {name!r}: the handler must take the job context as its first positional "
+            f"parameter, e.g. `async def {name}(job, **args)`; it takes "
+            f"({', '.join(str(p) for p in every)})"
+        )
+    parameters = every[1:]
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     clash = sorted(p.name for p in parameters if p.kind in kinds and p.name in ENQUEUE_OPTIONS)
     if clash:
@@ -214,6 +220,26 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        #: Middleware and event callbacks (`trioq._hooks`): `middleware`, `on`.
+        self.hooks = Hooks()
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Register ``async def fn(job, call_next)`` around every execution of this registry's
+        tasks (the first registered is the outermost): ``@tasks.middleware``. See
+        ``docs/observability.md#middleware`` for what a middleware may do."""
+        self.hooks.add_middleware(fn)
+        return fn
+
+    def on(self, kind: str) -> Callable[[EventCallback], EventCallback]:
+        """Register ``async def fn(event: trioq.JobEvent)`` for one kind of event:
+        ``@tasks.on("dead")``. Kinds: retried, dead, cancelled, lease_lost, unknown_task."""
+        check_kind(kind)
+
+        def register(fn: EventCallback) -> EventCallback:
+            self.hooks.add_callback(kind, fn)
+            return fn
+
+        return register
 
     @overload
     def task(self, fn: Handler, /) -> Task: ...
@@ -292,3 +318,9 @@ class Registry:
         for task in self._tasks.values():
             out.setdefault(task.queue, []).append(task.name)
         return out
+
+
+#: The names `Task.enqueue` takes for itself (read from its signature, so a new option is
+#: covered): a handler parameter of one of these names could never be given as a keyword
+#: argument there (it would be taken as the option).
+ENQUEUE_OPTIONS = frozenset(inspect.signature(Task.enqueue).parameters) - {"self", "kwargs"}

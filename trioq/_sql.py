@@ -88,7 +88,7 @@ QUEUES_PAYLOAD = "@queues"
 _JOB_COLUMNS = (
     "j.id, j.queue, j.task, j.args::text AS args, j.priority, {epoch_us_run_at} AS run_at, "
     "j.attempt, j.max_attempts, {epoch_us_enqueued_at} AS enqueued_at, "
-    "{epoch_us_lease_expires_at} AS lease_expires_at"
+    "{epoch_us_lease_expires_at} AS lease_expires_at, j.trace_context::text AS trace_context"
 ).format(
     **{
         # date_part is float8: exact to the µs within 285 years of 1970 (a claimed job's times
@@ -104,10 +104,10 @@ WITH v AS (
     SELECT coalesce(%(run_at)s, {now} + %(delay)s) AS run_at
 ), ins AS (
     INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts, dedup_key,
-                        concurrency_key)
+                        concurrency_key {trace_column})
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, v.run_at,
            CASE WHEN v.run_at > {now} THEN 'scheduled' ELSE 'available' END,
-           %(max_attempts)s, %(dedup_key)s, %(concurrency_key)s
+           %(max_attempts)s, %(dedup_key)s, %(concurrency_key)s {trace_value}
       FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue, state
@@ -121,9 +121,9 @@ SELECT id, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
 _INSERT_MANY = """
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, dedup_key,
-                    concurrency_key)
+                    concurrency_key {trace_column})
 SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m, k,
-       ck
+       ck {trace_value}
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
               %(dedup_keys)s::text[], %(concurrency_keys)s::text[])
@@ -142,7 +142,8 @@ SELECT {now}, pg_catalog.array_agg(pg_catalog.nextval(s.seq))
 """
 
 _COPY_JOBS = """
-COPY {jobs} (id, queue, task, args, priority, run_at, state, max_attempts) FROM STDIN
+COPY {jobs} (id, queue, task, args, priority, run_at, state, max_attempts {trace_column})
+FROM STDIN
 """
 
 # Many jobs sharing every field but args: one statement, args as one JSON array (encoded by
@@ -159,9 +160,11 @@ WITH v AS (
     SELECT pg_catalog.nextval(s.seq) AS id, x.args, x.o
       FROM s, pg_catalog.jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS x(args, o)
 ), ins AS (
-    INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts)
+    INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts
+                        {trace_column})
     SELECT a.id, %(queue)s, %(task)s, a.args, %(priority)s, v.run_at,
            CASE WHEN v.run_at > v.now THEN 'scheduled' ELSE 'available' END, %(max_attempts)s
+           {trace_value}
       FROM a, v
 )
 SELECT pg_catalog.count(*), pg_catalog.min(a.id - a.o),
@@ -696,6 +699,21 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('trioq.migrate'),
                                         pg_catalog.hashtext(%(schema)s))
 """
 
+# The same lock without waiting; and who holds it (to say whom `migrate` waits for).
+_MIGRATE_TRY_LOCK = """
+SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('trioq.migrate'),
+                                            pg_catalog.hashtext(%(schema)s))
+"""
+_MIGRATE_LOCK_HOLDER = """
+SELECT l.pid, a.application_name, a.client_addr::text,
+       extract(epoch FROM pg_catalog.now() - a.xact_start)
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted
+   AND l.classid = pg_catalog.hashtext('trioq.migrate')::oid
+   AND l.objid = pg_catalog.hashtext(%(schema)s)::oid AND l.objsubid = 2
+ LIMIT 1
+"""
+
 _CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
 
 _CREATE_MIGRATIONS = """
@@ -820,10 +838,10 @@ SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, q.queue))
 # Jobs of a graph (ids reserved by _RESERVE_IDS): those with dependencies wait; no dedup keys.
 _INSERT_GRAPH = """
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, concurrency_key,
-                    has_dependants, dependencies_left, dependency_policy, batch_id)
+                    has_dependants, dependencies_left, dependency_policy, batch_id, trace_context)
 SELECT i, q, t, a::jsonb, p, r,
        CASE WHEN n > 0 THEN 'waiting' WHEN r > {now} THEN 'scheduled' ELSE 'available' END,
-       m, ck, hd, CASE WHEN n > 0 THEN n END, CASE WHEN n > 0 THEN pol END, b
+       m, ck, hd, CASE WHEN n > 0 THEN n END, CASE WHEN n > 0 THEN pol END, b, %(trace)s::jsonb
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
               %(concurrency_keys)s::text[], %(dependants)s::bool[], %(waits)s::int4[],
@@ -991,6 +1009,8 @@ class Statements:
     dependencies: sql.Composed
     dependants: sql.Composed
     prune_batches: sql.Composed
+    migrate_try_lock: sql.Composed
+    migrate_lock_holder: sql.Composed
 
     @property
     def lock_space(self) -> str:
@@ -1013,8 +1033,13 @@ def claim_query(schema: str) -> bytes:
 
 
 @functools.cache
-def statements(schema: str) -> Statements:
-    """All statements for ``schema`` (validated), composed once and cached."""
+def statements(schema: str, *, traced: bool = False) -> Statements:
+    """All statements for ``schema`` (validated), composed once and cached.
+
+    ``traced``: the inserting statements (insert, insert_many, insert_bulk, copy_jobs) also
+    write ``trace_context`` (``%(trace)s``, or the last COPY field): what an enqueue runs
+    while an OpenTelemetry span is current (`trioq._tracing`).
+    """
     channel = f"trioq_{schema}"
     names = {
         "schema": sql.Identifier(validate_schema_name(schema)),
@@ -1036,6 +1061,8 @@ def statements(schema: str) -> Statements:
         "live": sql.SQL(_LIVE),
         "fence": sql.SQL(_FENCE),
         "job_columns": sql.SQL(_JOB_COLUMNS),
+        "trace_column": sql.SQL(", trace_context" if traced else ""),
+        "trace_value": sql.SQL(", %(trace)s::jsonb" if traced else ""),
         "status_columns": sql.SQL(_STATUS_COLUMNS),
     }
 
@@ -1116,4 +1143,6 @@ def statements(schema: str) -> Statements:
         dependencies=compose(_DEPENDENCIES),
         dependants=compose(_DEPENDANTS),
         prune_batches=compose(_PRUNE_BATCHES),
+        migrate_try_lock=compose(_MIGRATE_TRY_LOCK),
+        migrate_lock_holder=compose(_MIGRATE_LOCK_HOLDER),
     )

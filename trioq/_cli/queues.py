@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from .._flow import QueueSettings, RateLimit
+from .._flow import QueueSettings, RateLimit, check_limit
 from .._job import check_queue_name
 from .._queue import Queue
 from .ops import EXIT_OK, _run
@@ -72,8 +72,15 @@ def _sub(
                           description=help[0].upper() + help[1:] + ".")  # fmt: skip
     if named:
         sub.add_argument("name", type=_queue_name, help="the queue")
-    sub.set_defaults(handler=lambda args: _run(action, args))
+    sub.set_defaults(handler=lambda args: _run(action, args) if _checked(args) else 1)
     return sub
+
+
+def _checked(args: argparse.Namespace) -> bool:
+    """Usage problems argparse cannot see are reported before the database is touched."""
+    if args.queue_command == "set":
+        _changes(args)
+    return True
 
 
 # -- argument types (argparse reports their ValueError as a usage error) -------------------------
@@ -144,7 +151,8 @@ async def _resume(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
     return EXIT_OK, _settings_dict(settings), f"queue {args.name!r} resumed: {_describe(settings)}"
 
 
-async def _set(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits ``trioq queue set`` was given (checked before connecting)."""
     flags = {"global_concurrency": "global_concurrency", "rate_limit": "rate",
              "key_concurrency": "key_concurrency", "key_rate_limit": "key_rate"}  # fmt: skip
     changes = {k: getattr(args, dest) for k, dest in flags.items() if hasattr(args, dest)}
@@ -153,7 +161,13 @@ async def _set(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, 
             "queue set: give at least one of --global-concurrency, --rate, --key-concurrency, "
             "--key-rate"
         )
-    settings = await queue.set_limits(conn, args.name, **changes)
+    for field in ("global_concurrency", "key_concurrency"):
+        check_limit(changes.get(field), field)  # the bound the database holds
+    return changes
+
+
+async def _set(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    settings = await queue.set_limits(conn, args.name, **_changes(args))
     return EXIT_OK, _settings_dict(settings), f"queue {args.name!r}: {_describe(settings)}"
 
 
