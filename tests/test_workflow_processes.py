@@ -19,8 +19,8 @@ job:
 - each dependant was freed exactly once, in the same transaction as the completion of one
   of its dependencies (the last one), after every dependency had completed.
 
-The size is ``TRIOQ_WORKFLOW_JOBS`` (default 10,000: about 40 s here on 2 shared cores);
-the seed is printed and ``TRIOQ_WORKFLOW_SEED`` replays one.
+The size is ``TRIOQ_WORKFLOW_JOBS`` (default 10,000, what CI runs: about 25 s here on 2
+shared cores); the seed is printed and ``TRIOQ_WORKFLOW_SEED`` replays one.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ compare the database with it:
 - an ``after=`` naming a job whose row is gone (completed without a kept result) is an
   `UnknownDependencyError`, and nothing of that enqueue (a whole workflow) is inserted.
 
-Examples per CI run: 200 machines of up to 50 steps (about 30 s here);
+Examples per CI run: 200 machines of up to 50 steps (about 20 s here);
 ``TRIOQ_HYPOTHESIS=long`` runs 2,000 of up to 80. Mutations that made it fail when this was
 written: freeing a dependant one dependency early (``> 0`` to ``> 1`` in ``jobs_ended``),
 not cascading a cancellation to the next round (``WHERE false`` for its dependants), and a
