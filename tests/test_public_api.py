@@ -16,6 +16,7 @@ TOP_LEVEL = {
     "JobContext",
     "JobServices",
     "LeaseLostError",
+    "SharedTransactionError",
     "QueueConfig",
     "Registry",
     "Runtime",

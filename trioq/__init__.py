@@ -50,6 +50,7 @@ from ._exceptions import SchemaError as SchemaError
 from ._exceptions import SchemaMissingError as SchemaMissingError
 from ._exceptions import SchemaOutdatedError as SchemaOutdatedError
 from ._exceptions import SchemaTooNewError as SchemaTooNewError
+from ._exceptions import SharedTransactionError as SharedTransactionError
 from ._exceptions import Snooze as Snooze
 from ._job import EnqueueResult as EnqueueResult
 from ._job import Failure as Failure

@@ -10,6 +10,9 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      │    └── PayloadTooLargeError  a job's JSON args are over Queue.max_payload_bytes
      ├── RuntimeError
      │    ├── LeaseLostError        the job's lease was reclaimed: its outcome is not ours
+     │    ├── SharedTransactionError  job.transaction(shared=True): the shared transaction
+     │    │                           did not commit (another job's lease was lost, or the
+     │    │                           commit failed): this job's writes rolled back, it runs again
      │    ├── PoolClosedError       a connection was asked of a closed pool
      │    ├── EmbeddedPostgresError the embedded server could not be set up, started or stopped
      │    ├── DrainLimitError       trioq.testing.drain ran max_jobs and jobs were still due
@@ -60,6 +63,7 @@ __all__ = [
     "SchemaMissingError",
     "SchemaOutdatedError",
     "SchemaTooNewError",
+    "SharedTransactionError",
     "Snooze",
     "leaves",
 ]
@@ -88,6 +92,11 @@ class PayloadTooLargeError(ValueError):
 
 class LeaseLostError(RuntimeError):
     """The job's lease is no longer ours (expired and reclaimed); nothing was written."""
+
+
+class SharedTransactionError(RuntimeError):
+    """The shared transaction that held this job's writes (``job.transaction(shared=True)``)
+    rolled back, through no fault of this job: its writes are gone, and the job is retried."""
 
 
 class PoolClosedError(RuntimeError):

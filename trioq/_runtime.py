@@ -31,6 +31,7 @@ from ._heartbeat import Heartbeat
 from ._history import History
 from ._history_writer import HistoryWriter
 from ._job import Job, Lease
+from ._job_transaction import SharedTransactions
 from ._leases import HeldJob, HeldJobs
 from ._listener import Listener
 from ._liveness import Liveness
@@ -176,9 +177,14 @@ class Runtime:
         self._job_finished = Wakeup()
         self._claimed = 0
         owner = config.worker_id
+        self._shared = SharedTransactions(
+            self.app_pool, self.queue, owner, lanes=config.shared_transactions,
+            max_jobs=config.shared_transaction_jobs,
+        )  # fmt: skip
         services = JobServices(
-            app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget
-        )
+            app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget,
+            shared=self._shared,
+        )  # fmt: skip
         self._executor = Executor(config.registry, services, sync_threads=config.sync_threads)
         self._completer = Completer(
             self.pool, self.queue, owner,

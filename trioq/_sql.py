@@ -31,12 +31,14 @@ from psycopg import sql
 
 __all__ = [
     "CANCEL_PAYLOAD",
+    "LEASE_LOST_SQLSTATE",
     "NOW",
     "SCHEDULED_PAYLOAD",
     "SCHEMA_NAME_RE",
     "WRITABLE",
     "Statements",
     "qualified",
+    "rendered",
     "statements",
     "validate_schema_name",
 ]
@@ -206,6 +208,17 @@ DELETE FROM {jobs} j
  WHERE {fence}
 RETURNING j.id
 """
+
+# A job's completion inside its handler's transaction (`trioq._job_transaction`): the fenced
+# delete of _COMPLETE, raising SQLSTATE TQ001 when a lease was lost (migration 0006), so
+# that the COMMIT sent in the same round trip does not run.
+_COMPLETE_IN_TRANSACTION = """
+SELECT {complete_fn}(%(ids)s::int8[], %(attempts)s::int4[], %(owner)s::text)
+"""
+
+#: SQLSTATE of `complete_in_transaction` when a lease was lost (its DETAIL: the job ids).
+LEASE_LOST_SQLSTATE = "TQ001"
+
 
 _COMPLETE_KEEP = """
 UPDATE {jobs} j
@@ -735,6 +748,7 @@ class Statements:
     heartbeat: sql.Composed
     complete: sql.Composed
     complete_keep: sql.Composed
+    complete_in_transaction: sql.Composed
     fail: sql.Composed
     release: sql.Composed
     cancel_running: sql.Composed
@@ -803,6 +817,15 @@ def claim_query(schema: str) -> bytes:
 
 
 @functools.cache
+def rendered(schema: str, name: str) -> bytes:
+    """The statement ``name`` of `Statements`, rendered once (see `claim_query`): for the
+    statements that run once per job."""
+    statement = getattr(statements(schema), name)
+    assert isinstance(statement, sql.Composed)
+    return statement.as_bytes(None)
+
+
+@functools.cache
 def statements(schema: str) -> Statements:
     """All statements for ``schema`` (validated), composed once and cached."""
     channel = f"trioq_{schema}"
@@ -839,6 +862,9 @@ def statements(schema: str) -> Statements:
         heartbeat=compose(_HEARTBEAT),
         complete=compose(_COMPLETE),
         complete_keep=compose(_COMPLETE_KEEP),
+        complete_in_transaction=compose(
+            _COMPLETE_IN_TRANSACTION, complete_fn=qualified(schema, "complete_in_transaction")
+        ),
         fail=compose(_FAIL),
         release=compose(_RELEASE),
         cancel_running=compose(_CANCEL_RUNNING),
