@@ -21,6 +21,7 @@ from psycopg import pq
 import trioq
 from trioq import Lease, Queue
 from trioq._job_transaction import SharedTransactions
+from trioq._sql import rendered
 
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()
@@ -466,3 +467,24 @@ async def test_a_member_cancelled_by_its_scope_does_not_strand_the_transaction(d
 def test_shared_transaction_settings_are_checked(field: str, value: Any, message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         trioq.Config(dsn="postgresql:///x", registry=trioq.Registry(), **{field: value})
+
+
+# -- single enqueue --------------------------------------------------------------------------------
+
+
+async def test_a_single_enqueue_is_one_round_trip_with_its_notification(dsn: str) -> None:
+    """``trioq.enqueue`` on an autocommit connection: the insert and its pg_notify are one
+    statement, one round trip (after the first call's schema check), and the statement is
+    rendered once, not on every call."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await trioq.enqueue(conn, "warm")
+        async with await trioq.connect(dsn, autocommit=True) as listener:
+            await listener.execute("LISTEN trioq_trioq")
+            with traced(conn) as sent:
+                for i in range(3):
+                    await trioq.enqueue(conn, "t", {"n": i})
+            assert round_trips(sent) == 3, sent
+            gen = listener.notifies(timeout=5, stop_after=3)
+            assert [n.payload async for n in gen] == ["default"] * 3
+    assert rendered("trioq", "insert") is rendered("trioq", "insert")

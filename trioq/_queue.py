@@ -41,7 +41,14 @@ from ._migrate import latest_version
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._schema import check_schema, schema_version
-from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements, validate_schema_name
+from ._sql import (
+    SCHEDULED_PAYLOAD,
+    Statements,
+    claim_query,
+    rendered,
+    statements,
+    validate_schema_name,
+)
 
 __all__ = [
     "CancelOutcome",
@@ -173,7 +180,7 @@ class Queue:
         with _migrated(conn, self.schema):
             await self._check_version(conn)
             for _ in range(_TWIN_LOOKUPS):
-                cur = await conn.execute(self.sql.insert, params)
+                cur = await conn.execute(rendered(self.schema, "insert"), params)
                 row = await cur.fetchone()
                 if row is not None:
                     return EnqueueResult(int(row[0]))
@@ -409,7 +416,7 @@ class Queue:
                 extended=frozenset(), lost=frozenset(), cancel_requested=frozenset()
             )
         params = {**_fence(leases), "owner": owner, "lease": lease}
-        cur = await conn.execute(self.sql.heartbeat, params)
+        cur = await conn.execute(rendered(self.schema, "heartbeat"), params)
         rows = await cur.fetchall()
         extended = frozenset(Lease(job_id, attempt) for job_id, attempt, _ in rows)
         return HeartbeatResult(
@@ -436,10 +443,10 @@ class Queue:
             return frozenset()
         params = {**_fence(leases), "owner": owner}
         if results is None:
-            cur = await conn.execute(self.sql.complete, params)
+            cur = await conn.execute(rendered(self.schema, "complete"), params)
         else:
             params["results"] = [encode_args(r) for r in results]
-            cur = await conn.execute(self.sql.complete_keep, params)
+            cur = await conn.execute(rendered(self.schema, "complete_keep"), params)
         return frozenset(row[0] for row in await cur.fetchall())
 
     async def fail_many(self, conn: Conn, *, owner: str, failures: Sequence[Failure]) -> FailResult:
@@ -459,7 +466,7 @@ class Queue:
             "fatal": [f.fatal for f in failures],
             "reasons": [f.reason for f in failures],
         }
-        cur = await conn.execute(self.sql.fail, params)
+        cur = await conn.execute(rendered(self.schema, "fail"), params)
         rows = await cur.fetchall()
         return FailResult(
             retried=frozenset(r[0] for r in rows if r[1] == "retry"),
@@ -488,7 +495,7 @@ class Queue:
             "owner": owner,
             "delays": list(delays) if delays is not None else [zero] * len(leases),
         }
-        cur = await conn.execute(self.sql.release, params)
+        cur = await conn.execute(rendered(self.schema, "release"), params)
         return frozenset(row[0] for row in await cur.fetchall())
 
     async def release_unknown_many(

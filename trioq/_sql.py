@@ -819,7 +819,9 @@ def claim_query(schema: str) -> bytes:
 @functools.cache
 def rendered(schema: str, name: str) -> bytes:
     """The statement ``name`` of `Statements`, rendered once (see `claim_query`): for the
-    statements that run once per job."""
+    statements that run once per job (enqueue, heartbeat, complete, fail, release). psycopg
+    renders an `sql.Composed` on every execute (about 40 µs for the insert); bytes it
+    converts once and caches, and prepares after a few executions like any other query."""
     statement = getattr(statements(schema), name)
     assert isinstance(statement, sql.Composed)
     return statement.as_bytes(None)
