@@ -44,7 +44,7 @@ from ._job import Lease
 from ._pg import TrioConnection
 from ._pool import Pool
 from ._queue import Queue
-from ._sql import LEASE_LOST_SQLSTATE, rendered
+from ._sql import LEASE_LOST_SQLSTATE, complete_and_commit
 
 __all__ = ["SharedTransactions", "own_transaction"]
 
@@ -76,15 +76,13 @@ def _lost_ids(error: BaseException) -> frozenset[int] | None:
 async def _complete_and_commit(
     conn: TrioConnection[Any], queue: Queue, owner: str, leases: Sequence[Lease]
 ) -> None:
-    """The fenced completion of ``leases`` and COMMIT, in one simple query (one round
-    trip), after whatever commands are still deferred (a shared transaction's RELEASE)."""
-    params = {
-        "ids": [lease.job_id for lease in leases],
-        "attempts": [lease.attempt for lease in leases],
-        "owner": owner,
-    }
-    complete = rendered(queue.schema, "complete_in_transaction")
-    await conn.execute_together([(complete, params), (_COMMIT, None)])
+    """The fenced completion of ``leases`` and COMMIT, in one simple query (one write, one
+    round trip), after whatever commands are still deferred (a shared transaction's
+    RELEASE) in the same query string."""
+    query = complete_and_commit(
+        queue.schema, owner, [(lease.job_id, lease.attempt) for lease in leases]
+    )
+    await conn.execute(b"; ".join([*conn.discard_deferred(), query]), prepare=False)
 
 
 @asynccontextmanager
