@@ -99,6 +99,8 @@ PEERS = HERE / "peers"
 DB_PREFIX = "trioq_peers_"
 #: The variant of trioq cells run with ``--trioq-baseline DIR`` on PYTHONPATH.
 BASELINE = "baseline"
+#: trioq variant: the same drain with a global concurrency limit set (the limited claim).
+GLOBAL = "global-concurrency="
 TARGET_RATIO = 2.0  # trioq's best >= 2 x pgqueuer's best, same run
 PGQUEUER_REFERENCE = {10: 5_600, 100: 12_000}  # jobs/s measured earlier on this kind of box
 VENV_PYTHON = sys.executable  # /work/venv/bin/python when run by `just bench-peers`
@@ -166,7 +168,11 @@ class Cell:
         if self.batch is not None:
             parts.append(f"batch {self.batch}")
         if self.variant:
-            if self.library != "trioq" or self.variant == BASELINE:
+            if (
+                self.library != "trioq"
+                or self.variant == BASELINE
+                or self.variant.startswith(GLOBAL)
+            ):
                 parts.append(self.variant)
             else:
                 parts.append(f"prototype {self.variant}")
@@ -198,6 +204,7 @@ class Options:
     trioq_prototypes: list[str]
     json: Path | None
     trioq_baseline: Path | None = None
+    trioq_global_concurrency: int | None = None
     pgbench: str | None = None
     pythons: dict[str, str] = field(default_factory=dict)
 
@@ -447,7 +454,9 @@ def worker_command(opts: Options, cell: Cell, dsn: str, tag: str) -> list[str]:
             cmd += ["--cprofile", str(opts.cprofile / f"{tag}.prof")]
         if opts.trioq_stats:
             cmd += ["--stats"]
-        if cell.variant and cell.variant != BASELINE:
+        if cell.variant.startswith(GLOBAL):
+            cmd += ["--global-concurrency", cell.variant.removeprefix(GLOBAL)]
+        elif cell.variant and cell.variant != BASELINE:
             cmd += ["--prototype", cell.variant]
         if opts.py_spy:
             py_spy = shutil.which("py-spy") or str(Path(VENV_PYTHON).parent / "py-spy")
@@ -546,6 +555,9 @@ def cells(opts: Options) -> list[Cell]:
             ]
             if opts.trioq_baseline is not None:
                 out += [Cell("trioq", c, None, BASELINE) for c in opts.concurrency]
+            if opts.trioq_global_concurrency is not None:
+                variant = f"{GLOBAL}{opts.trioq_global_concurrency}"
+                out += [Cell("trioq", c, None, variant) for c in opts.concurrency]
         elif name == "pgqueuer":
             for loop in opts.pgqueuer_loops:
                 for c in opts.concurrency:
@@ -809,6 +821,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="also measure the trioq package in DIR/trioq (PYTHONPATH=DIR), e.g. "
         "`git archive COMMIT trioq | tar -x -C DIR`, interleaved with the working tree",
     )  # fmt: skip
+    p.add_argument(
+        "--trioq-global-concurrency", type=int, metavar="N",
+        help="also measure trioq with a global concurrency limit of N on the queue (the "
+        "limited claim; N above --concurrency measures its cost alone)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     libraries = [x for x in a.libraries.split(",") if x]
     unknown = set(libraries) - set(LIBRARIES)
@@ -825,6 +842,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         trioq_stats=a.trioq_stats,
         trioq_prototypes=[x for x in a.trioq_prototypes.split(",") if x],
         json=a.json, pgbench=a.pgbench, trioq_baseline=a.trioq_baseline,
+        trioq_global_concurrency=a.trioq_global_concurrency,
     )  # fmt: skip
 
 

@@ -421,7 +421,7 @@ async def _stage_batch(conn: Conn, chunk: Sequence[JobSpec], stages: Stages) -> 
     assert text
     _add(stages, "_copy: build the COPY text (replica)", build)
     t = time.perf_counter()
-    await q._copy(conn, chunk, ids, run_ats, now)
+    await q._copy(conn, chunk, ids, run_ats, now, trace=None)
     _add(
         stages, "_copy: COPY send + server (_copy minus the above)", time.perf_counter() - t - build
     )
@@ -457,7 +457,7 @@ async def bulk_breakdown(conn: Conn, n: int, batch: int) -> Stages:
         _add(stages, "BEGIN (round trip)", time.perf_counter() - t)
         t = time.perf_counter()
         for jobs, text in statements:
-            await q._insert_bulk_one(conn, spec, jobs, text, True)
+            await q._insert_bulk_one(conn, spec, jobs, text, True, trace=None)
         _add(stages, "the statement: send, server, ids", time.perf_counter() - t)
         t = time.perf_counter()
         await conn.execute("COMMIT")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 TESTS = Path(__file__).parent
@@ -30,3 +33,51 @@ def trioq_cli(
         timeout=timeout,
         check=False,
     )
+
+
+class ServeProcess:
+    """A ``trioq serve ARGS`` process run in tests/, whose stderr (its log) is read line by
+    line with bounded waits (`read_until`); `stop` sends SIGTERM and returns the whole log."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trioq._cli", "serve", *args],
+            env=env if env is not None else cli_env(), cwd=TESTS, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, bufsize=0,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._partial = b""
+
+    def read_until(self, text: str, timeout: float = 30) -> str:
+        """The first line (read so far or from now on) containing ``text``."""
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            for line in self.lines[seen:]:
+                if text in line:
+                    return line
+            seen = len(self.lines)
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{text!r} not logged:\n" + "".join(self.lines)
+            fd = self.proc.stderr.fileno()
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:  # raw reads: a buffered readline would hide lines from select
+                chunk = os.read(fd, 65536)
+                assert chunk, f"exited before logging {text!r}:\n" + "".join(self.lines)
+                *complete, self._partial = (self._partial + chunk).split(b"\n")
+                self.lines.extend(line.decode() + "\n" for line in complete)
+
+    def stop(self, timeout: float = 30) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, rest = self.proc.communicate(timeout=timeout)
+        text = (self._partial + rest).decode()
+        self._partial = b""
+        self.lines.extend(text.splitlines(keepends=True))
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate(timeout=30)

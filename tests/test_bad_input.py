@@ -10,6 +10,7 @@ means validation ran first. "Nothing half-written" is checked by counting rows a
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -346,8 +347,14 @@ def test_commands_before_migrate_say_run_migrate(
     expected = "has no trioq tables: run `trioq migrate`"
     for command in (["enqueue", "t"], ["status"], ["status", "--json"], ["dead", "list"]):
         code, out, err = run_cli(capsys, *command, "--dsn", dsn)
-        assert (code, out) == (1, ""), command
-        assert err == f"trioq: error: schema 'trioq' in database '{_db(dsn)}' {expected}\n"
+        message = f"schema 'trioq' in database '{_db(dsn)}' {expected}"
+        # with --json the error is also one object on stdout (issue #11)
+        json_error = {"error": "SchemaMissingError", "message": message}
+        assert code == 1, command
+        assert (json.loads(out) if "--json" in command else out) == (
+            json_error if "--json" in command else ""
+        ), command
+        assert err == f"trioq: error: {message}\n"
     served = cli("serve", "--app", "serve_app:config", "--dsn", dsn)
     assert served.returncode == 1
     assert served.stderr.strip().splitlines()[-1].endswith(expected)

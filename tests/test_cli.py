@@ -125,3 +125,20 @@ def test_dead_list_retry_purge(dsn: str) -> None:
             (101, "available", 0)
         ]
         assert conn.execute("SELECT id FROM trioq.dead_jobs").fetchall() == [(102,)]
+
+
+@pytest.mark.parametrize("group", [["dead", "list"], ["queue", "list"], ["jobs", "show", "1"]])
+def test_options_before_a_subcommand_are_used_and_no_dsn_is_echoed(group: list[str]) -> None:
+    """``trioq dead --dsn URL list`` uses URL (argparse would let the subcommand's default
+    undo it: then the embedded database would be used, silently), and ``trioq dead --dsn
+    URL`` is a usage error that does not print URL."""
+    unreachable = "postgresql://bob:hunter2@127.0.0.1:1/app"
+    name, *rest = group
+    out = trioq(name, "--dsn", unreachable, *rest)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "cannot connect to postgresql://bob@127.0.0.1:1/app" in out.stderr
+    bare = trioq(name, "--dsn", unreachable)
+    assert bare.returncode == 2
+    assert "required: COMMAND" in bare.stderr
+    assert "hunter2" not in out.stderr + out.stdout + bare.stderr + bare.stdout
+    assert "127.0.0.1" not in bare.stderr

@@ -20,11 +20,15 @@ Each statement is explained twice, with the parameter values a worker sends:
   ``plan_cache_mode = force_generic_plan``. psycopg prepares a statement after 5 executions
   (``prepare_threshold``) and the server may switch to the generic plan after 5 more, so a
   long-running worker mostly runs this one.
+
+The statements inside ``claim_limited`` (a plpgsql function, flow control) are explained by
+``auto_explain`` as they run, seven times so plpgsql's generic plans are among them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -38,6 +42,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 import trioq
 from trioq import JobSpec, Queue
+from trioq._obs_sql import DEPTH_CAP, LIST_WINDOW, MAX_QUEUES, obs_statements
 from trioq._sql import statements
 
 pytestmark = pytest.mark.slow
@@ -358,6 +363,106 @@ async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None
             for kind, plan in (await _both_plans(conn, name, statement, prune_params)).items():
                 print(f"\n{name}, {kind} plan:\n{_render(plan)}")
                 _assert_uses(plan, index, ("Index Scan", "Index Only Scan"))
+
+        await _observability_statements(conn)
+        await _check_limited_claim(conn)  # last: it changes the target queue's jobs
+
+
+async def _analyzed(conn: Any, statement: sql.Composed, params: Mapping[str, Any]) -> Any:
+    """EXPLAIN (ANALYZE, BUFFERS) of a read-only statement."""
+    cur = psycopg.AsyncClientCursor(conn)
+    await cur.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + statement, params)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0][0]
+
+
+def _assert_no_seq_scan(plan: Mapping[str, Any]) -> None:
+    seq = [n for n in _nodes(plan) if n["Node Type"] == "Seq Scan"
+           and n.get("Relation Name") in ("jobs", "dead_jobs")]  # fmt: skip
+    assert not seq, f"sequential scan:\n{_render(plan)}"
+
+
+async def _observability_statements(conn: Any) -> None:
+    """The metrics' depth sample and `trioq jobs list` (trioq._obs_sql): indexes only, and
+    the depth sample's cost on this table (printed: docs/observability.md quotes it)."""
+    st = obs_statements("trioq")
+    depth = {"depth_available": st.depth_available, "depth_dead": st.depth_dead,
+             "depth_scheduled_running": st.depth_scheduled_running}  # fmt: skip
+    for cap in (DEPTH_CAP, 10 * DEPTH_CAP):  # the default, and ten times it
+        total = 0.0
+        for name, statement in depth.items():
+            analyzed = await _analyzed(conn, statement, {"cap": cap, "max_queues": MAX_QUEUES})
+            total += analyzed["Execution Time"]
+            plan = analyzed["Plan"]
+            print(f"\n{name}, cap {cap}, EXPLAIN ANALYZE, {analyzed['Execution Time']:.1f} ms:"
+                  f"\n{_render(plan)}")  # fmt: skip
+            _assert_no_seq_scan(plan)
+            if name != "depth_scheduled_running":  # the counts stop at the cap: no sort, no
+                kinds = {n["Node Type"] for n in _nodes(plan)}  # bitmap of a whole queue
+                assert not kinds & {"Sort", "Bitmap Heap Scan"}, _render(plan)
+        print(f"\nthe depth sample (3 statements, cap {cap}): {total:.1f} ms")
+    filters: list[dict[str, str | None]] = [
+        {"queue": None, "task": None}, {"queue": TARGET, "task": None},
+        {"queue": None, "task": "task_3"},
+    ]  # fmt: skip
+    for state, statement in st.lists.items():
+        for where in filters:
+            list_params = {**where, "window": LIST_WINDOW, "limit": 50}
+            analyzed = await _analyzed(conn, statement, list_params)
+            _assert_no_seq_scan(analyzed["Plan"])
+            assert analyzed["Execution Time"] < 2000, (state, where, _render(analyzed["Plan"]))
+
+
+async def _nested_plans(conn: Any, statement: sql.Composed, params: Mapping[str, Any],
+                        times: int) -> list[tuple[str, Any]]:  # fmt: skip
+    """(query text, plan) of every statement run inside ``statement`` (a plpgsql function),
+    from ``auto_explain``; each run is rolled back. After 5 runs plpgsql may switch a
+    statement to its generic plan: ``times`` > 5 sees both."""
+    messages: list[str] = []
+    conn.add_notice_handler(lambda d: messages.append(d.message_primary or ""))
+    for setting in (
+        "LOAD 'auto_explain'",
+        "SET auto_explain.log_min_duration = 0",
+        "SET auto_explain.log_nested_statements = on",
+        "SET auto_explain.log_format = json",
+        "SET client_min_messages = log",
+    ):
+        await conn.execute(setting)
+    try:
+        for _ in range(times):
+            await conn.execute("BEGIN")
+            await conn.execute(statement, params)
+            await conn.execute("ROLLBACK")
+    finally:
+        await conn.execute("SET client_min_messages = notice")
+    plans = []
+    for message in messages:
+        if "plan:" in message:
+            found = json.loads(message.split("plan:", 1)[1])
+            plans.append((found["Query Text"], found["Plan"]))
+    return plans
+
+
+async def _check_limited_claim(conn: Any) -> None:
+    """claim_limited with every limit set (global, rate, per-key both), on the big table:
+    no statement inside it scans jobs sequentially."""
+    await conn.execute("UPDATE trioq.jobs SET concurrency_key = 'k' || (id %% 3)"
+                       " WHERE queue = %s", (TARGET,))  # fmt: skip
+    await Queue().set_limits(conn, TARGET, global_concurrency=100, rate_limit="1000/1m",
+                             key_concurrency=5, key_rate_limit="100/1m")  # fmt: skip
+    params = {"queue": TARGET, "owner": OWNER, "limit": 10, "lease": LEASE}
+    plans = await _nested_plans(conn, SQL.claim_limited, params, times=7)
+    on_jobs = [(q, p) for q, p in plans if "jobs" in q and "claim_limited" not in q]
+    assert len(on_jobs) >= 7 * 4, [q for q, _ in plans]
+    for text, plan in on_jobs:
+        nodes = list(_nodes(plan))
+        seq = [n for n in nodes if n["Node Type"] == "Seq Scan"
+               and n.get("Relation Name") == "jobs"]  # fmt: skip
+        assert not seq, f"sequential scan on jobs in:\n{text}\n{_render(plan)}"
+    print("\nclaim_limited, its statements on jobs:")
+    for text, plan in on_jobs[-5:]:
+        print(f"  {' '.join(text.split())[:90]}\n{_render(plan)}")
 
 
 async def test_complete_uses_pkey_when_statistics_saw_no_running_job(dsn: str) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from test_runtime import rows, serving, wait_until
+from helpers import rows, wait_until
+from test_runtime import serving
 
 import trioq
 from trioq import _history_writer

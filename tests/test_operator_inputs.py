@@ -103,7 +103,9 @@ async def test_demo_touches_none_of_the_applications_jobs(dsn: str) -> None:
 # -- arguments that would be taken as options ----------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["delay", "priority", "run_at", "dedup_key", "unique", "args"])
+@pytest.mark.parametrize(
+    "name", ["delay", "priority", "run_at", "dedup_key", "unique", "args", "concurrency_key"]
+)
 def test_a_handler_parameter_named_like_an_enqueue_option_is_refused(name: str) -> None:
     namespace: dict[str, Any] = {}
     exec(f"async def handler(job, user_id, {name}=None): ...", namespace)
@@ -120,7 +122,21 @@ def test_handlers_with_other_parameters_register() -> None:
     @tasks.task
     def anything(job: trioq.JobContext, **kwargs: Any) -> None: ...
 
-    assert len(tasks) == 2
+    @tasks.task
+    async def star(*args: Any) -> None: ...
+
+    assert len(tasks) == 3
+
+
+@pytest.mark.parametrize("signature", ["", "*, job", "**kwargs"])
+def test_a_handler_that_cannot_take_the_job_context_is_refused(signature: str) -> None:
+    """Every run of such a handler would fail with a TypeError: refuse it at import instead."""
+    namespace: dict[str, Any] = {}
+    exec(f"async def noop({signature}): ...", namespace)
+    refused = (r"task 'noop': the handler must take the job context as its first positional"
+               r" parameter, e.g. `async def noop\(job, \*\*args\)`")  # fmt: skip
+    with pytest.raises(TypeError, match=refused):
+        trioq.Registry().task(name="noop")(namespace["noop"])
 
 
 # -- concurrent batches with overlapping dedup keys ----------------------------------------------

@@ -133,9 +133,7 @@ async def test_a_huge_error_is_stored_cut_with_a_note(dsn: str) -> None:
     assert error.endswith("more characters cut by trioq]")
 
 
-async def test_memory_error_is_recorded_by_name(
-    dsn: str, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_memory_error_is_recorded_by_name(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     async def bad(job: trioq.JobContext) -> None:
         raise MemoryError
 

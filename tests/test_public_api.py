@@ -9,6 +9,9 @@ import trioq.pg
 import trioq.testing
 
 TOP_LEVEL = {
+    "CallNext",
+    "JobEvent",
+    "ListenError",
     "CancelOutcome",
     "Config",
     "CronEntry",
@@ -43,6 +46,10 @@ TOP_LEVEL = {
     "Job",
     "JobSpec",
     "Lease",
+    "LimitedClaim",
+    "QueueSettings",
+    "RateLimit",
+    "Unique",
     "PayloadTooLargeError",
     "Queue",
     "SweepResult",
@@ -119,6 +126,8 @@ def test_web_surface() -> None:
 
     assert _public(trioq.web) - {"annotations"} == WEB
     assert trioq.web.Dashboard.__module__ == "trioq.web"
+
+
 def test_testing_surface_names_its_module_and_needs_no_pytest() -> None:
     assert _public(trioq.testing) == TESTING
     for name in TESTING:

@@ -130,8 +130,15 @@ async def test_dedup_fingerprint_and_key(dsn: str) -> None:
         assert b == trioq.EnqueueResult(a.job_id, duplicate=True)
         assert not c.duplicate
         k1 = await trioq.enqueue(conn, "t", dedup_key="order-7")
+        # Explicit keys are scoped by task (issue #13; before, this was a duplicate of k1).
         k2 = await trioq.enqueue(conn, "u", {"z": 1}, dedup_key="order-7")
-        assert k2 == trioq.EnqueueResult(k1.job_id, duplicate=True)
+        assert not k2.duplicate
+        again_t = await trioq.enqueue(conn, "t", {"z": 2}, dedup_key="order-7")
+        assert again_t == trioq.EnqueueResult(k1.job_id, duplicate=True)
+        # A global key spans tasks.
+        g1 = await trioq.enqueue(conn, "t", unique=trioq.Unique(key="g", by_task=False))
+        g2 = await trioq.enqueue(conn, "u", unique=trioq.Unique(key="g", by_task=False))
+        assert g2 == trioq.EnqueueResult(g1.job_id, duplicate=True)
         # Running still counts as live; finished frees the key.
         jobs = await Q.claim(conn, "default", owner="w", limit=10, lease=LEASE)
         assert (await trioq.enqueue(conn, "t", dedup_key="order-7")).duplicate

@@ -88,6 +88,8 @@ ZOMBIE_PATHS = ("complete", "fail", "release", "unknown", "stop", "heartbeat")
 def note(path: str) -> None:
     event(path)
     PATHS[path] += 1
+
+
 LONG = os.environ.get("TRIOQ_HYPOTHESIS") == "long"
 
 Q = Queue()
@@ -212,7 +214,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     specs = st.builds(
         lambda key, attempts, priority, delay, queue: JobSpec(
-            task="t", max_attempts=attempts, priority=priority, delay=delay, dedup_key=key,
+            task="t",
+            max_attempts=attempts,
+            priority=priority,
+            delay=delay,
+            dedup_key=key,
             queue=queue,
         ),
         st.sampled_from(DEDUP_KEYS),

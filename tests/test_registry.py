@@ -57,7 +57,10 @@ def test_tasks_are_found_by_name_and_grouped_by_queue() -> None:
 
     assert tasks.get("send") is send and tasks.get("missing") is None
     assert (send.queue, send.max_attempts, send.keep_result, send.is_async) == (
-        "mail", 3, True, False
+        "mail",
+        3,
+        True,
+        False,
     )
     assert tasks.get("other.name") is second and second.is_async
     assert dict(tasks.queues()) == {"mail": ["send", "other.name"]}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from test_runtime import FAST
+from helpers import FAST
 
 import trioq
 from trioq import Failure, Lease, Queue

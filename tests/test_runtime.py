@@ -4,67 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
+import helpers
 import pytest
 import trio
+from helpers import FAST, Counter, rows, wait_until
 
 import trioq
 from trioq.retry import Constant
 
-FAST: dict[str, Any] = {
-    "lease": 1.5,
-    "heartbeat_interval": 0.3,
-    "poll_interval": 0.2,
-    "sweep_interval": 0.3,
-}
 
-
-@asynccontextmanager
-async def serving(dsn: str, registry: trioq.Registry, **options: Any) -> AsyncIterator[Any]:
-    """A migrated database, a connection to it, and a running runtime."""
-    config = trioq.Config(dsn=dsn, registry=registry, **{**FAST, **options})
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        async with trio.open_nursery() as nursery:
-            runtime = await nursery.start(trioq.serve, config)
-            try:
-                yield conn, runtime
-            finally:
-                runtime.stop(grace=False)
-
-
-async def rows(conn: Any, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    cur = await conn.execute(query, params)
-    result: list[tuple[Any, ...]] = await cur.fetchall()
-    return result
-
-
-class Counter:
-    """Counts calls and lets a test wait for a number of them, without sleeping."""
-
-    def __init__(self) -> None:
-        self.calls: list[Any] = []
-        self._changed = trio.Event()
-
-    def hit(self, value: Any = None) -> None:
-        self.calls.append(value)
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_for(self, n: int, timeout: float = 10) -> None:
-        with trio.fail_after(timeout):
-            while len(self.calls) < n:
-                await self._changed.wait()
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10) -> None:
-    """Poll the database state a test cannot be told about (bounded)."""
-    with trio.fail_after(timeout):
-        while not await predicate():  # noqa: ASYNC110 - the database cannot tell us
-            await trio.sleep(0.02)
+def serving(dsn: str, registry: trioq.Registry, **options: Any) -> Any:
+    """A migrated database, a connection to it, and a running runtime, stopped without
+    grace at the end."""
+    return helpers.serving(dsn, registry, graceful=False, **options)
 
 
 async def test_jobs_flow_through_a_worker(dsn: str) -> None:

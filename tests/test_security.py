@@ -30,7 +30,7 @@ import attrs
 import psycopg
 import pytest
 import trio
-from clitool import trioq_cli
+from clitool import ServeProcess, trioq_cli
 from pgcluster import copy_cluster, scratch_dir, template_cluster
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -103,6 +103,9 @@ COMMANDS = [
     ["dead", "list", "--json"],
     ["dead", "retry", "--json"],
     ["jobs", "show", "1", "--json"],
+    ["jobs", "list", "--json"],
+    ["cron", "list", "--json"],
+    ["status", "--watch", "--count", "1", "--json"],
     ["demo", "--json"],
     ["serve", "--app", "serve_app:config"],
 ]
@@ -144,6 +147,37 @@ def test_rejected_password_never_printed(scram_dsn: str, command: list[str], how
     assert out.stderr.strip().splitlines()[-1].startswith("trioq: error: cannot connect to ")
     assert "Traceback" not in out.stderr
     assert_no_password(out.stdout, out.stderr)
+
+
+def test_check_never_prints_the_password(scram_dsn: str, dsn_with_password: str) -> None:
+    """``trioq check`` reports a rejected password as unreachable (exit 1), an accepted one
+    as ok, text or JSON, and shows the database without the password either way."""
+    rejected = make_conninfo(scram_dsn, password=PASSWORD)
+    outputs = []
+    for dsn, code in ((rejected, 1), (dsn_with_password, 3), (dsn_with_password, 0)):
+        if code == 0:
+            assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
+        for extra in ([], ["--json"]):
+            out = trioq_cli("check", "--dsn", dsn, *extra)
+            assert out.returncode == code, (code, out.stderr)
+            outputs += [out.stdout, out.stderr]
+    assert "password authentication failed" in "".join(outputs)
+    assert_no_password(*outputs)
+
+
+def test_json_logs_and_the_banner_never_show_the_password(dsn_with_password: str) -> None:
+    dsn = dsn_with_password
+    assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
+    worker = ServeProcess(["--app", "serve_app:config", "--dsn", dsn, "--log-format", "json",
+                           "--metrics", "127.0.0.1:0"])  # fmt: skip
+    try:
+        line = worker.read_until('"schema_version"')  # the banner: the worker is ready
+        log = worker.stop()
+    finally:
+        worker.kill()
+    assert worker.proc.returncode == 0, log
+    assert json.loads(line)["database"] == redact_dsn(dsn)
+    assert_no_password(log)
 
 
 def test_rejected_password_in_a_url_never_printed(scram_dsn: str) -> None:

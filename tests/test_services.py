@@ -16,6 +16,7 @@ import trioq
 from trioq._heartbeat import Heartbeat
 from trioq._leases import HeldJob, HeldJobs
 from trioq._listener import Listener
+from trioq._liveness import Liveness
 from trioq._scheduler import MAX_SLEEP, Scheduler
 from trioq._sweeper import Sweeper
 
@@ -85,9 +86,10 @@ async def register(conn: Any, name: str, seen_ago: float) -> int:
 async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> None:
     """Dead: no ping for longer than the grace, and nobody holds its lock. A worker that
     only stopped pinging (its lock held: alive, just slow) keeps its jobs."""
-    async with await trioq.connect(dsn, autocommit=True) as conn, await trioq.connect(
-        dsn, autocommit=True
-    ) as alive_session:
+    async with (
+        await trioq.connect(dsn, autocommit=True) as conn,
+        await trioq.connect(dsn, autocommit=True) as alive_session,
+    ):
         await trioq.migrate(conn)
         async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
             await set_clock(conn, pool, T0)  # long after the server started (its grace)
@@ -117,6 +119,31 @@ async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> Non
             assert error == [("worker died (its liveness lock was free)",)]
             assert (await sweeper.run_once(sweep=False)).reclaimed.returned == frozenset()
             assert dead and fresh
+
+
+async def test_a_worker_that_stops_holding_running_jobs_leaves_its_row_for_the_sweepers(
+    dsn: str,
+) -> None:
+    """At a graceful stop the worker's row goes, unless jobs it owns are still running (an
+    outcome it could not write, a claim cut short by the stop): then the row stays, its lock
+    is free, and the sweepers return those jobs within the grace, not at lease expiry."""
+    async with database(dsn) as (conn, pool):
+        for name, running in (("holding", True), ("clean", False)):
+            liveness = Liveness(dsn, pool, Q, name=name, queues={"default": 1}, interval=60,
+                                running=lambda: 0)  # fmt: skip
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                if running:
+                    await trioq.enqueue(conn, "t")
+                    job = await claim_one(conn, name)
+                nursery.cancel_scope.cancel()
+            left = await rows(conn, "SELECT id FROM trioq.workers WHERE name = %s", name)
+            assert left == ([(liveness.worker,)] if running else [])
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=5))
+        sweeper = Sweeper(pool, Q, interval=60, reclaim_interval=1, grace=2,
+                          on_returned=lambda: None)  # fmt: skip
+        assert (await sweeper.run_once(sweep=False)).reclaimed.returned == {job.id}
+        assert await rows(conn, "SELECT name FROM trioq.workers") == []
 
 
 # -- heartbeat ---------------------------------------------------------------------------------

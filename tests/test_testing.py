@@ -80,8 +80,9 @@ async def test_drain_runs_each_kind_of_job_through_the_real_states(dsn: str) -> 
             "square": (await trioq.enqueue(conn, "square", {"n": 7})).job_id,
             "flaky": (await trioq.enqueue(conn, "flaky", max_attempts=3)).job_id,
             "fatal": (await trioq.enqueue(conn, "fatal")).job_id,
-            "later": (await trioq.enqueue(conn, "wait_a_bit", {"until": "2030-01-01T00:02Z"}))
-            .job_id,
+            "later": (
+                await trioq.enqueue(conn, "wait_a_bit", {"until": "2030-01-01T00:02Z"})
+            ).job_id,
             "signup": (await trioq.enqueue(conn, "signup", {"user": "ada"}, queue="mail")).job_id,
         }
         first = await tt.drain(conn, tasks)
@@ -190,9 +191,9 @@ async def test_assertions_on_enqueued_jobs(dsn: str) -> None:
         with pytest.raises(AssertionError) as missing:
             await tt.assert_enqueued(conn, "signup", args={"user": "carol"})
         assert str(missing.value).startswith(
-            "expected a job of task 'signup' with args containing {\"user\": \"carol\"}, "
-            "found 0; enqueued: id 1 signup on mail {\"user\": \"ada\"} (available); "
-            "id 2 signup on mail {\"lang\": \"fr\", \"user\": \"bob\"} (scheduled)"
+            'expected a job of task \'signup\' with args containing {"user": "carol"}, '
+            'found 0; enqueued: id 1 signup on mail {"user": "ada"} (available); '
+            'id 2 signup on mail {"lang": "fr", "user": "bob"} (scheduled)'
         )
         with pytest.raises(AssertionError, match="expected no job of task 'signup', found 2"):
             await tt.refute_enqueued(conn, "signup")
@@ -216,8 +217,13 @@ async def test_job_context_calls_a_handler_without_a_worker(dsn: str) -> None:
     square, signup = tasks.get("square"), tasks.get("signup")
     assert square is not None and signup is not None
     ctx = tt.job_context(square, {"n": 3}, id=42, attempt=2)
-    assert (ctx.id, ctx.attempt, ctx.queue, ctx.task, ctx.job.args) == (42, 2, "default",
-                                                                       "square", {"n": 3})
+    assert (ctx.id, ctx.attempt, ctx.queue, ctx.task, ctx.job.args) == (
+        42,
+        2,
+        "default",
+        "square",
+        {"n": 3},
+    )
     with pytest.raises(RuntimeError, match="this JobContext has no database: pass conn="):
         await square(ctx, n=3)  # it reads the job's status
     async with migrated(dsn) as conn:

@@ -67,6 +67,30 @@ async def _csrf(app: Any, path: str = "/confirm/purge?all=1") -> tuple[dict[str,
 # -- pages ----------------------------------------------------------------------------------------
 
 
+async def test_the_workers_table_shows_registered_workers_idle_ones_too(dsn: str) -> None:
+    """Registered workers (liveness) with their queues' slots and last ping; an idle one is
+    listed; one that stopped pinging is marked; a lease owner without a row still shows."""
+    await _jobs(dsn)  # OWNER holds one running job's lease, and is not registered
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at) VALUES"
+            " ('hostA:111:aaaa', 'hostA', 111, '{\"email\": 10, \"work\": 4}', now()),"
+            " ('hostB:222:bbbb', 'hostB', 222, '{\"email\": 2}', now() - interval '1 minute')"
+        )
+    app = _dashboard(dsn)
+    try:
+        live = (await call(app, "GET", "/live/overview")).text
+        idle = live[live.index('data-owner="hostA:111:aaaa"') :]
+        idle = idle[: idle.index("</tr>")]
+        assert "email</a> (0 / 10)" in idle and "work</a> (0 / 4)" in idle
+        assert "gone?" not in idle
+        gone = live[live.index('data-owner="hostB:222:bbbb"') :]
+        assert 'class="bad"' in gone[: gone.index("</tr>")]
+        assert f'data-owner="{OWNER}"' in live  # from its lease
+    finally:
+        await app.aclose()
+
+
 async def test_every_page_renders_what_is_there(dsn: str) -> None:
     ids = await _jobs(dsn)
     app = _dashboard(dsn)
@@ -158,6 +182,46 @@ async def test_retry_purge_and_cancel_through_confirmation(dsn: str) -> None:
         assert await cur.fetchone() == (True,)
 
 
+async def test_pause_and_resume_a_queue_through_confirmation(dsn: str) -> None:
+    """The overview's Pause button leads to a confirmation; its POST pauses the queue for
+    every worker (the `queues` row), the overview shows it paused with a Resume button, and
+    resuming clears it. A paused queue with no jobs still shows, so it can be resumed."""
+    await _jobs(dsn)
+    app = _dashboard(dsn)
+    try:
+        page = await call(app, "GET", "/")
+        assert 'data-action="pause" href="/confirm/pause?queue=email"' in page.text
+        cookies, csrf = await _csrf(app, "/confirm/pause?queue=email")
+        confirm = await call(app, "GET", "/confirm/pause?queue=email", cookies=cookies)
+        assert "Pause queue <code>email</code>?" in confirm.text
+        done = await call(app, "POST", "/actions/pause", cookies=cookies,
+                          form={"csrf": csrf, "queue": "email"})  # fmt: skip
+        assert done.status == 303 and done.header("location") == "/?done=paused"
+        page = await call(app, "GET", "/?done=paused", cookies=cookies)
+        assert 'id="done">paused: no worker claims' in page.text
+        row = re.search(r'<tr data-queue="email" class="paused">.*?</tr>', page.text, re.S)
+        assert row and 'data-action="resume"' in row[0], page.text
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            assert [s.name for s in await Queue().queue_settings(conn) if s.paused] == ["email"]
+            assert await Queue().claim(conn, "email", owner=OWNER, limit=5,
+                                       lease=dt.timedelta(60)) == []  # fmt: skip
+            await Queue().pause(conn, "idle")  # no job in it: listed, to be resumed
+        live = await call(app, "GET", "/live/overview", cookies=cookies)
+        assert '<tr data-queue="idle" class="paused">' in live.text
+        done = await call(app, "POST", "/actions/resume", cookies=cookies,
+                          form={"csrf": csrf, "queue": "email"})  # fmt: skip
+        assert done.header("location") == "/?done=resumed"
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            assert [s.name for s in await Queue().queue_settings(conn) if s.paused] == ["idle"]
+        forged = await call(app, "POST", "/actions/pause", cookies=cookies,
+                            form={"csrf": "0" * 64, "queue": "email"})  # fmt: skip
+        assert forged.status == 403
+    finally:
+        await app.aclose()
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        assert [s.name for s in await Queue().queue_settings(conn) if s.paused] == ["idle"]
+
+
 async def test_all_matching_walks_every_batch(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_app, "ACTION_BATCH", 2)
     async with await trioq.connect(dsn, autocommit=True) as conn:
@@ -222,14 +286,18 @@ async def test_read_only_hides_and_refuses_every_action(dsn: str) -> None:
         assert 'id="read-only"' in page.text and 'id="retry"' not in page.text
         assert 'type="checkbox"' not in (await call(app, "GET", "/jobs?state=dead")).text
         assert (await call(app, "GET", f"/confirm/retry?ids={ids['dead']}")).status == 403
-        for action in ("retry", "purge", "cancel"):
-            refused = await call(app, "POST", f"/actions/{action}", form={"ids": ids["dead"]})
+        assert 'data-action="pause"' not in (await call(app, "GET", "/")).text
+        assert (await call(app, "GET", "/confirm/pause?queue=email")).status == 403
+        for action in ("retry", "purge", "cancel", "pause", "resume"):
+            refused = await call(app, "POST", f"/actions/{action}",
+                                 form={"ids": ids["dead"], "queue": "email"})  # fmt: skip
             assert refused.status == 403 and "read-only" in refused.text
     finally:
         await app.aclose()
     async with await trioq.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute("SELECT count(*) FROM trioq.dead_jobs")
         assert await cur.fetchone() == (1,)
+        assert not [s for s in await Queue().queue_settings(conn) if s.paused]
 
 
 # -- the token ----------------------------------------------------------------------------------
@@ -280,6 +348,10 @@ def test_a_weak_token_is_refused(dsn: str) -> None:
         ("/confirm/retry", 400, "say which jobs"),
         ("/confirm/explode?ids=1", 404, "no action"),
         ("/confirm/cancel?ids=1&ids=2", 400, "cancel takes one job"),
+        ("/confirm/pause", 400, "say which queue"),
+        ("/confirm/pause?queue=a%00b", 400, "queue contains a NUL"),
+        ("/confirm/pause?queue=no%20spaces", 400, "queue"),
+        ("/confirm/resume?queue=" + "q" * 201, 400, "queue is longer than 200"),
         ("/api/history?range=year", 400, "range must be one of"),
         ("/jobs?task=%ED%A0%80", 200, ""),  # undecodable bytes: replaced, found nothing
     ],

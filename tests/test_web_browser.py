@@ -137,7 +137,11 @@ class Stack:
         rows = self.sql(
             "INSERT INTO trioq.jobs (queue, task, args, max_attempts)"
             " SELECT %s, %s, %s::jsonb, %s FROM generate_series(1, %s) RETURNING id",
-            queue, task, args, max_attempts, n,
+            queue,
+            task,
+            args,
+            max_attempts,
+            n,
         )
         self.sql("SELECT pg_notify('trioq_trioq', %s)", queue)
         return [r[0] for r in rows]
@@ -260,6 +264,34 @@ def test_cancel_a_running_job(stack: Stack, web: str, watched: Watched) -> None:
     page.locator("#confirm").click()
     expect(page.locator("#done")).to_contain_text("cancel requested")
     expect(page.locator("#state")).to_have_text("cancelled", timeout=LIVE)
+    watched.assert_clean(web)
+
+
+def test_pause_a_queue_and_see_claims_stop(stack: Stack, web: str, watched: Watched) -> None:
+    """Paused from the overview, the queue's new jobs stay available while the same worker
+    runs another queue's job (so it is alive and claiming); resumed, they run."""
+    page = watched.page
+    stack.start_worker()
+    page.goto(web + "/")
+    row = page.locator('tr[data-queue="web"]')
+    row.locator('[data-action="pause"]').click()
+    expect(page.locator("#what")).to_contain_text("Pause queue web?")
+    page.locator("#confirm").click()
+    expect(page.locator("#done")).to_contain_text("paused: no worker claims")
+    expect(row.locator('[data-paused="1"]')).to_have_text("paused")
+    stack.wait_for("SELECT paused FROM trioq.queues WHERE name = 'web'", [(True,)])
+    paused = stack.enqueue("web", "quick", '{"seconds": 0.01}', n=5)
+    (other,) = stack.enqueue("slow", "sleeper", '{"seconds": 0.01}')
+    stack.wait_for("SELECT count(*) FROM trioq.jobs WHERE id = %s", [(0,)], other)  # it ran
+    expect(row.locator('td[data-state="available"]')).to_have_text("5", timeout=LIVE)
+    never_claimed = "SELECT count(*) FROM trioq.jobs WHERE id = ANY(%s) AND attempt = 0"
+    assert stack.sql(never_claimed, paused) == [(5,)]
+    row.locator('[data-action="resume"]').click()
+    expect(page.locator("#what")).to_contain_text("Resume queue web?")
+    page.locator("#confirm").click()
+    expect(page.locator("#done")).to_contain_text("resumed")
+    expect(row.locator('td[data-state="available"]')).to_have_text("0", timeout=LIVE)
+    stack.wait_for("SELECT count(*) FROM trioq.jobs WHERE id = ANY(%s)", [(0,)], paused)
     watched.assert_clean(web)
 
 

@@ -58,6 +58,7 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
         yield f"history {seconds}", ST.history, {"since": now - seconds, "queue": "queue_3"}
     yield "history_queues", ST.history_queues, {"since": now - 86400}
     yield "clock", ST.clock, {}
+    yield "workers", ST.workers, {"worker_cap": 1000}
     for state, statement in ST.lists.items():
         for name, filters in FILTERS.items():
             yield f"lists[{state}] {name}", statement, {**filters, **PAGE}

@@ -8,11 +8,15 @@ General layout (``docs/architecture.md`` has the module map and the nursery tree
 - What a job is: ``_job`` (the field rules, `JobSpec`, `Job`, `Lease`, `Failure`),
   ``_exceptions`` (every exception), ``_registry`` (tasks), ``_retry``, ``_cron``.
 - The queue as a library: ``_queue`` (enqueue, claim, outcomes, sweep, status), ``_dead``,
-  ``_enqueue`` (the default queue), and ``_sql``, which holds every statement.
+  ``_enqueue`` (the default queue), ``_flow`` (queue settings, the limited claim),
+  ``_unique`` (dedup keys, `Unique`), and ``_sql``, which holds every statement.
 - The worker runtime: ``_serve`` -> ``_runtime`` (fetchers and slots), ``_execute``
   (handlers and their outcomes), ``_context`` (what a handler gets), ``_leases``,
   ``_completer``, and one module per service: ``_listener``, ``_heartbeat``,
   ``_sweeper``, ``_scheduler``.
+- Seeing what it does: ``_hooks`` (middleware, `JobEvent` callbacks), ``_lifecycle``
+  (retries, deaths, cancels logged and reported once), ``_metrics`` and ``_prometheus``
+  (``/metrics``), ``_tracing`` (OpenTelemetry spans), ``_obs_sql`` (their statements).
 - The database: ``_pg``, ``_pg_wait``, ``_pg_errors``, ``_pool`` (psycopg on trio),
   ``_schema`` and ``_migrate`` (the version check, migrations), ``_embedded`` and
   ``_dsn`` (the private Postgres used when no DSN is configured).
@@ -44,6 +48,7 @@ from ._exceptions import JobDeadError as JobDeadError
 from ._exceptions import JobNotFoundError as JobNotFoundError
 from ._exceptions import JobResultError as JobResultError
 from ._exceptions import LeaseLostError as LeaseLostError
+from ._exceptions import ListenError as ListenError
 from ._exceptions import MigrationError as MigrationError
 from ._exceptions import PayloadTooLargeError as PayloadTooLargeError
 from ._exceptions import SchemaError as SchemaError
@@ -52,6 +57,11 @@ from ._exceptions import SchemaOutdatedError as SchemaOutdatedError
 from ._exceptions import SchemaTooNewError as SchemaTooNewError
 from ._exceptions import SharedTransactionError as SharedTransactionError
 from ._exceptions import Snooze as Snooze
+from ._flow import LimitedClaim as LimitedClaim
+from ._flow import QueueSettings as QueueSettings
+from ._flow import RateLimit as RateLimit
+from ._hooks import CallNext as CallNext
+from ._hooks import JobEvent as JobEvent
 from ._job import EnqueueResult as EnqueueResult
 from ._job import Failure as Failure
 from ._job import Job as Job
@@ -74,6 +84,7 @@ from ._runtime import Runtime as Runtime
 from ._runtime import RuntimeStatistics as RuntimeStatistics
 from ._schema import check_schema as check_schema
 from ._serve import serve as serve
+from ._unique import Unique as Unique
 
 __version__ = "0.1.0"
 

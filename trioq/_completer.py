@@ -29,9 +29,9 @@ import psycopg
 import trio
 
 from ._job import MAX_RETRY_DELAY, Failure, Lease, encode_args
-from ._outcome import Kind, Outcome
+from ._outcome import CANCELLED, DEAD, DISCARDED, RETRIED, Kind, Outcome
 from ._pool import Pool
-from ._queue import Queue
+from ._queue import FailResult, Queue
 from ._sanitize import DATA_ERRORS as VALUE_ERRORS
 from ._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, safe_text
 
@@ -71,6 +71,7 @@ class Completer:
         self._send, self._receive = trio.open_memory_channel[Outcome](capacity)
         self.batches = 0
         self.outcomes = 0
+        self.write_errors = 0  # failed writes (retried), for the metrics
         self.finished = trio.Event()  # set when run() has written everything and returned
 
     async def submit(self, outcome: Outcome) -> None:
@@ -152,6 +153,7 @@ class Completer:
             except DATA_ERRORS:
                 raise
             except psycopg.Error as ex:
+                self.write_errors += 1
                 logger.warning("writing %d job outcomes failed, retrying: %s", len(batch), ex)
                 await trio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
@@ -182,7 +184,8 @@ async def write_kind(
     conn: Any, q: Queue, kind: Kind, items: Sequence[Outcome], *, owner: str,
     unknown_task_timeout: dt.timedelta = dt.timedelta(days=1),
 ) -> frozenset[int]:  # fmt: skip
-    """Write ``items`` (outcomes of ``kind``) in one fenced statement; the ids written."""
+    """Write ``items`` (outcomes of ``kind``) in one fenced statement; the ids written.
+    Sets each outcome's `Outcome.fate` where the kind does not say what became of it."""
     failures = [o.failure for o in items if o.failure is not None]
     if kind is Kind.FAIL:
         result = await q.fail_many(conn, owner=owner, failures=failures)
@@ -191,8 +194,27 @@ async def write_kind(
             conn, owner=owner, failures=failures, dead_after=unknown_task_timeout
         )
     else:
-        return await _write_leases(conn, q, kind, items, owner=owner)
+        written = await _write_leases(conn, q, kind, items, owner=owner)
+        for outcome in items:
+            if outcome.lease.job_id not in written:
+                outcome.fate = DISCARDED
+        return written
+    _set_fates(items, result)
     return result.retried | result.dead | result.cancelled
+
+
+def _set_fates(items: Sequence[Outcome], result: FailResult) -> None:
+    """What the statement did with each failure (or unknown task): `Outcome.fate`."""
+    for outcome in items:
+        job_id = outcome.lease.job_id
+        if job_id in result.dead:
+            outcome.fate = DEAD
+        elif job_id in result.cancelled:
+            outcome.fate = CANCELLED
+        elif job_id in result.retried:
+            outcome.fate = RETRIED
+        else:
+            outcome.fate = DISCARDED
 
 
 async def _write_leases(
@@ -217,10 +239,15 @@ def _log_unwritten(kind: Kind, items: list[Outcome], written: frozenset[int]) ->
     before the outcome reached the database): the outcome is dropped, and said so."""
     for outcome in items:
         if outcome.lease.job_id not in written:
+            job = outcome.job
+            extra: dict[str, Any] = {"job_id": outcome.lease.job_id,
+                                     "attempt": outcome.lease.attempt}  # fmt: skip
+            if job is not None:
+                extra.update(task=job.task, queue=job.queue)
             logger.warning("job %d attempt %d: its outcome (%s) was discarded: its lease is no "
                            "longer this worker's (it expired, and the job was returned or taken "
                            "by another worker)", outcome.lease.job_id, outcome.lease.attempt,
-                           kind.value)  # fmt: skip
+                           kind.value, extra=extra)  # fmt: skip
 
 
 def _one_line(ex: BaseException) -> str:

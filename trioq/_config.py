@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,13 +15,15 @@ from typing import Any
 import attrs
 
 from ._cron import CronEntry, check_entries
+from ._flow import RateLimit, check_limit, to_rate_limit
 from ._history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
 from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
+from ._obs_sql import DEPTH_CAP
 from ._pg_errors import check_dsn, redact_dsn
 from ._registry import Registry
 from ._sql import validate_schema_name
 
-__all__ = ["Config", "QueueConfig"]
+__all__ = ["Config", "QueueConfig", "parse_address"]
 
 
 def _number(value: object) -> bool:
@@ -75,6 +79,8 @@ def _positive_timedelta(
 ) -> None:
     if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
         raise ValueError(f"{attribute.name} must be a positive duration, got {value!r}")
+
+
 def _seconds_or_none(value: float | dt.timedelta | None) -> float | None:
     return None if value is None else _seconds(value)
 
@@ -86,16 +92,90 @@ def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: flo
         )
 
 
+def _limit(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_limit(value, attribute.name)
+
+
+def _rate(value: object) -> RateLimit | None:
+    return to_rate_limit(value, "rate_limit")
+
+
+def _key_rate(value: object) -> RateLimit | None:
+    return to_rate_limit(value, "key_rate_limit")
+
+
 _DAY = 86400.0
 #: Postgres caches 64 subtransaction ids per backend (PGPROC_MAX_CACHED_SUBXIDS).
 MAX_SHARED_JOBS = 64
 
 
+_DIGITS = re.compile(r"[0-9]{1,5}")
+
+
+def parse_address(value: str, field: str = "metrics") -> tuple[str, int, int]:
+    """(host, first port, last port) of ``host:port``, ``[v6]:port`` or ``host:first-last``
+    (a range: the first free port of it is taken; port 0 picks any free one)."""
+    host, sep, ports = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    first, dash, last = ports.partition("-")
+    last = last if dash else first
+    ok = sep and host and host.isprintable() and " " not in host and (
+        _DIGITS.fullmatch(first) and _DIGITS.fullmatch(last)  # ASCII: isdigit() takes "٣"
+    )
+    if not ok or not 0 <= int(first) <= int(last) <= 65535 or (dash and int(first) == 0):
+        raise ValueError(
+            f"{field} must look like HOST:PORT (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100) "
+            f"or HOST:FIRST-LAST (a range of ports), got {value!r}"
+        )
+    return host.strip("[]"), int(first), int(last)
+
+
+def _metrics_address(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{attribute.name} must be a 'HOST:PORT' string or None, got {value!r}")
+        parse_address(value, attribute.name)
+
+
+def _depth_cap(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    _positive_int(_inst, attribute, value)
+    if value > 1_000_000:
+        raise ValueError(f"{attribute.name} must be at most 1,000,000, got {value!r}")
+
+
+def _tracing(_inst: object, attribute: attrs.Attribute[Any], value: bool | None) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be True, False or None, got {value!r}")
+    if value is True and importlib.util.find_spec("opentelemetry") is None:
+        raise ValueError(
+            f"{attribute.name}=True needs OpenTelemetry: pip install 'trioq[otel]'"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class QueueConfig:
-    """How one queue is served by this process."""
+    """How one queue is served by this process, and the limits it holds across all of them.
+
+    ``concurrency`` is this process's slots. The limits (``global_concurrency``,
+    ``rate_limit``, ``key_concurrency``, ``key_rate_limit``) hold across every process;
+    they live in the database, and `trioq.serve` writes those given here when it starts
+    (None leaves the stored value alone). ``trioq queue set`` changes them at run time.
+    """
 
     concurrency: int = attrs.field(default=10, validator=_positive_int)
+    global_concurrency: int | None = attrs.field(default=None, validator=_limit)
+    rate_limit: RateLimit | None = attrs.field(default=None, converter=_rate)
+    key_concurrency: int | None = attrs.field(default=None, validator=_limit)
+    key_rate_limit: RateLimit | None = attrs.field(default=None, converter=_key_rate)
+
+    def limits(self) -> dict[str, Any]:
+        """The limits this config sets (the others are left as stored)."""
+        given = {
+            "global_concurrency": self.global_concurrency,
+            "rate_limit": self.rate_limit,
+            "key_concurrency": self.key_concurrency,
+            "key_rate_limit": self.key_rate_limit,
+        }
+        return {name: value for name, value in given.items() if value is not None}
 
 
 def _queues(
@@ -225,6 +305,25 @@ class Config:
     )
     #: Rows one pruning statement deletes at most (per kind).
     prune_batch: int = attrs.field(default=1000, validator=_positive_int)
+    #: Event callbacks (``@registry.on(...)``, docs/observability.md): each is cancelled after
+    #: this long; at most ``hook_concurrency`` run at once; at most ``hook_buffer`` events
+    #: wait for them (beyond that new ones are dropped and counted).
+    hook_timeout: float = attrs.field(default=10.0, converter=_seconds, validator=_positive)
+    hook_concurrency: int = attrs.field(default=4, validator=_positive_int)
+    hook_buffer: int = attrs.field(default=1000, validator=_positive_int)
+    #: ``HOST:PORT`` to serve Prometheus metrics on (``/metrics``), or ``HOST:FIRST-LAST``
+    #: (the first free port of the range); None: no metrics server.
+    metrics: str | None = attrs.field(default=None, validator=_metrics_address)
+    #: The queue depths the metrics show are read from the database at most this often
+    #: (and only when scraped), each count exact up to ``metrics_depth_cap``.
+    metrics_depth_interval: float = attrs.field(
+        default=5.0, converter=_seconds, validator=_positive
+    )
+    metrics_depth_cap: int = attrs.field(default=DEPTH_CAP, validator=_depth_cap)
+    #: A span per execution (OpenTelemetry, ``pip install 'trioq[otel]'``): None traces
+    #: when the application has set a tracer provider before the worker starts, True
+    #: always (opentelemetry-api required), False never.
+    tracing: bool | None = attrs.field(default=None, validator=_tracing)
     #: Lease owner name; unique per Config object (host:pid:random). Give each concurrently
     #: running `serve` its own Config (``attrs.evolve(config, worker_id=...)``).
     worker_id: str = attrs.field(factory=_default_worker_id)

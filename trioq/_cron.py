@@ -45,6 +45,7 @@ from ._job import (
 )
 from ._queue import Queue
 from ._sql import Statements, statements
+from ._unique import Unique
 
 __all__ = [
     "DEFAULT_MISFIRE_GRACE",
@@ -380,7 +381,8 @@ async def _fire(
             return None
         result = await queue.enqueue(
             conn, entry.task, entry.args, queue=entry.queue, priority=entry.priority,
-            max_attempts=entry.max_attempts, dedup_key=_dedup_key(entry.name, tick),
+            max_attempts=entry.max_attempts,
+            unique=Unique(key=_dedup_key(entry.name, tick), by_task=False),  # key:cron:...
         )  # fmt: skip
         params = {"job_id": result.job_id, "name": entry.name, "tick": tick}
         await conn.execute(st.cron_set_job, params)

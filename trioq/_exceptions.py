@@ -8,6 +8,8 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      ├── Snooze                     job.snooze(): run again later, the attempt refunded
      ├── ValueError
      │    └── PayloadTooLargeError  a job's JSON args are over Queue.max_payload_bytes
+     ├── OSError
+     │    └── ListenError           the metrics server cannot listen on its address
      ├── RuntimeError
      │    ├── LeaseLostError        the job's lease was reclaimed: its outcome is not ours
      │    ├── SharedTransactionError  job.transaction(shared=True): the shared transaction
@@ -56,6 +58,7 @@ __all__ = [
     "JobNotFoundError",
     "JobResultError",
     "LeaseLostError",
+    "ListenError",
     "MigrationError",
     "PayloadTooLargeError",
     "PoolClosedError",
@@ -88,6 +91,11 @@ class Snooze(Exception):
 
 class PayloadTooLargeError(ValueError):
     """A job's JSON args exceed the queue's ``max_payload_bytes``."""
+
+
+class ListenError(OSError):
+    """A server of the worker (``Config.metrics``) cannot listen on its address (in use, not
+    this machine's, not allowed); ``errno`` is the socket's."""
 
 
 class LeaseLostError(RuntimeError):

@@ -39,17 +39,21 @@ import math
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._context import JobContext, JobServices
 from ._exceptions import FatalError, LeaseLostError, Snooze, leaves
+from ._hooks import fields, run_chain
 from ._job import MAX_RETRY_DELAY, Failure, Job, Lease, encode_args
 from ._outcome import Kind, Outcome
 from ._registry import Registry, Task
 from ._retry import Sidekiq
 from ._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, UndecodableArgs, safe_text
+
+if TYPE_CHECKING:
+    from ._tracing import Tracing
 
 __all__ = [
     "MAX_RETRY_DELAY",
@@ -73,8 +77,12 @@ class Executor:
     """Runs handlers of ``registry`` with ``services``; sync ones on at most
     ``sync_threads`` threads at a time."""
 
-    def __init__(self, registry: Registry, services: JobServices, *, sync_threads: int) -> None:
+    def __init__(
+        self, registry: Registry, services: JobServices, *, sync_threads: int,
+        tracing: Tracing | None = None,
+    ) -> None:  # fmt: skip
         self.registry = registry
+        self._tracing = tracing  # a span per execution (OpenTelemetry), or None
         self.services = services
         self._sync_limiter = trio.CapacityLimiter(sync_threads)
         #: Jobs whose stopped sync handler's thread still runs: set when it returns.
@@ -84,6 +92,7 @@ class Executor:
         self._running: set[int] = set()
         self._unknown_logged: set[str] = set()
         self._pid = os.getpid()
+        self._middleware = tuple(registry.hooks.middleware)
 
     def thread_of(self, job_id: int) -> trio.Event | None:
         """Set when the thread of job ``job_id``'s stopped sync handler returns; None if no
@@ -95,7 +104,7 @@ class Executor:
         if job.id in self._threads or job.id in self._running:
             logger.warning("job %d (%s): an earlier attempt's handler still runs in this "
                            "process: given back (attempt refunded) rather than run twice at "
-                           "once", job.id, job.task)  # fmt: skip
+                           "once", job.id, job.task, extra=_fields(job))  # fmt: skip
             return Outcome(kind=Kind.RELEASE, lease=lease, delay=BUSY_THREAD_DELAY)
         self._running.add(job.id)
         try:
@@ -110,7 +119,10 @@ class Executor:
         if isinstance(job.args, UndecodableArgs):
             return undecodable(job, lease)
         ctx = JobContext(job, self.services)
-        outcome = await self._call(task, ctx, lease)
+        if self._tracing is None:
+            outcome = await self._call(task, ctx, lease)
+        else:
+            outcome = await self._tracing.run(ctx, functools.partial(self._call, task, ctx, lease))
         if ctx.completed_in_transaction:
             return Outcome(kind=Kind.NOTHING, lease=lease, committed=True)
         return outcome
@@ -137,7 +149,11 @@ class Executor:
     # runs goes to trio's main task, as it does everywhere else in the runtime, instead of
     # being raised inside the handler, where it would look like the handler's own error.
     @trio.lowlevel.enable_ki_protection
-    async def _invoke(self, task: Task, ctx: JobContext) -> Any:
+    async def _invoke(self, task: Task, ctx: JobContext, wrap: bool = True) -> Any:
+        if wrap and self._middleware:  # the registry's middleware around the handler
+            return await run_chain(
+                self._middleware, ctx, functools.partial(self._invoke, task, ctx, False)
+            )
         args = ctx.job.args
         if task.is_async:
             try:
@@ -194,10 +210,10 @@ class Executor:
             return
         logger.warning("job %d (%s): %s, but its sync handler's thread is still running: "
                        "the job keeps its slot and lease until it returns", job.id, job.task,
-                       why)  # fmt: skip
+                       why, extra=_fields(job))  # fmt: skip
         await done.wait()
         logger.info("job %d (%s): the thread of its stopped sync handler returned", job.id,
-                    job.task)  # fmt: skip
+                    job.task, extra=_fields(job))  # fmt: skip
 
     def _unknown(self, job: Job, lease: Lease) -> Outcome:
         first = job.task not in self._unknown_logged
@@ -235,11 +251,8 @@ def outcome_of_error(task: Task, job: Job, lease: Lease, ex: Exception) -> Outco
     if isinstance(ex, LeaseLostError):
         return Outcome(kind=Kind.NOTHING, lease=lease)
     fatal = isinstance(ex, FatalError)
-    error = describe(ex)
-    if not fatal:
-        logger.info("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt,
-                    safe_text(error, ERROR_LIMIT))  # fmt: skip
-    return failure(task, lease, error, _traceback(), fatal=fatal)
+    # Logged once written, with its delay or reason (`trioq._lifecycle`).
+    return failure(task, lease, describe(ex), _traceback(), fatal=fatal)
 
 
 def reraise_cancellation(ex: BaseException, job: Job) -> None:
@@ -263,7 +276,7 @@ def reraise_cancellation(ex: BaseException, job: Job) -> None:
         if cancelled is not None:
             if rest is not None:
                 logger.warning("job %d (%s) raised while being cancelled: %s",
-                               job.id, job.task, describe(rest))  # fmt: skip
+                               job.id, job.task, describe(rest), extra=_fields(job))  # fmt: skip
             raise cancelled
 
 
@@ -272,8 +285,10 @@ def outcome_of_base_error(task: Task, job: Job, lease: Lease, ex: BaseException)
     error = describe(ex)
     if isinstance(ex, trio.Cancelled):
         error = "stray trio.Cancelled: raised while no enclosing cancel scope was cancelled"
-    logger.warning("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt,
-                   safe_text(error, ERROR_LIMIT))  # fmt: skip
+    logger.warning("job %d (%s) attempt %d: its handler raised %s, which is not an "
+                   "Exception: the attempt fails as for an Exception", job.id, job.task,
+                   job.attempt, safe_text(error, ERROR_LIMIT),
+                   extra=_fields(job))  # fmt: skip
     return failure(task, lease, error, _traceback())
 
 
@@ -326,10 +341,14 @@ def retry_delay(task: Task, attempt: int) -> dt.timedelta:
 def undecodable(job: Job, lease: Lease) -> Outcome:
     """Args Python cannot decode: the job goes to dead_jobs alone, with the decode error."""
     assert isinstance(job.args, UndecodableArgs)
-    error = f"args cannot be decoded: {job.args.reason}"
-    logger.error("job %d (%s): %s: moved to dead_jobs", job.id, job.task, error)
+    error = f"args cannot be decoded: {job.args.reason}"  # logged once written (its death)
     fail = Failure(lease=lease, error=error, fatal=True, reason="undecodable args")
     return Outcome(kind=Kind.FAIL, lease=lease, failure=fail)
+
+
+def _fields(job: Job) -> dict[str, Any]:
+    """A log record's structured fields about ``job`` (`trioq._hooks.fields`)."""
+    return fields(job.id, job.task, job.queue, job.attempt)
 
 
 def _traceback() -> str:
@@ -348,6 +367,7 @@ def unknown_task(job: Job, registry: Registry, lease: Lease, *, log: bool = True
     error = f"unknown task {job.task!r}: no handler registered in this worker (known: {known})"
     if log:
         logger.error("job %d: %s: its jobs are given back (attempts refunded) for a worker "
-                     "that knows the task; logged once per task name", job.id, error)  # fmt: skip
+                     "that knows the task; logged once per task name", job.id, error,
+                     extra=_fields(job))  # fmt: skip
     fail = Failure(lease=lease, error=error, reason="unknown task")
     return Outcome(kind=Kind.UNKNOWN, lease=lease, failure=fail)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 
 import attrs
 import trio
 
+from ._hooks import fields
 from ._job import Lease
-from ._leases import HeldJobs
+from ._leases import HeldJob, HeldJobs
 from ._pool import Pool
 from ._queue import Queue
 
@@ -35,9 +37,10 @@ class HeartbeatRound:
 class Heartbeat:
     def __init__(
         self, pool: Pool, queue: Queue, held: HeldJobs, *, owner: str, lease: float,
-        interval: float,
+        interval: float, on_lost: Callable[[HeldJob], None] | None = None,
     ) -> None:  # fmt: skip
         self._pool = pool
+        self._on_lost = on_lost  # a lease was found taken (after its handler was cancelled)
         self._queue = queue
         self._held = held
         self._owner = owner
@@ -65,9 +68,15 @@ class Heartbeat:
             )
         lost = []
         for lease in sorted(beat.lost, key=lambda le: le.job_id):
-            if self._held.lose(lease) is not None:
-                logger.warning("job %d lost its lease: cancelling its handler", lease.job_id)
+            if (held := self._held.lose(lease)) is not None:
+                claimed = held.job
+                logger.warning("job %d (%s) attempt %d lost its lease: cancelling its handler",
+                               claimed.id, claimed.task, lease.attempt,
+                               extra=fields(claimed.id, claimed.task, claimed.queue,
+                                            lease.attempt))  # fmt: skip
                 lost.append(lease)
+                if self._on_lost is not None:
+                    self._on_lost(held)
         cancelled = []
         for lease in sorted(beat.cancel_requested, key=lambda le: le.job_id):
             if (job := self._held.get(lease)) is not None:

@@ -28,10 +28,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
 from ._job import Job
+from ._outcome import CANCELLED as _CANCELLED
+from ._outcome import DEAD as _DEAD
+from ._outcome import DISCARDED as _DISCARDED
+from ._outcome import RETRIED as _RETRIED
 from ._outcome import Kind, Outcome
 
 __all__ = [
@@ -96,10 +101,26 @@ def percentile_ms(hist: Sequence[int], q: float, *, max_ms: float | None = None)
     return max_ms
 
 
+_FATES = {_RETRIED: RETRIED, _DEAD: DEAD, _CANCELLED: CANCELLED}
+
+
+def _classify_fate(kind: Kind, fate: str) -> str | None:
+    if fate == _DISCARDED or (kind is Kind.UNKNOWN and fate == _RETRIED):
+        return None
+    return _FATES[fate]
+
+
 def classify(outcome: Outcome) -> str | None:
-    """What an outcome counts as (see the module docstring); None: not counted."""
+    """What an outcome counts as (see the module docstring); None: not counted.
+
+    Where the completer recorded what its write did (`Outcome.fate`), that decides: a
+    discarded outcome is not counted, a failure that found a cancel request counts as
+    cancelled, an unknown task counts only once it died (or was cancelled).
+    """
     kind = outcome.kind
-    if kind is Kind.COMPLETE or kind is Kind.KEEP:
+    if outcome.fate is not None:
+        return _classify_fate(kind, outcome.fate)
+    if kind is Kind.COMPLETE or kind is Kind.KEEP or (kind is Kind.NOTHING and outcome.committed):
         return COMPLETED
     if kind is Kind.FAIL:
         failure, job = outcome.failure, outcome.job
@@ -108,11 +129,7 @@ def classify(outcome: Outcome) -> str | None:
         ):
             return DEAD
         return RETRIED
-    if kind is Kind.CANCELLED:
-        return CANCELLED
-    if kind is Kind.NOTHING and outcome.committed:
-        return COMPLETED
-    return None
+    return CANCELLED if kind is Kind.CANCELLED else None
 
 
 @attrs.define
@@ -179,9 +196,13 @@ class History:
 
     def __init__(self) -> None:
         self._cells: dict[CellKey, Cell] = {}
+        #: Taken, their write failed, put back: written next round, already in `_totals`.
+        self._restored: dict[CellKey, Cell] = {}
+        #: Everything taken so far, per (queue, task): with `_cells`, the process's totals.
+        self._totals: dict[tuple[str, str], Cell] = {}
 
     def __len__(self) -> int:
-        return len(self._cells)
+        return len(self._cells) + len(self._restored)
 
     def record(self, batch: Iterable[Outcome]) -> None:
         """Add the outcomes the completer has just written (outcomes without a job, which
@@ -206,7 +227,12 @@ class History:
         for outcome in batch:
             job = outcome.job
             ended = outcome.ended
-            if job is None or not ended or not (outcome.kind is _COMPLETE or outcome.kind is _KEEP):
+            if (
+                job is None
+                or not ended
+                or not (outcome.kind is _COMPLETE or outcome.kind is _KEEP)
+                or outcome.fate is not None  # discarded: not counted
+            ):
                 if job is not None:
                     self._record_one(outcome, job, offset, now)
                 continue
@@ -261,15 +287,34 @@ class History:
             cell.time(int((ended - outcome.started) * 1_000_000), max(0, started_us - due_us))
 
     def take(self) -> dict[CellKey, Cell]:
-        """Everything recorded so far; the history is empty afterwards."""
+        """Everything recorded (or restored) so far; the history is empty afterwards."""
         cells, self._cells = self._cells, {}
+        _merge_into(self._totals, ((key[1:], cell) for key, cell in cells.items()))
+        if self._restored:
+            restored, self._restored = self._restored, {}
+            _merge_into(cells, restored.items())
         return cells
 
     def restore(self, cells: dict[CellKey, Cell]) -> None:
-        """Put back what `take` returned (its write failed), merged with what came since."""
-        for key, cell in cells.items():
-            mine = self._cells.get(key)
-            if mine is None:
-                self._cells[key] = cell
-            else:
-                mine.merge(cell)
+        """Put back what `take` returned (its write failed), for the next `take`."""
+        _merge_into(self._restored, cells.items())
+
+    def totals(self) -> dict[tuple[str, str], Cell]:
+        """Per (queue, task), everything recorded since the process started (whether written
+        to ``job_history`` yet or not): what the Prometheus counters and histograms show."""
+        out: dict[tuple[str, str], Cell] = {}
+        _merge_into(out, self._totals.items())
+        _merge_into(out, ((key[1:], cell) for key, cell in self._cells.items()))
+        return out
+
+
+def _merge_into(
+    target: dict[Any, Cell], cells: Iterable[tuple[Any, Cell]]
+) -> None:
+    """Add each cell to ``target[key]`` (a copy where the key is new: the source stays as
+    it was)."""
+    for key, cell in cells:
+        mine = target.get(key)
+        if mine is None:
+            mine = target[key] = Cell()
+        mine.merge(cell)

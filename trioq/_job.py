@@ -13,7 +13,6 @@ Limits are documented in ``docs/queue.md``.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
 import re
@@ -24,6 +23,7 @@ import attrs
 
 from ._exceptions import PayloadTooLargeError
 from ._sanitize import decode_args
+from ._unique import Unique, UniqueKey, check_dedup_key, unique_key
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -63,7 +63,6 @@ TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
 PRIORITY_MIN, PRIORITY_MAX = -100, 100  # lower runs first
 DEFAULT_MAX_ATTEMPTS = 25
 MAX_ATTEMPTS_LIMIT = 10_000
-DEDUP_KEY_MAX = 500
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # bytes of JSON args
 #: Longest a retry or a snooze may put a job off (Postgres timestamps are finite).
 MAX_RETRY_DELAY = dt.timedelta(days=365)
@@ -79,6 +78,11 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 # -- the rules ----------------------------------------------------------------------------------
+
+
+def _check_unique(value: object, field: str) -> None:
+    if not isinstance(value, bool | Unique):
+        raise TypeError(f"{field} must be a bool or a trioq.Unique, got {value!r}")
 
 
 Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
@@ -203,18 +207,6 @@ def check_job_id(value: object, field: str = "job_id") -> int:
     return value
 
 
-def check_dedup_key(value: object, field: str = "dedup_key") -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"{field} must be a string or None, got {value!r}")
-    if not value or len(value) > DEDUP_KEY_MAX:
-        raise ValueError(
-            f"{field} must be a non-empty string of at most {DEDUP_KEY_MAX} characters"
-        )
-    return value
-
-
 # One encoder for every call: json.dumps with keyword arguments builds a new one each time.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _NOT_JSON = "must be JSON (dicts, lists, str, int, float, bool, None)"
@@ -273,9 +265,7 @@ def encode_args_runs(
     return runs
 
 
-def check_payload(
-    text: str, *, task: str | None, max_bytes: int, where: str = "args"
-) -> None:
+def check_payload(text: str, *, task: str | None, max_bytes: int, where: str = "args") -> None:
     """`PayloadTooLargeError` (naming ``where``, and ``task`` if given) if ``text`` is over
     ``max_bytes`` of UTF-8."""
     if len(text) * 4 <= max_bytes:  # a character is at most 4 bytes of UTF-8
@@ -307,30 +297,44 @@ class JobSpec:
     max_attempts: int = attrs.field(
         default=DEFAULT_MAX_ATTEMPTS, validator=rule(check_max_attempts)
     )
-    #: An explicit deduplication key; with ``unique=True`` and no key, the fingerprint of
-    #: task, queue and canonical args is used.
+    #: An explicit deduplication key, scoped by task; with ``unique=True`` and no key, the
+    #: fingerprint of task, queue and canonical args is used; ``unique=trioq.Unique(...)``
+    #: chooses what counts (see `trioq.Unique`).
     dedup_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
-    unique: bool = False
+    unique: bool | Unique = attrs.field(default=False, validator=rule(_check_unique))
+    #: The job's key for the per-key limits of its queue (``docs/flow-control.md``).
+    concurrency_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
+
+    #: What the enqueue compares (`uniqueness`), computed at construction so bad options
+    #: fail here.
+    _uniqueness: UniqueKey | None = attrs.field(init=False, repr=False, eq=False)
 
     @args_json.default
     def _encode(self) -> str:
         return encode_args(self.args)
 
+    @_uniqueness.default
+    def _unique_key(self) -> UniqueKey | None:
+        return unique_key(
+            task=self.task, queue=self.queue, args=self.args, dedup_key=self.dedup_key,
+            unique=self.unique,
+        )  # fmt: skip
+
     def __attrs_post_init__(self) -> None:
         if self.run_at is not None and self.delay:
             raise ValueError("give run_at or delay, not both")
 
+    def uniqueness(self) -> UniqueKey | None:
+        """The key (and window) the enqueue compares, or None (see `trioq._unique`)."""
+        return self._uniqueness
+
     def effective_dedup_key(self) -> str | None:
-        """What the unique index sees: the explicit key, the fingerprint, or None."""
-        if self.dedup_key is not None:
-            return f"key:{self.dedup_key}"
-        if not self.unique:
-            return None
-        canonical = json.dumps(self.args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        digest = hashlib.sha256(f"{self.task}\0{self.queue}\0{canonical}".encode()).hexdigest()
-        return f"fp:{digest}"
+        """What the unique index sees without a window: the task-scoped explicit key, the
+        fingerprint, a `Unique`'s key, or None."""
+        found = self.uniqueness()
+        return None if found is None else found.key
 
 
 @attrs.frozen
@@ -470,6 +474,13 @@ class Job:
         pairs = zip(self.COLUMNS, self._fields(), strict=True)
         fields = ", ".join(f"{name}={value!r}" for name, value in pairs)
         return f"Job({fields})"
+
+    @property
+    def trace_context(self) -> str | None:
+        """The W3C trace context (JSON text) of the span that enqueued the job, if one was
+        current (`trioq._tracing`); not one of `COLUMNS` (no part of the job's equality)."""
+        row = self._row
+        return row[10] if len(row) > 10 else None
 
     def history_fields(self) -> tuple[str, str, int]:
         """(queue, task, when this attempt was due): ``max(enqueued_at, run_at)`` in µs since

@@ -43,6 +43,7 @@ class Listener:
         self._listen = queue.sql.listen
         self._on_notify = on_notify  # a notification's payload
         self._on_listening = on_listening  # (re)connected: wake everything once
+        self.reconnects = 0  # connections lost (and re-made) since the first (the metrics)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled. ``task_status.started()`` once LISTEN is active; a
@@ -50,6 +51,7 @@ class Listener:
         round_ = await self.run_once(task_status=task_status)
         backoff = RECONNECT_MIN
         while True:
+            self.reconnects += 1
             logger.warning("listener lost its connection, reconnecting: %s", round_.error)
             await trio.sleep(backoff)
             try:

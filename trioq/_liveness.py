@@ -15,9 +15,11 @@ network partition keeps its lock held on the server (the backend does not know y
 and lease expiry stays the fallback.
 
 The connection reconnects with backoff; the row is removed at a graceful stop (after the
-last outcome is written). A worker that finds its row gone (the sweepers took it for
-dead: it was unreachable longer than the grace) registers again under a new id: the jobs
-it held were returned, and their fenced outcomes are refused.
+last outcome is written), unless the worker still holds running jobs (outcomes it could
+not write): then the row stays, the lock drops, and the sweepers return those jobs. A
+worker that finds its row gone (the sweepers took it for dead: it was unreachable longer
+than the grace) registers again under a new id: the jobs it held were returned, and their
+fenced outcomes are refused.
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ class Liveness:
                             started = True
                         backoff = RECONNECT_MIN
                         await self._ping_until_gone(conn)
-                        logger.error("worker %s was taken for dead (unreachable for longer "
-                                     "than the liveness grace): registering again", self._name)
+                        logger.error(
+                            "worker %s was taken for dead (unreachable for longer "
+                            "than the liveness grace): registering again",
+                            self._name,
+                        )
                 except psycopg.OperationalError as ex:
                     if not started:
                         raise
@@ -115,6 +120,11 @@ class Liveness:
         with trio.move_on_after(REMOVE_TIMEOUT, shield=True):
             try:
                 async with self._pool.connection() as conn:
-                    await conn.execute(self._queue.sql.worker_remove, {"id": self.worker})
+                    cur = await conn.execute(self._queue.sql.worker_remove, {"id": self.worker})
+                    if await cur.fetchone() is None:
+                        logger.warning(
+                            "this worker still holds running jobs at its stop: "
+                            "the sweepers will return them"
+                        )
             except (psycopg.Error, OSError, PoolClosedError) as ex:
                 logger.info("could not remove this worker's row (%s): the sweepers will", ex)

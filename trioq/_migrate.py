@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -20,6 +22,8 @@ import psycopg
 from ._exceptions import MigrationError
 from ._schema import check_schema, missing_tables, schema_version
 from ._sql import statements, validate_schema_name
+
+logger = logging.getLogger("trioq.migrate")
 
 __all__ = [
     "Migration",
@@ -91,13 +95,16 @@ async def check_current(
 
 
 async def migrate(
-    conn: psycopg.AsyncConnection[Any], schema: str = "trioq", *, target: int | None = None
-) -> MigrationResult:
+    conn: psycopg.AsyncConnection[Any], schema: str = "trioq", *, target: int | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> MigrationResult:  # fmt: skip
     """Bring ``schema`` up to ``target`` (default: the latest) in one transaction.
 
     ``conn`` must not be inside a transaction. Raises `MigrationError` naming
     the problem (no permission to create the schema, a newer schema, a failing
-    statement); the transaction is rolled back, so nothing is half-created.
+    statement); the transaction is rolled back, so nothing is half-created. If another
+    session is migrating the same schema, ``on_wait`` is called with a message that says
+    whom it waits for (default: a warning on ``trioq.migrate``), then it waits.
     """
     validate_schema_name(schema)
     goal = latest_version() if target is None else target
@@ -105,7 +112,7 @@ async def migrate(
         raise ValueError(f"target must be between 0 and {latest_version()}, got {target}")
     try:
         async with conn.transaction():
-            await _lock(conn, schema)
+            await _lock(conn, schema, on_wait)
             if await schema_version(conn, schema) is None:  # no DDL when there is nothing to do
                 await _create_bookkeeping(conn, schema)
             current = await _current_version(conn, schema)
@@ -132,8 +139,31 @@ async def migrate(
     )
 
 
-async def _lock(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    await conn.execute(statements(schema).migrate_lock, {"schema": schema})
+async def _lock(
+    conn: psycopg.AsyncConnection[Any], schema: str, on_wait: Callable[[str], None] | None
+) -> None:
+    """One migrator per schema: take the lock, saying so first if another session holds it
+    (``on_wait``, else a log line), then wait for it."""
+    st = statements(schema)
+    cur = await conn.execute(st.migrate_try_lock, {"schema": schema})
+    row = await cur.fetchone()
+    if row is not None and row[0]:
+        return
+    cur = await conn.execute(st.migrate_lock_holder, {"schema": schema})
+    holder = await cur.fetchone()
+    who = "another session"
+    if holder is not None:
+        pid, app, addr, seconds = holder
+        who = f"session {pid}" + (f" ({app})" if app else "") + (f" from {addr}" if addr else "")
+        if seconds is not None:
+            who += f", in a transaction for {float(seconds):.0f} s"
+    message = (f"schema {schema!r}: waiting for {who} to finish its migration (it holds the "
+               "migration lock)")  # fmt: skip
+    if on_wait is None:
+        logger.warning("%s", message)
+    else:
+        on_wait(message)
+    await conn.execute(st.migrate_lock, {"schema": schema})
 
 
 async def _create_bookkeeping(conn: psycopg.AsyncConnection[Any], schema: str) -> None:

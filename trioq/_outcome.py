@@ -7,9 +7,12 @@ import enum
 
 from ._job import Failure, Job, JSONValue, Lease
 
-__all__ = ["Kind", "Outcome"]
+__all__ = ["CANCELLED", "DEAD", "DISCARDED", "RETRIED", "Kind", "Outcome"]
 
 _NO_DELAY = dt.timedelta(0)
+
+#: `Outcome.fate`: what the completer's write did, where the kind does not say.
+RETRIED, DEAD, CANCELLED, DISCARDED = "retried", "dead", "cancelled", "discarded"
 
 
 class Kind(enum.Enum):
@@ -28,10 +31,15 @@ class Outcome:
     The runtime adds what the job's history needs (`trioq._history`): the job it ran, and
     ``time.monotonic()`` when its handler started and returned (0.0: it did not run).
     ``committed``: the handler completed the job in its own transaction (kind NOTHING).
+
+    ``fate`` is set by the completer once it has written the outcome, where the kind alone
+    does not say what the database did: `RETRIED`, `DEAD` or `CANCELLED` for a failure or an
+    unknown task, and `DISCARDED` for any outcome the fenced write found no longer ours.
+    None: written as its kind says (or not written yet).
     """
 
-    __slots__ = ("committed", "delay", "ended", "failure", "job", "kind", "lease", "result",
-                 "started")  # fmt: skip
+    __slots__ = ("committed", "delay", "ended", "failure", "fate", "job", "kind", "lease",
+                 "result", "started")  # fmt: skip
 
     def __init__(
         self,
@@ -52,6 +60,7 @@ class Outcome:
         self.job: Job | None = None
         self.started = 0.0
         self.ended = 0.0
+        self.fate: str | None = None
 
     def __repr__(self) -> str:
         return f"Outcome(kind={self.kind}, lease={self.lease!r}, delay={self.delay!r})"

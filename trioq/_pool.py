@@ -48,6 +48,8 @@ class PoolStatistics:
     opened: int  # connections opened since the pool was created
     discarded: int  # connections closed because they were broken or dirty
     checkouts: int
+    waits: int = 0  # checkouts that had to wait for a connection (all were in use)
+    wait_seconds: float = 0.0  # the time they waited, in total
 
 
 class Pool:
@@ -72,6 +74,8 @@ class Pool:
         self._opened = 0
         self._discarded = 0
         self._checkouts = 0
+        self._waits = 0
+        self._wait_seconds = 0.0
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -92,7 +96,14 @@ class Pool:
     async def getconn(self) -> TrioConnection[Any]:
         """Check a connection out; give it back with `putconn`."""
         self._check_open()
-        await self._slots.acquire()
+        # What Semaphore.acquire does, with the waits counted.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._wait_for_slot()
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         try:
             self._check_open()
             conn = await self._take_idle() or await self._open()
@@ -102,6 +113,15 @@ class Pool:
         self._in_use += 1
         self._checkouts += 1
         return conn
+
+    async def _wait_for_slot(self) -> None:
+        """Every connection is in use: wait for one (counted, and timed, for the metrics)."""
+        self._waits += 1
+        started = trio.current_time()
+        try:
+            await self._slots.acquire()
+        finally:
+            self._wait_seconds += trio.current_time() - started
 
     async def putconn(self, conn: TrioConnection[Any]) -> None:
         """Return a connection: reset it (shielded, bounded) or close it."""
@@ -134,6 +154,8 @@ class Pool:
             opened=self._opened,
             discarded=self._discarded,
             checkouts=self._checkouts,
+            waits=self._waits,
+            wait_seconds=self._wait_seconds,
         )
 
     def _check_open(self) -> None:

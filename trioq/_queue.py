@@ -19,8 +19,19 @@ import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from ._carrier import carrier
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._exceptions import SchemaMissingError
+from ._flow import (
+    UNSET,
+    LimitedClaim,
+    QueueSettings,
+    RateLimit,
+    Unset,
+    change_settings,
+    claim_limited,
+    read_settings,
+)
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD,
@@ -49,6 +60,7 @@ from ._sql import (
     statements,
     validate_schema_name,
 )
+from ._unique import Unique
 
 __all__ = [
     "CancelOutcome",
@@ -149,38 +161,40 @@ class Queue:
         delay: dt.timedelta | float | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         dedup_key: str | None = None,
-        unique: bool = False,
+        unique: bool | Unique = False,
+        concurrency_key: str | None = None,
         notify: bool = True,
     ) -> EnqueueResult:
         """Insert one job on ``conn``, in the caller's transaction if one is open.
 
         The job (and its wake-up notification) becomes visible when the caller
-        commits. With ``dedup_key`` or ``unique=True`` a job whose twin is still
-        available or running is not inserted: the result says ``duplicate`` and
-        carries the twin's id.
+        commits. With ``dedup_key`` (scoped by task), ``unique=True`` or
+        ``unique=trioq.Unique(...)`` a job whose twin holds the key is not inserted: the
+        result says ``duplicate`` and carries the twin's id (docs/flow-control.md says
+        which enqueue wins). ``concurrency_key`` is the job's key for the per-key limits
+        of its queue.
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
             max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
+            concurrency_key=concurrency_key,
         )  # fmt: skip
         self._check_payload(spec)
-        key = spec.effective_dedup_key()
-        params = {
-            "queue": spec.queue,
-            "task": spec.task,
-            "args": spec.args_json,
-            "priority": spec.priority,
-            "run_at": spec.run_at,
-            "delay": spec.delay,
-            "max_attempts": spec.max_attempts,
-            "dedup_key": key,
-            "notify": notify,
-            "channel": self.sql.channel,
-        }
+        found = spec.uniqueness()
+        if found is not None and found.windowed:
+            with _migrated(conn, self.schema):
+                await self._check_version(conn)
+                return await self._enqueue_windowed(conn, spec, notify)
+        key = None if found is None else found.key
+        params = {**self._one_job(spec, notify), "dedup_key": key}
+        insert = rendered(self.schema, "insert")
+        if (trace := carrier()) is not None:  # an OpenTelemetry span is current
+            params["trace"] = trace
+            insert = rendered(self.schema, "insert", traced=True)
         with _migrated(conn, self.schema):
             await self._check_version(conn)
             for _ in range(_TWIN_LOOKUPS):
-                cur = await conn.execute(rendered(self.schema, "insert"), params)
+                cur = await conn.execute(insert, params)
                 row = await cur.fetchone()
                 if row is not None:
                     return EnqueueResult(int(row[0]))
@@ -188,6 +202,32 @@ class Queue:
                 if key in twins:
                     return EnqueueResult(twins[key], duplicate=True)
         raise RuntimeError(f"dedup key {key!r} keeps conflicting with jobs that finish at once")
+
+    def _one_job(self, spec: JobSpec, notify: bool) -> dict[str, Any]:
+        """The parameters of one job's insert (`_sql._INSERT`, ``enqueue_unique``)."""
+        return {
+            "queue": spec.queue,
+            "task": spec.task,
+            "args": spec.args_json,
+            "priority": spec.priority,
+            "run_at": spec.run_at,
+            "delay": spec.delay,
+            "max_attempts": spec.max_attempts,
+            "concurrency_key": spec.concurrency_key,
+            "notify": notify,
+            "channel": self.sql.channel,
+        }
+
+    async def _enqueue_windowed(self, conn: Conn, spec: JobSpec, notify: bool) -> EnqueueResult:
+        """A job whose key outlives it (a `Unique` with a period): ``enqueue_unique``."""
+        found = spec.uniqueness()
+        assert found is not None
+        params = {**self._one_job(spec, notify), "key": found.key, "period": found.period,
+                  "states": list(found.states)}  # fmt: skip
+        cur = await conn.execute(self.sql.enqueue_unique, params)
+        row = await cur.fetchone()
+        assert row is not None
+        return EnqueueResult(int(row[0]), duplicate=bool(row[1]))
 
     async def enqueue_many(
         self, conn: Conn, jobs: Iterable[JobSpec], *, notify: bool = True
@@ -210,22 +250,48 @@ class Queue:
                 raise TypeError(f"jobs[{i}] must be a JobSpec, got {spec!r}")
             check_payload(spec.args_json, task=spec.task, max_bytes=limit, where=f"jobs[{i}].args")
         keys = [spec.effective_dedup_key() for spec in specs]
+        windowed = [i for i, s in enumerate(specs) if (u := s.uniqueness()) and u.windowed]
         with _migrated(conn, self.schema):
             await self._check_version(conn)
-            return await self._insert_specs(conn, specs, keys, notify)
+            trace = carrier()
+            if not windowed:
+                return await self._insert_specs(conn, specs, keys, notify, trace)
+            return await self._insert_mixed(conn, specs, keys, set(windowed), notify, trace=trace)
+
+    async def _insert_mixed(
+        self, conn: Conn, specs: list[JobSpec], keys: list[str | None], windowed: set[int],
+        notify: bool, *, trace: str | None,
+    ) -> list[EnqueueResult]:  # fmt: skip
+        """A batch with unique windows: those one by one (in input order, so the first of
+        two twins wins), the rest as usual; all in one transaction."""
+        results: list[EnqueueResult | None] = [None] * len(specs)
+        rest = [i for i in range(len(specs)) if i not in windowed]
+        own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        async with conn.transaction() if own else contextlib.nullcontext():
+            if rest:
+                done = await self._insert_specs(
+                    conn, [specs[i] for i in rest], [keys[i] for i in rest], notify, trace
+                )
+                for i, result in zip(rest, done, strict=True):
+                    results[i] = result
+            for i in sorted(windowed):
+                results[i] = await self._enqueue_windowed(conn, specs[i], notify)
+        return [r for r in results if r is not None]
 
     async def _insert_specs(
-        self, conn: Conn, specs: list[JobSpec], keys: list[str | None], notify: bool
-    ) -> list[EnqueueResult]:
-        if not any(keys) and _only_args_differ(specs):
-            ids = await self._insert_bulk(conn, specs[0], _args_runs(specs), notify)
+        self, conn: Conn, specs: list[JobSpec], keys: list[str | None], notify: bool,
+        trace: str | None,
+    ) -> list[EnqueueResult]:  # fmt: skip
+        keyed = any(keys) or any(spec.concurrency_key for spec in specs)
+        if not keyed and _only_args_differ(specs):
+            ids = await self._insert_bulk(conn, specs[0], _args_runs(specs), notify, trace)
             return [EnqueueResult(job_id) for job_id in ids]
         now, ids = await self._reserve_ids(conn, len(specs))
         run_ats = [spec.run_at or now + spec.delay for spec in specs]
-        if any(keys):
-            inserted = await self._insert_unnest(conn, specs, ids, run_ats, keys)
+        if keyed:
+            inserted = await self._insert_unnest(conn, specs, ids, run_ats, keys, trace=trace)
         else:
-            await self._copy(conn, specs, ids, run_ats, now)
+            await self._copy(conn, specs, ids, run_ats, now, trace=trace)
             inserted = set(ids)
         results = [EnqueueResult(job_id) for job_id in ids]
         missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
@@ -278,7 +344,7 @@ class Queue:
         runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)
         with _migrated(conn, self.schema):
             await self._check_version(conn)
-            return await self._insert_bulk(conn, spec, runs, notify)
+            return await self._insert_bulk(conn, spec, runs, notify, carrier())
 
     async def _check_version(self, conn: Conn) -> None:
         """Refuse to enqueue into a schema of another version than this trioq's (a newer
@@ -297,24 +363,26 @@ class Queue:
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
 
     async def _insert_bulk(
-        self, conn: Conn, spec: JobSpec, runs: Sequence[tuple[int, str]], notify: bool
-    ) -> list[int]:
+        self, conn: Conn, spec: JobSpec, runs: Sequence[tuple[int, str]], notify: bool,
+        trace: str | None,
+    ) -> list[int]:  # fmt: skip
         """Jobs like ``spec`` with the args in ``runs`` (see `encode_args_runs`): their ids."""
-        statements = _bulk_statements(runs)
-        if not statements:
+        chunks = _bulk_statements(runs)
+        if not chunks:
             return []
-        if len(statements) == 1:
-            return await self._insert_bulk_one(conn, spec, *statements[0], notify)
+        if len(chunks) == 1:
+            return await self._insert_bulk_one(conn, spec, *chunks[0], notify, trace=trace)
         ids: list[int] = []
         own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
         async with conn.transaction() if own else contextlib.nullcontext():
-            for jobs, text in statements:
-                ids += await self._insert_bulk_one(conn, spec, jobs, text, notify)
+            for jobs, text in chunks:
+                ids += await self._insert_bulk_one(conn, spec, jobs, text, notify, trace=trace)
         return ids
 
     async def _insert_bulk_one(
-        self, conn: Conn, spec: JobSpec, jobs: int, args_array: str, notify: bool
-    ) -> list[int]:
+        self, conn: Conn, spec: JobSpec, jobs: int, args_array: str, notify: bool, *,
+        trace: str | None,
+    ) -> list[int]:  # fmt: skip
         params = {
             "jobs": f"{self.schema}.jobs",
             "args": args_array,
@@ -326,8 +394,10 @@ class Queue:
             "max_attempts": spec.max_attempts,
             "channel": self.sql.channel,
             "notify": notify,
+            "trace": trace,
         }
-        cur = await conn.execute(self.sql.insert_bulk, params)
+        cur = await conn.execute(statements(self.schema, traced=trace is not None).insert_bulk,
+                                 params)  # fmt: skip
         row = await cur.fetchone()
         assert row is not None and row[0] == jobs, (row, jobs)
         if row[2] is not None:  # ids not consecutive (another session drew ids meanwhile)
@@ -348,6 +418,8 @@ class Queue:
         ids: Sequence[int],
         run_ats: Sequence[dt.datetime],
         keys: Sequence[str | None],
+        *,
+        trace: str | None,
     ) -> set[int]:
         params = {
             "ids": list(ids),
@@ -358,8 +430,11 @@ class Queue:
             "run_ats": list(run_ats),
             "max_attempts": [s.max_attempts for s in specs],
             "dedup_keys": list(keys),
+            "trace": trace,
+            "concurrency_keys": [s.concurrency_key for s in specs],
         }
-        cur = await conn.execute(self.sql.insert_many, params)
+        traced = statements(self.schema, traced=trace is not None)
+        cur = await conn.execute(traced.insert_many, params)
         return {row[0] for row in await cur.fetchall()}
 
     async def _copy(
@@ -369,8 +444,12 @@ class Queue:
         ids: Sequence[int],
         run_ats: Sequence[dt.datetime],
         now: dt.datetime,
+        *,
+        trace: str | None,
     ) -> None:
         """COPY in text format, rows built by hand: names are validated, args escaped."""
+        # the trace context, as the last field of every row (JSON text, escaped like args)
+        end = "\n" if trace is None else f"\t{_copy_escape(trace)}\n"
         stamps: dict[dt.datetime, str] = {}  # isoformat() once per distinct run_at
         lines = []
         for job_id, s, run_at in zip(ids, specs, run_ats, strict=True):
@@ -380,9 +459,10 @@ class Queue:
             args = _copy_escape(s.args_json) if "\\" in s.args_json else s.args_json
             lines.append(
                 f"{job_id}\t{s.queue}\t{s.task}\t{args}\t{s.priority}\t{stamp}\t"
-                f"{'scheduled' if run_at > now else 'available'}\t{s.max_attempts}\n"
+                f"{'scheduled' if run_at > now else 'available'}\t{s.max_attempts}{end}"
             )
-        async with conn.cursor() as cur, cur.copy(self.sql.copy_jobs) as copy:
+        copy_jobs = statements(self.schema, traced=trace is not None).copy_jobs
+        async with conn.cursor() as cur, cur.copy(copy_jobs) as copy:
             await copy.write("".join(lines).encode())
 
     async def _live_twins(self, conn: Conn, keys: Sequence[str | None]) -> dict[str, int]:
@@ -650,6 +730,57 @@ class Queue:
         return await wait_result(
             conn, self.sql, job_id, timeout=timeout, poll_interval=poll_interval
         )
+
+    # -- flow control (trioq._flow, docs/flow-control.md) --------------------------------------
+
+    async def queue_settings(
+        self, conn: Conn, names: Sequence[str] | None = None
+    ) -> list[QueueSettings]:
+        """The stored settings of ``names`` (default: every queue that has any), by name."""
+        with _migrated(conn, self.schema):
+            return await read_settings(conn, self.sql, names)
+
+    async def pause(self, conn: Conn, queue: str) -> QueueSettings:
+        """Stop every worker from claiming from ``queue`` (running jobs finish; enqueueing
+        goes on). Stored, so it outlives restarts; workers hear of it by notification."""
+        return await self._change(conn, queue, {"paused": True})
+
+    async def resume(self, conn: Conn, queue: str) -> QueueSettings:
+        """Let workers claim from ``queue`` again."""
+        return await self._change(conn, queue, {"paused": False})
+
+    async def set_limits(
+        self,
+        conn: Conn,
+        queue: str,
+        *,
+        global_concurrency: int | Unset | None = UNSET,
+        rate_limit: RateLimit | str | Unset | None = UNSET,
+        key_concurrency: int | Unset | None = UNSET,
+        key_rate_limit: RateLimit | str | Unset | None = UNSET,
+    ) -> QueueSettings:
+        """Change the limits of ``queue`` that are given (None removes one); the others stay.
+
+        Takes effect for every claim that starts after the caller commits, in every process.
+        """
+        given = {
+            "global_concurrency": global_concurrency,
+            "rate_limit": rate_limit,
+            "key_concurrency": key_concurrency,
+            "key_rate_limit": key_rate_limit,
+        }
+        return await self._change(conn, queue, {k: v for k, v in given.items() if v is not UNSET})
+
+    async def _change(self, conn: Conn, queue: str, changes: dict[str, Any]) -> QueueSettings:
+        with _migrated(conn, self.schema):
+            return await change_settings(conn, self.sql, queue, changes)
+
+    async def claim_limited(
+        self, conn: Conn, queue: str, *, owner: str, limit: int, lease: dt.timedelta
+    ) -> LimitedClaim:
+        """`claim` for a queue with settings: within its limits, nothing while paused, and
+        why it took fewer than ``limit``. (`claim` takes nothing from such a queue.)"""
+        return await claim_limited(conn, self.sql, queue, owner=owner, limit=limit, lease=lease)
 
     # -- dead letters --------------------------------------------------------------------------
 

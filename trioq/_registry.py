@@ -7,6 +7,10 @@ A `Registry` collects tasks with a decorator::
     @tasks.task(queue="email", max_attempts=5, timeout=30)
     async def send_welcome(job: trioq.JobContext, user_id: int) -> None: ...
 
+A task may also say how its jobs are deduplicated (``unique=trioq.Unique(...)``) and which
+concurrency key they carry (``concurrency_key="customer_id"``: derived from the args);
+`Task.enqueue` applies both (``docs/flow-control.md``).
+
 Async handlers run in the trio loop; sync handlers run in a worker thread
 (bounded by ``Config.sync_threads``). A handler is called with the job context
 and the job's args as keyword arguments (args that are not a JSON object are
@@ -17,14 +21,16 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 import attrs
 import psycopg
 
 from ._enqueue import DEFAULT_QUEUE
+from ._hooks import EventCallback, Hooks, Middleware, check_kind
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     EnqueueResult,
@@ -34,14 +40,46 @@ from ._job import (
     check_task_name,
 )
 from ._retry import RetryPolicy, Sidekiq
+from ._unique import Unique, check_dedup_key
 
-__all__ = ["Registry", "Task"]
+__all__ = ["KeyFrom", "Registry", "Task"]
 
 Handler = Callable[..., Any]
+#: How a task derives its jobs' concurrency key from their args: the name of a field, the
+#: names of several, or a function of the args returning the key (or None: no key).
+KeyFrom = str | Sequence[str] | Callable[[JSONValue], "str | None"]
 
-#: The names `Task.enqueue` takes for itself: a handler parameter of one of these names
-#: could never be given as a keyword argument there (it would be taken as the option).
-ENQUEUE_OPTIONS = frozenset({"conn", "args", "priority", "run_at", "delay", "dedup_key", "unique"})
+
+def _key_from(value: object) -> KeyFrom | None:
+    if value is None or callable(value) or isinstance(value, str):
+        return value
+    if isinstance(value, Sequence) and value and all(isinstance(f, str) and f for f in value):
+        return tuple(value)
+    raise TypeError(
+        f"concurrency_key must be a field name, a sequence of field names or a function of "
+        f"the args, got {value!r}"
+    )
+
+
+def derive_key(key_from: KeyFrom, args: JSONValue, task: str) -> str | None:
+    """The concurrency key of a job of ``task`` with ``args``: ``field=value`` for each
+    named field (values as JSON), or what the function returns (checked like any key)."""
+    if callable(key_from):
+        return check_dedup_key(key_from(args), f"task {task!r}: concurrency_key() result")
+    fields = (key_from,) if isinstance(key_from, str) else tuple(key_from)
+    if not isinstance(args, Mapping):
+        raise ValueError(f"task {task!r}: concurrency_key from {list(fields)} needs args that "
+                         f"are a JSON object, got {args!r}")  # fmt: skip
+    missing = [f for f in fields if f not in args]
+    if missing:
+        raise ValueError(f"task {task!r}: concurrency_key field(s) {missing} missing from args")
+    parts = [f"{f}={json.dumps(args[f], sort_keys=True, ensure_ascii=False)}" for f in fields]
+    return check_dedup_key(",".join(parts), f"task {task!r}: concurrency_key")
+
+
+def _check_unique(value: object) -> None:
+    if value is not None and not isinstance(value, Unique):
+        raise TypeError(f"unique must be a trioq.Unique or None, got {value!r}")
 
 
 def _timeout(value: float | dt.timedelta | None) -> float | None:
@@ -59,12 +97,22 @@ def _check_timeout(value: float | None) -> None:
 
 
 def _check_parameters(name: str, fn: Handler) -> None:
-    """Refuse a handler whose parameters (after the job context) include an option name
-    of `Task.enqueue`, where ``send.enqueue(conn, delay=5)`` would silently mean the option."""
+    """Refuse a handler that cannot take the job context as its first argument (every
+    run would fail), and one whose other parameters include an option name of
+    `Task.enqueue`, where ``send.enqueue(conn, delay=5)`` would silently mean the option."""
     try:
-        parameters = list(inspect.signature(fn).parameters.values())[1:]
+        every = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # no signature to read (some builtins): nothing to refuse
         return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)  # fmt: skip
+    if not every or every[0].kind not in positional:
+        raise TypeError(
+            f"task {name!r}: the handler must take the job context as its first positional "
+            f"parameter, e.g. `async def {name}(job, **args)`; it takes "
+            f"({', '.join(str(p) for p in every)})"
+        )
+    parameters = every[1:]
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     clash = sorted(p.name for p in parameters if p.kind in kinds and p.name in ENQUEUE_OPTIONS)
     if clash:
@@ -95,6 +143,10 @@ class Task:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry: RetryPolicy = attrs.field(factory=Sidekiq)
     keep_result: bool = False  # keep the row as 'done' with the handler's JSON result
+    #: How `enqueue` deduplicates this task's jobs (None: it does not, unless asked).
+    unique: Unique | None = None
+    #: How `enqueue` derives a job's concurrency key from its args (`KeyFrom`).
+    concurrency_key: KeyFrom | None = attrs.field(default=None, converter=_key_from)
     #: Whether the handler is a coroutine function (run in the loop) or sync (in a thread).
     is_async: bool = attrs.field(init=False)
 
@@ -111,6 +163,7 @@ class Task:
         check_max_attempts(self.max_attempts)
         _check_retry(self.retry)
         _check_parameters(self.name, self.fn)
+        _check_unique(self.unique)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -124,15 +177,26 @@ class Task:
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
         dedup_key: str | None = None,
-        unique: bool = False,
+        unique: bool | Unique | None = None,
+        concurrency_key: str | None = None,
         **kwargs: Any,
     ) -> EnqueueResult:
-        """Enqueue this task on its queue: ``await send.enqueue(conn, user_id=1)``."""
+        """Enqueue this task on its queue: ``await send.enqueue(conn, user_id=1)``.
+
+        The task's ``unique`` applies unless ``unique`` or ``dedup_key`` is given; its
+        ``concurrency_key`` derives the key from the args unless one is given.
+        """
         if kwargs and args is not None:
             raise TypeError("give args or keyword arguments, not both")
+        payload = kwargs or args
+        if unique is None:
+            unique = self.unique if self.unique is not None and dedup_key is None else False
+        if concurrency_key is None and self.concurrency_key is not None:
+            concurrency_key = derive_key(self.concurrency_key, payload, self.name)
         return await DEFAULT_QUEUE.enqueue(
-            conn, self.name, kwargs or args, queue=self.queue, priority=priority, run_at=run_at,
+            conn, self.name, payload, queue=self.queue, priority=priority, run_at=run_at,
             delay=delay, max_attempts=self.max_attempts, dedup_key=dedup_key, unique=unique,
+            concurrency_key=concurrency_key,
         )  # fmt: skip
 
 
@@ -141,6 +205,26 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        #: Middleware and event callbacks (`trioq._hooks`): `middleware`, `on`.
+        self.hooks = Hooks()
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Register ``async def fn(job, call_next)`` around every execution of this registry's
+        tasks (the first registered is the outermost): ``@tasks.middleware``. See
+        ``docs/observability.md#middleware`` for what a middleware may do."""
+        self.hooks.add_middleware(fn)
+        return fn
+
+    def on(self, kind: str) -> Callable[[EventCallback], EventCallback]:
+        """Register ``async def fn(event: trioq.JobEvent)`` for one kind of event:
+        ``@tasks.on("dead")``. Kinds: retried, dead, cancelled, lease_lost, unknown_task."""
+        check_kind(kind)
+
+        def register(fn: EventCallback) -> EventCallback:
+            self.hooks.add_callback(kind, fn)
+            return fn
+
+        return register
 
     @overload
     def task(self, fn: Handler, /) -> Task: ...
@@ -157,6 +241,8 @@ class Registry:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry: RetryPolicy | None = None,
         keep_result: bool = False,
+        unique: Unique | None = None,
+        concurrency_key: KeyFrom | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -170,6 +256,8 @@ class Registry:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry: RetryPolicy | None = None,
         keep_result: bool = False,
+        unique: Unique | None = None,
+        concurrency_key: KeyFrom | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler: ``@tasks.task`` or ``@tasks.task(queue=..., ...)``."""
 
@@ -187,6 +275,8 @@ class Registry:
                 max_attempts=max_attempts,
                 retry=retry or Sidekiq(),
                 keep_result=keep_result,
+                unique=unique,
+                concurrency_key=concurrency_key,
             )
             self.add(task)
             return task
@@ -213,3 +303,9 @@ class Registry:
         for task in self._tasks.values():
             out.setdefault(task.queue, []).append(task.name)
         return out
+
+
+#: The names `Task.enqueue` takes for itself (read from its signature, so a new option is
+#: covered): a handler parameter of one of these names could never be given as a keyword
+#: argument there (it would be taken as the option).
+ENQUEUE_OPTIONS = frozenset(inspect.signature(Task.enqueue).parameters) - {"self", "kwargs"}

@@ -9,7 +9,7 @@ taken for pending, so the waiting below keeps working.
 the job's end without a polling loop, and without making anybody else's jobs notify:
 
 1. LISTEN on ``trioq_<schema>`` (on the caller's connection; UNLISTEN afterwards);
-2. flag the job's row (``notify_finished``): the triggers of migration 0002 notify
+2. flag the job's row (``notify_finished``): the triggers of migration 5 notify
    ``@finished:<id>`` when a flagged row ends (done, cancelled, deleted as completed or
    dead). The flag is set under the row lock, so the transaction that ends the job
    either sees it (and notifies) or committed before it (and the next read sees that);

@@ -23,26 +23,34 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from ._banner import banner
 from ._completer import Completer
 from ._config import Config, QueueConfig
 from ._context import JobServices
 from ._execute import Executor, aborted
+from ._flow import LimitedClaim
+from ._governor import Governor
 from ._heartbeat import Heartbeat
 from ._history import History
 from ._history_writer import HistoryWriter
-from ._job import Job, Lease
+from ._hooks import EventDispatcher, fields
+from ._job import Lease
 from ._job_transaction import SharedTransactions
 from ._leases import HeldJob, HeldJobs
+from ._lifecycle import Lifecycle
 from ._listener import Listener
 from ._liveness import Liveness
+from ._metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
 from ._migrate import check_current
 from ._outcome import Kind, Outcome
 from ._pool import Pool
 from ._pruner import Pruner
 from ._queue import Queue
 from ._scheduler import Scheduler
-from ._sql import CANCEL_PAYLOAD, SCHEDULED_PAYLOAD
+from ._sql import CANCEL_PAYLOAD, QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
 from ._sweeper import Sweeper
+from ._tracing import Tracing
+from ._tracing import enabled as tracing_enabled
 from ._wakeup import Wakeup
 from ._watchdog import Watchdog
 
@@ -54,6 +62,8 @@ logger = logging.getLogger("trioq.runtime")
 CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 0.5
 #: Bound on the shielded cleanup at shutdown (flushing outcomes).
 FLUSH_TIMEOUT = 10.0
+#: Bound on one (shielded) claim statement.
+CLAIM_TIMEOUT = 10.0
 #: A slot that finds its next job already buffered takes it without a checkpoint, but
 #: yields to the other tasks at least once every this many jobs. A checkpoint (one trip
 #: through trio's scheduler) costs about as much as the rest of a no-op job; handlers that
@@ -176,6 +186,7 @@ class Runtime:
         self._grace_scope = trio.CancelScope()
         self._job_finished = Wakeup()
         self._claimed = 0
+        self._schema_version = 0  # checked at start
         owner = config.worker_id
         self._shared = SharedTransactions(
             self.app_pool, self.queue, owner, lanes=config.shared_transactions,
@@ -185,21 +196,29 @@ class Runtime:
             app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget,
             shared=self._shared,
         )  # fmt: skip
-        self._executor = Executor(config.registry, services, sync_threads=config.sync_threads)
+        tracing = Tracing() if tracing_enabled(config.tracing) else None
+        self._executor = Executor(
+            config.registry, services, sync_threads=config.sync_threads, tracing=tracing
+        )
         self._completer = Completer(
             self.pool, self.queue, owner,
             capacity=sum(q.config.concurrency for q in self._queues.values()),
             written=self._written,
             unknown_task_timeout=dt.timedelta(seconds=config.unknown_task_timeout),
         )  # fmt: skip
+        self._events = EventDispatcher(
+            config.registry.hooks.callbacks, timeout=config.hook_timeout,
+            concurrency=config.hook_concurrency, buffer=config.hook_buffer,
+        )  # fmt: skip
+        self._lifecycle = Lifecycle(self._events, self.pool, config.schema)
         self._heartbeat = Heartbeat(
             self.pool, self.queue, self._held, owner=owner, lease=config.lease,
-            interval=config.heartbeat_interval,
+            interval=config.heartbeat_interval, on_lost=self._lifecycle.lease_lost,
         )  # fmt: skip
         self._sweeper = Sweeper(
             self.pool, self.queue, interval=config.sweep_interval,
             reclaim_interval=config.liveness_interval, grace=config.liveness_grace,
-            on_returned=self._wake_all,
+            on_returned=self._wake_all, on_swept=self._lifecycle.swept,
         )  # fmt: skip
         self._liveness = Liveness(
             dsn, self.pool, self.queue, name=owner,
@@ -220,10 +239,18 @@ class Runtime:
             self.pool, config.schema, self._history, interval=config.history_interval,
             retention=config.history_retention,
         )  # fmt: skip
+        self._claim_errors: collections.Counter[str] = collections.Counter()
+        self._meter = None if config.metrics is None else ClaimMeter()
+        self.metrics_url: str | None = None  # where /metrics is served, once serving
         self._pruner = None if config.prune_interval is None else Pruner(
             self.pool, self.queue.sql, interval=config.prune_interval, batch=config.prune_batch,
             retain_done=config.retain_done, retain_cancelled=config.retain_cancelled,
             retain_dead=config.retain_dead,
+        )  # fmt: skip
+        self._governor = Governor(
+            self.pool, self.queue, {name: q.config for name, q in self._queues.items()},
+            poll_interval=config.poll_interval, on_change=self._wake,
+            on_paused=self._release_buffered,
         )  # fmt: skip
 
     # -- public ---------------------------------------------------------------------------------
@@ -253,26 +280,42 @@ class Runtime:
             async with trio.open_nursery() as services:
                 await services.start(self._liveness.run)
                 await services.start(self._listener.run)
+                await services.start(self._governor.run)
                 services.start_soon(self._completer.run)
                 services.start_soon(self._heartbeat.run)
                 services.start_soon(self._sweeper.run)
                 services.start_soon(self._scheduler.run)
                 services.start_soon(self._watchdog.run)
                 services.start_soon(self._history_writer.run)
+                services.start_soon(self._events.run)
+                services.start_soon(self._lifecycle.run)
                 if self._pruner is not None:
                     services.start_soon(self._pruner.run)
                 if self.config.handle_signals:
                     services.start_soon(self._signal_loop)
+                if self.config.metrics is not None:  # after the signals: binding takes a moment
+                    self.metrics_url = await services.start(self._serve_metrics)
                 await self._run_jobs(task_status)
                 await self._flush()
                 await self._flush_history()
+                await self._flush_events()
                 services.cancel_scope.cancel()
 
     # -- startup and shutdown -------------------------------------------------------------------
 
     async def _check_schema(self) -> None:
         async with self.pool.connection() as conn:
-            await check_current(conn, self.config.schema)
+            self._schema_version = await check_current(conn, self.config.schema)
+
+    def _log_banner(self) -> None:
+        """The start-up lines (`trioq._banner`): where, what, and what looks wrong."""
+        config = self.config
+        for line in banner(
+            dsn=self.dsn, schema=config.schema, version=self._schema_version,
+            worker_id=config.worker_id, queues=config.served_queues(),
+            registry=config.registry, metrics_url=self.metrics_url,
+        ):  # fmt: skip
+            logger.log(line.level, "%s", line.message, extra=dict(line.extra))
 
     async def _run_jobs(self, task_status: trio.TaskStatus[Runtime]) -> None:
         async with trio.open_nursery() as jobs:
@@ -281,6 +324,7 @@ class Runtime:
                     for _ in range(state.config.concurrency):
                         jobs.start_soon(self._slot, state)
                     fetchers.start_soon(self._fetch_loop, state)
+                self._log_banner()
                 task_status.started(self)
                 await self._stop_requested.wait()
                 fetchers.cancel_scope.cancel()
@@ -310,6 +354,52 @@ class Runtime:
             except Exception as ex:  # history is for charts: it must not fail the shutdown
                 logger.warning("writing job history at shutdown failed: %s", ex)
 
+    async def _flush_events(self) -> None:
+        """Let the event callbacks finish what is buffered (shielded, bounded)."""
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True) as scope:
+            await self._events.close()
+            await self._events.finished.wait()
+        if scope.cancelled_caught:
+            logger.warning("event callbacks had not finished at shutdown: %d events not "
+                           "delivered", self._events.statistics().pending)  # fmt: skip
+
+    async def _serve_metrics(self, *, task_status: trio.TaskStatus[str]) -> None:
+        from ._config import parse_address
+        from ._prometheus import MetricsServer, trioq_version
+
+        assert self.config.metrics is not None
+        host, first, last = parse_address(self.config.metrics)
+        depth = DepthSampler(self.pool, self.config.schema,
+                             interval=self.config.metrics_depth_interval,
+                             cap=self.config.metrics_depth_cap)  # fmt: skip
+        server = MetricsServer(host, range(first, last + 1), sample=self._metrics_sample,
+                               depth=depth, version=trioq_version())  # fmt: skip
+        await server.run(task_status=task_status)
+
+    def _metrics_sample(self) -> Sample:
+        """What a scrape shows (`trioq._metrics`), taken at once on the trio thread."""
+        meter = self._meter or ClaimMeter()
+        return Sample(
+            worker_id=self.config.worker_id, schema=self.config.schema,
+            queues=tuple(
+                QueueGauges(queue=name, concurrency=q.config.concurrency, busy=q.active,
+                            buffered=len(q.buffer))
+                for name, q in self._queues.items()
+            ),
+            held_leases=len(self._held), history=self._history.totals(),
+            claimed=dict(meter.jobs), claim_sizes={q: list(c) for q, c in meter.sizes.items()},
+            claim_size_sums=dict(meter.size_sums),
+            claim_errors={name: self._claim_errors[name] for name in self._queues},
+            events=dict(self._lifecycle.counts),
+            swept={"returned": self._sweeper.returned, "dead": self._sweeper.dead,
+                   "cancelled": self._sweeper.cancelled},
+            write_errors=self._completer.write_errors,
+            outcomes_written=self._completer.outcomes,
+            listener_reconnects=self._listener.reconnects,
+            pools={"runtime": self.pool.statistics(), "app": self.app_pool.statistics()},
+            hooks=attrs.asdict(self._events.statistics()),
+        )  # fmt: skip
+
     async def _signal_loop(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -334,8 +424,9 @@ class Runtime:
                     continue
                 finished_before = state.finished
                 try:
-                    claimed = await self._claim(state, wanted)
+                    got, written = await self._claim(state, wanted)
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
+                    self._claim_errors[state.name] += 1
                     logger.warning("claiming from queue %r failed: %s", state.name, ex)
                     # Back off, but a notification (or the listener's reconnect) means
                     # the database is answering again: try at once rather than up to
@@ -346,24 +437,45 @@ class Runtime:
                     continue
                 backoff = CLAIM_BACKOFF_MIN
                 concurrency = state.config.concurrency
-                state.prefetch = min(concurrency, state.finished - finished_before)
+                # No prefetch while a concurrency limit decides: buffered jobs would hold
+                # slots of the whole cluster idle.
+                state.prefetch = (
+                    0
+                    if got.concurrency_bound
+                    else min(concurrency, state.finished - finished_before)
+                )
+                claimed = got.jobs
                 batch = [HeldJob(job, Lease(job.id, job.attempt)) for job in claimed]
                 self._held.add(batch)
                 state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
-                if len(claimed) < wanted:  # the queue is drained: wait for news, or poll
-                    with trio.move_on_after(self.config.poll_interval):
-                        await state.wakeup.wait()
+                if len(claimed) < wanted:  # drained or limited: wait for news, or poll
+                    await self._governor.wait(state.name, got, written, state.wakeup)
         finally:
             state.close()  # the slots release what is left in the buffer, then end
 
-    async def _claim(self, state: _QueueState, limit: int) -> list[Job]:
+    async def _claim(self, state: _QueueState, limit: int) -> tuple[LimitedClaim, int]:
         async with self.pool.connection() as conn:
-            claimed = await self.queue.claim(
-                conn, state.name, owner=self.config.worker_id, limit=limit,
-                lease=dt.timedelta(seconds=self.config.lease),
-            )  # fmt: skip
-        self._claimed += len(claimed)
-        return claimed
+            # Shielded: a claim cut short by the stop may have committed, and its jobs would
+            # be held by nobody here. (Should it time out, the worker's row stays at the stop:
+            # see `Liveness`.)
+            with trio.move_on_after(CLAIM_TIMEOUT, shield=True):
+                got = await self._governor.claim(
+                    conn, state.name, owner=self.config.worker_id, limit=limit,
+                    lease=dt.timedelta(seconds=self.config.lease),
+                )  # fmt: skip
+                self._claimed += len(got[0].jobs)
+                if self._meter is not None:
+                    self._meter.claimed(state.name, got[0].jobs)
+                return got
+        raise TimeoutError(f"the claim took longer than {CLAIM_TIMEOUT} s")
+
+    async def _release_buffered(self, name: str) -> None:
+        """The queue was paused: give back the jobs claimed for it but not started."""
+        state = self._queues[name]
+        while state.buffer:
+            held = state.buffer.pop()
+            held.abort("paused")  # keeps an earlier reason: a lost lease, a cancel request
+            await self._completer.submit(aborted(held.reason, held.lease))
 
     async def _slot(self, state: _QueueState) -> None:
         """One of the queue's ``concurrency`` slots: run buffered jobs one after another.
@@ -421,7 +533,8 @@ class Runtime:
         if why == "shutdown" or self._stop_requested.is_set():
             logger.warning("job %d (%s): its sync handler's thread is still running at "
                            "shutdown: the job is not given back; the sweeper returns it once "
-                           "its lease expires", job.id, job.task)  # fmt: skip
+                           "its lease expires", job.id, job.task,
+                           extra=fields(job.id, job.task, job.queue, job.attempt))  # fmt: skip
             return Outcome(kind=Kind.NOTHING, lease=running.lease)
         if why == "cancel":
             await self._completer.submit(outcome)  # marked cancelled now
@@ -454,7 +567,9 @@ class Runtime:
             logger.warning("job %d (%s) attempt %d: its handler finished after its lease was "
                            "lost (the job was returned or taken by another worker): its "
                            "outcome (%s) is discarded", running.job.id, running.job.task,
-                           running.lease.attempt, outcome.kind.value)  # fmt: skip
+                           running.lease.attempt, outcome.kind.value,
+                           extra=fields(running.job.id, running.job.task, running.job.queue,
+                                        running.lease.attempt))  # fmt: skip
             return Outcome(kind=Kind.NOTHING, lease=running.lease)
         outcome.ended = time.monotonic()  # for the history, with `started` and the job
         outcome.started = started
@@ -470,11 +585,19 @@ class Runtime:
 
     def _written(self, batch: Sequence[Outcome]) -> None:
         self._history.record(batch)
+        self._lifecycle.written(batch)  # logs, events and counts of retries, deaths, ...
+        queues = self._queues_of(batch) if self._governor.waiting else None
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)
+        self._governor.outcomes_written(queues)
         if any(o.kind in _SCHEDULES or (o.kind is Kind.RELEASE and o.delay) for o in batch):
             self._scheduler.wake()  # a retry or snooze may now be the next job due
+
+    def _queues_of(self, batch: Sequence[Outcome]) -> set[str | None]:
+        """The queues of the jobs whose outcomes these are (None: no longer held)."""
+        get = self._held.get
+        return {None if (held := get(o.lease)) is None else held.job.queue for o in batch}
 
     # -- wake-ups -------------------------------------------------------------------------------
 
@@ -483,6 +606,8 @@ class Runtime:
         (``@cancel:<id>``) a cancel of a running job, maybe one of ours."""
         if payload == SCHEDULED_PAYLOAD:
             self._scheduler.wake()
+        elif payload == QUEUES_PAYLOAD:
+            self._governor.wake()
         elif payload.startswith(CANCEL_PAYLOAD):
             self._cancel(payload[len(CANCEL_PAYLOAD) :])
         elif (state := self._queues.get(payload)) is not None:
@@ -502,3 +627,4 @@ class Runtime:
         for state in self._queues.values():
             state.wakeup.set()
         self._scheduler.wake()
+        self._governor.wake()

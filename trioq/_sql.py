@@ -34,6 +34,7 @@ __all__ = [
     "CANCEL_PAYLOAD",
     "LEASE_LOST_SQLSTATE",
     "NOW",
+    "QUEUES_PAYLOAD",
     "SCHEDULED_PAYLOAD",
     "SCHEMA_NAME_RE",
     "WRITABLE",
@@ -66,6 +67,7 @@ def qualified(schema: str, name: str) -> sql.Identifier:
     """``"schema"."name"`` as a composable identifier."""
     return sql.Identifier(validate_schema_name(schema), name)
 
+
 #: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
 NOW = (
     "coalesce(nullif(pg_catalog.current_setting('trioq.now', true), '')::timestamptz,"
@@ -80,6 +82,8 @@ SCHEDULED_PAYLOAD = "@scheduled"
 #: Notification payload prefix for a running job whose cancel was requested: its worker
 #: stops the handler at once instead of at its next heartbeat. ``@cancel:<job id>``.
 CANCEL_PAYLOAD = "@cancel:"
+#: Notification payload when a queue's settings changed (paused, resumed, limits).
+QUEUES_PAYLOAD = "@queues"
 
 # Columns a worker needs of a claimed job, in `Job.COLUMNS` order. They are the cheapest
 # types for psycopg to decode: args as JSON text (trioq runs json.loads on it: psycopg's
@@ -88,7 +92,7 @@ CANCEL_PAYLOAD = "@cancel:"
 _JOB_COLUMNS = (
     "j.id, j.queue, j.task, j.args::text AS args, j.priority, {epoch_us_run_at} AS run_at, "
     "j.attempt, j.max_attempts, {epoch_us_enqueued_at} AS enqueued_at, "
-    "{epoch_us_lease_expires_at} AS lease_expires_at"
+    "{epoch_us_lease_expires_at} AS lease_expires_at, j.trace_context::text AS trace_context"
 ).format(
     **{
         # date_part is float8: exact to the µs within 285 years of 1970 (a claimed job's times
@@ -103,10 +107,11 @@ _INSERT = """
 WITH v AS (
     SELECT coalesce(%(run_at)s, {now} + %(delay)s) AS run_at
 ), ins AS (
-    INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts, dedup_key)
+    INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts, dedup_key,
+                        concurrency_key {trace_column})
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, v.run_at,
            CASE WHEN v.run_at > {now} THEN 'scheduled' ELSE 'available' END,
-           %(max_attempts)s, %(dedup_key)s
+           %(max_attempts)s, %(dedup_key)s, %(concurrency_key)s {trace_value}
       FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue, state
@@ -119,11 +124,14 @@ SELECT id, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
 
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
 _INSERT_MANY = """
-INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, dedup_key)
-SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m, k
+INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, dedup_key,
+                    concurrency_key {trace_column})
+SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m, k,
+       ck {trace_value}
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
-              %(dedup_keys)s::text[]) AS u(i, q, t, a, p, r, m, k)
+              %(dedup_keys)s::text[], %(concurrency_keys)s::text[])
+              AS u(i, q, t, a, p, r, m, k, ck)
  ORDER BY k, i  -- one lock order for every transaction (overlapping batches wait, never
               -- deadlock); among twins in one batch the first (lowest reserved id) wins
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
@@ -138,7 +146,8 @@ SELECT {now}, pg_catalog.array_agg(pg_catalog.nextval(s.seq))
 """
 
 _COPY_JOBS = """
-COPY {jobs} (id, queue, task, args, priority, run_at, state, max_attempts) FROM STDIN
+COPY {jobs} (id, queue, task, args, priority, run_at, state, max_attempts {trace_column})
+FROM STDIN
 """
 
 # Many jobs sharing every field but args: one statement, args as one JSON array (encoded by
@@ -155,9 +164,11 @@ WITH v AS (
     SELECT pg_catalog.nextval(s.seq) AS id, x.args, x.o
       FROM s, pg_catalog.jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS x(args, o)
 ), ins AS (
-    INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts)
+    INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts
+                        {trace_column})
     SELECT a.id, %(queue)s, %(task)s, a.args, %(priority)s, v.run_at,
            CASE WHEN v.run_at > v.now THEN 'scheduled' ELSE 'available' END, %(max_attempts)s
+           {trace_value}
       FROM a, v
 )
 SELECT pg_catalog.count(*), pg_catalog.min(a.id - a.o),
@@ -181,6 +192,7 @@ _CLAIM = """
 WITH c AS (
     SELECT id FROM {jobs}
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled)
      ORDER BY priority, run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -212,7 +224,7 @@ RETURNING j.id
 """
 
 # A job's completion inside its handler's transaction (`trioq._job_transaction`): the fenced
-# delete of _COMPLETE, raising SQLSTATE TQ001 when a lease was lost (migration 0006), so
+# delete of _COMPLETE, raising SQLSTATE TQ001 when a lease was lost (migration transactions), so
 # that the COMMIT sent in the same round trip does not run.
 _COMPLETE_IN_TRANSACTION = """
 SELECT {complete_fn}(%(ids)s::int8[], %(attempts)s::int4[], %(owner)s::text)
@@ -287,9 +299,9 @@ WITH f AS (
                                       ELSE 'attempts exhausted' END) AS reason
 ), buried AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-                        reason, last_error, traceback, enqueued_at, died_at)
+                        reason, last_error, traceback, enqueued_at, died_at, concurrency_key)
     SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-           reason, error, traceback, enqueued_at, {now} FROM died
+           reason, error, traceback, enqueued_at, {now}, concurrency_key FROM died
     RETURNING id
 ), retried AS (
     UPDATE {jobs} j
@@ -341,9 +353,9 @@ WITH f AS (
     RETURNING j.*, t.error AS error
 ), buried AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-                        reason, last_error, enqueued_at, died_at)
+                        reason, last_error, enqueued_at, died_at, concurrency_key)
     SELECT id, queue, task, args, priority, attempt - 1, max_attempts, dedup_key,
-           'unknown task', error, enqueued_at, {now} FROM died
+           'unknown task', error, enqueued_at, {now}, concurrency_key FROM died
     RETURNING id
 ), released AS (
     UPDATE {jobs} j
@@ -450,9 +462,9 @@ _SWEEP_OUTCOMES = """, died AS (
     RETURNING j.*
 ), buried AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-                        reason, last_error, enqueued_at, died_at)
+                        reason, last_error, enqueued_at, died_at, concurrency_key)
     SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
-           %(dead_reason)s, %(lost_error)s, enqueued_at, {now}
+           %(dead_reason)s, %(lost_error)s, enqueued_at, {now}, concurrency_key
       FROM died
     RETURNING id, queue
 ), cancelled AS (
@@ -490,7 +502,17 @@ _WORKER_PING = """
 UPDATE {workers} SET seen_at = {now}, running = %(running)s WHERE id = %(id)s RETURNING id
 """
 
-_WORKER_REMOVE = "DELETE FROM {workers} WHERE id = %(id)s"
+# At a graceful stop. A worker that still holds running jobs (outcomes it could not write,
+# a claim cut short by the stop) keeps its row: once its liveness lock drops, the sweepers
+# take it for dead and return those jobs within the grace rather than at lease expiry.
+_WORKER_REMOVE = """
+DELETE FROM {workers} w
+ WHERE w.id = %(id)s
+   AND NOT EXISTS (SELECT FROM {jobs} j
+                    WHERE j.lease_expires_at IS NOT NULL  -- jobs_lease_idx: running jobs
+                      AND j.state = 'running' AND j.lease_owner = w.name)
+RETURNING w.id
+"""
 
 _WORKERS_LIST = """
 SELECT id, name, host, pid, queues, started_at, seen_at, running, {now} - seen_at
@@ -546,8 +568,9 @@ WITH moved AS (
     RETURNING d.*
 )
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, attempt, max_attempts, dedup_key,
-                    enqueued_at)
-SELECT id, queue, task, args, priority, {now}, 0, max_attempts, dedup_key, enqueued_at FROM moved
+                    enqueued_at, concurrency_key)
+SELECT id, queue, task, args, priority, {now}, 0, max_attempts, dedup_key, enqueued_at,
+       concurrency_key FROM moved
 RETURNING id
 """
 
@@ -559,6 +582,63 @@ DELETE FROM {dead}
    AND (%(before)s::timestamptz IS NULL OR died_at < %(before)s)
    AND (%(older_than)s::interval IS NULL OR died_at < {now} - %(older_than)s::interval)
 RETURNING id
+"""
+
+# -- flow control: queue settings, the limited claim, unique windows (migration 6) ------------
+
+_QUEUE_SETTINGS = """
+SELECT name, paused, global_concurrency, rate_limit, rate_period, key_concurrency,
+       key_rate_limit, key_rate_period
+  FROM {queues}
+ WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])
+ ORDER BY name
+"""
+
+# Changes only the settings whose set_* flag is true (atomic: two concurrent changes of
+# different settings both land). Clearing a rate limit forgets its counted starts. Every
+# worker hears of it through one notification.
+_CHANGE_QUEUE = """
+WITH up AS (
+    INSERT INTO {queues} AS q (name, paused, global_concurrency, rate_limit, rate_period,
+                               key_concurrency, key_rate_limit, key_rate_period)
+    VALUES (%(name)s, coalesce(%(paused)s::bool, false), %(global_concurrency)s::int4,
+            %(rate_limit)s::int4, %(rate_period)s::interval, %(key_concurrency)s::int4,
+            %(key_rate_limit)s::int4, %(key_rate_period)s::interval)
+    ON CONFLICT (name) DO UPDATE SET
+        paused = CASE WHEN %(set_paused)s THEN EXCLUDED.paused ELSE q.paused END,
+        global_concurrency = CASE WHEN %(set_global_concurrency)s
+                                  THEN EXCLUDED.global_concurrency
+                                  ELSE q.global_concurrency END,
+        rate_limit = CASE WHEN %(set_rate_limit)s THEN EXCLUDED.rate_limit
+                          ELSE q.rate_limit END,
+        rate_period = CASE WHEN %(set_rate_limit)s THEN EXCLUDED.rate_period
+                           ELSE q.rate_period END,
+        key_concurrency = CASE WHEN %(set_key_concurrency)s THEN EXCLUDED.key_concurrency
+                               ELSE q.key_concurrency END,
+        key_rate_limit = CASE WHEN %(set_key_rate_limit)s THEN EXCLUDED.key_rate_limit
+                              ELSE q.key_rate_limit END,
+        key_rate_period = CASE WHEN %(set_key_rate_limit)s THEN EXCLUDED.key_rate_period
+                               ELSE q.key_rate_period END,
+        updated_at = now()
+    RETURNING q.name, q.paused, q.global_concurrency, q.rate_limit, q.rate_period,
+              q.key_concurrency, q.key_rate_limit, q.key_rate_period
+), cleared AS (
+    DELETE FROM {rate_starts} s USING up
+     WHERE s.queue = up.name
+       AND ((s.key = '' AND up.rate_limit IS NULL) OR (s.key <> '' AND up.key_rate_limit IS NULL))
+)
+SELECT up.*, pg_notify(%(channel)s, '@queues')::text FROM up
+"""
+
+_CLAIM_LIMITED = """
+SELECT * FROM {claim_limited}(%(queue)s, %(owner)s, %(limit)s, %(lease)s)
+"""
+
+_ENQUEUE_UNIQUE = """
+SELECT * FROM {enqueue_unique}(
+    %(key)s, %(period)s::interval, %(states)s::text[], %(queue)s, %(task)s, %(args)s,
+    %(priority)s::int2, %(run_at)s::timestamptz, %(delay)s::interval, %(max_attempts)s::int4,
+    %(concurrency_key)s, %(notify)s, %(channel)s)
 """
 
 # -- cron ---------------------------------------------------------------------------------------
@@ -669,6 +749,21 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('trioq.migrate'),
                                         pg_catalog.hashtext(%(schema)s))
 """
 
+# The same lock without waiting; and who holds it (to say whom `migrate` waits for).
+_MIGRATE_TRY_LOCK = """
+SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('trioq.migrate'),
+                                            pg_catalog.hashtext(%(schema)s))
+"""
+_MIGRATE_LOCK_HOLDER = """
+SELECT l.pid, a.application_name, a.client_addr::text,
+       extract(epoch FROM pg_catalog.now() - a.xact_start)
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted
+   AND l.classid = pg_catalog.hashtext('trioq.migrate')::oid
+   AND l.objid = pg_catalog.hashtext(%(schema)s)::oid AND l.objsubid = 2
+ LIMIT 1
+"""
+
 _CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
 
 _CREATE_MIGRATIONS = """
@@ -706,7 +801,7 @@ SELECT d.id, 'dead', d.queue, d.task, d.args, d.priority, d.attempt, d.max_attem
   FROM {dead} d WHERE d.id = %(id)s
 """
 
-# A waiter flags the job so that its end notifies (the triggers of migration 0002). Only a
+# A waiter flags the job so that its end notifies (the triggers of migration 5). Only a
 # job not flagged yet is written. A claim that met the row locked by this statement skipped
 # it: the queue's notification, sent at this commit, makes that worker claim again.
 _WAIT_FLAG = """
@@ -809,6 +904,10 @@ class Statements:
     listen: sql.Composed
     clock: sql.Composed
     cron_last_ticks: sql.Composed
+    queue_settings: sql.Composed
+    change_queue: sql.Composed
+    claim_limited: sql.Composed
+    enqueue_unique: sql.Composed
     cron_record_tick: sql.Composed
     cron_set_job: sql.Composed
     history_upsert: sql.Composed
@@ -833,6 +932,8 @@ class Statements:
     list_jobs: sql.Composed
     first_scheduled: sql.Composed
     set_clock: sql.Composed
+    migrate_try_lock: sql.Composed
+    migrate_lock_holder: sql.Composed
 
     @property
     def lock_space(self) -> str:
@@ -855,19 +956,25 @@ def claim_query(schema: str) -> bytes:
 
 
 @functools.cache
-def rendered(schema: str, name: str) -> bytes:
-    """The statement ``name`` of `Statements`, rendered once (see `claim_query`): for the
-    statements that run once per job (enqueue, heartbeat, complete, fail, release). psycopg
-    renders an `sql.Composed` on every execute (about 40 µs for the insert); bytes it
-    converts once and caches, and prepares after a few executions like any other query."""
-    statement = getattr(statements(schema), name)
+def rendered(schema: str, name: str, *, traced: bool = False) -> bytes:
+    """The statement ``name`` of `Statements` (``traced``: of the traced set), rendered
+    once (see `claim_query`): for the statements that run once per job (enqueue,
+    heartbeat, complete, fail, release). psycopg renders an `sql.Composed` on every
+    execute (about 40 µs for the insert); bytes it converts once and caches, and prepares
+    after a few executions like any other query."""
+    statement = getattr(statements(schema, traced=traced), name)
     assert isinstance(statement, sql.Composed)
     return statement.as_bytes(None)
 
 
 @functools.cache
-def statements(schema: str) -> Statements:
-    """All statements for ``schema`` (validated), composed once and cached."""
+def statements(schema: str, *, traced: bool = False) -> Statements:
+    """All statements for ``schema`` (validated), composed once and cached.
+
+    ``traced``: the inserting statements (insert, insert_many, insert_bulk, copy_jobs) also
+    write ``trace_context`` (``%(trace)s``, or the last COPY field): what an enqueue runs
+    while an OpenTelemetry span is current (`trioq._tracing`).
+    """
     channel = f"trioq_{schema}"
     names = {
         "schema": sql.Identifier(validate_schema_name(schema)),
@@ -877,11 +984,17 @@ def statements(schema: str) -> Statements:
         "history": qualified(schema, "job_history"),
         "migrations": qualified(schema, "migrations"),
         "workers": qualified(schema, "workers"),
+        "queues": qualified(schema, "queues"),
+        "rate_starts": qualified(schema, "rate_starts"),
+        "claim_limited": qualified(schema, "claim_limited"),
+        "enqueue_unique": qualified(schema, "enqueue_unique"),
         "channel": sql.Identifier(channel),
         "now": sql.SQL(NOW),
         "live": sql.SQL(_LIVE),
         "fence": sql.SQL(_FENCE),
         "job_columns": sql.SQL(_JOB_COLUMNS),
+        "trace_column": sql.SQL(", trace_context" if traced else ""),
+        "trace_value": sql.SQL(", %(trace)s::jsonb" if traced else ""),
         "status_columns": sql.SQL(_STATUS_COLUMNS),
     }
 
@@ -927,6 +1040,10 @@ def statements(schema: str) -> Statements:
         listen=compose("LISTEN {channel}"),
         clock=compose(_CLOCK),
         cron_last_ticks=compose(_CRON_LAST_TICKS),
+        queue_settings=compose(_QUEUE_SETTINGS),
+        change_queue=compose(_CHANGE_QUEUE),
+        claim_limited=compose(_CLAIM_LIMITED),
+        enqueue_unique=compose(_ENQUEUE_UNIQUE),
         cron_record_tick=compose(_CRON_RECORD_TICK),
         cron_set_job=compose(_CRON_SET_JOB),
         history_upsert=compose(_HISTORY_UPSERT),
@@ -950,4 +1067,6 @@ def statements(schema: str) -> Statements:
         list_jobs=compose(_LIST_JOBS),
         first_scheduled=compose(_FIRST_SCHEDULED),
         set_clock=compose(_SET_CLOCK),
+        migrate_try_lock=compose(_MIGRATE_TRY_LOCK),
+        migrate_lock_holder=compose(_MIGRATE_LOCK_HOLDER),
     )

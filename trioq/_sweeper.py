@@ -44,6 +44,7 @@ class Sweeper:
     def __init__(
         self, pool: Pool, queue: Queue, *, interval: float, reclaim_interval: float,
         grace: float, on_returned: Callable[[], None],
+        on_swept: Callable[[SweepRound], None] | None = None,
     ) -> None:  # fmt: skip
         self._pool = pool
         self._queue = queue
@@ -51,6 +52,9 @@ class Sweeper:
         self.reclaim_interval = reclaim_interval
         self._grace = dt.timedelta(seconds=grace)
         self._on_returned = on_returned  # jobs are available again: wake the fetchers
+        self._on_swept = on_swept  # what every round did (the lifecycle reports deaths)
+        #: Jobs returned, killed, cancelled so far (the metrics).
+        self.returned = self.dead = self.cancelled = 0
 
     async def run(self) -> None:
         """Dead workers every ``reclaim_interval``, expired leases every ``interval``; a
@@ -79,4 +83,11 @@ class Sweeper:
                            len(reclaimed.dead))  # fmt: skip
         if queues:
             self._on_returned()
-        return SweepRound(reclaimed=reclaimed, swept=swept)
+        done = SweepRound(reclaimed=reclaimed, swept=swept)
+        for result in (reclaimed, swept):
+            self.returned += len(result.returned)
+            self.dead += len(result.dead)
+            self.cancelled += len(result.cancelled)
+        if self._on_swept is not None:
+            self._on_swept(done)
+        return done

@@ -83,7 +83,9 @@ class Watchdog:
         )
         logger.warning("the trio loop has not run for %.1f s: %s (async handlers must not "
                        "block: use a sync handler, or trio.to_thread, for blocking work); the "
-                       "loop's thread is in:\n%s", lag, where, stall.stack)  # fmt: skip
+                       "loop's thread is in:\n%s", lag, where, stall.stack,
+                       extra={} if stall.job is None else {"job_id": stall.job[0],
+                                                           "task": stall.job[1]})  # fmt: skip
         return stall
 
 

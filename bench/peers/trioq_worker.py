@@ -3,7 +3,7 @@
     trioq_worker.py install  --dsn DSN
     trioq_worker.py prefill  --dsn DSN --jobs N
     trioq_worker.py drain    --dsn DSN --jobs N --concurrency C [--cprofile FILE] [--stats]
-                             [--prototype NAME[+NAME]]
+                             [--prototype NAME[+NAME]] [--global-concurrency G]
     trioq_worker.py versions
 
 ``drain`` runs one worker (``trioq.serve`` under ``trio.run``, default settings except the
@@ -17,6 +17,7 @@ their outcome, and how much of the drain had a claim or a complete in flight. It
 microseconds per job: use it to explain a number, not to measure one.
 
 ``--prototype`` applies changes sketched in `trioq_prototypes` (monkeypatched here only).
+``--global-concurrency`` sets that limit on the queue (``QueueConfig``): the limited claim.
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ async def prefill(dsn: str, jobs: int) -> None:
         say(f"PREFILLED {time.perf_counter() - t0:.6f}")
 
 
-async def drain(dsn: str, jobs: int, concurrency: int) -> None:
+async def drain(dsn: str, jobs: int, concurrency: int, limit: int | None = None) -> None:
     probe.reset(jobs)
     all_seen[:] = [trio.Event()]
-    config = trioq.Config(
-        registry=tasks, dsn=dsn, queues={QUEUE: trioq.QueueConfig(concurrency=concurrency)}
-    )
+    queue = trioq.QueueConfig(concurrency=concurrency)
+    if limit is not None:  # only then: a baseline trioq has no such field
+        queue = trioq.QueueConfig(concurrency=concurrency, global_concurrency=limit)
+    config = trioq.Config(registry=tasks, dsn=dsn, queues={QUEUE: queue})
     async with trio.open_nursery() as nursery:
         runtime = await nursery.start(trioq.serve, config)
         say("READY")
@@ -147,6 +149,7 @@ def main() -> None:
     p.add_argument("--cprofile", help="drain: write a cProfile of the whole process here")
     p.add_argument("--stats", action="store_true", help="drain: print statement statistics")
     p.add_argument("--prototype", help="drain: trioq_prototypes to apply, joined with +")
+    p.add_argument("--global-concurrency", type=int, help="drain: a global concurrency limit")
     a = p.parse_args()
     if a.prototype:
         import trioq_prototypes
@@ -163,10 +166,10 @@ def main() -> None:
         trio.run(prefill, a.dsn, a.jobs)
     elif a.cprofile:
         profiler = cProfile.Profile()
-        profiler.runcall(trio.run, drain, a.dsn, a.jobs, a.concurrency)
+        profiler.runcall(trio.run, drain, a.dsn, a.jobs, a.concurrency, a.global_concurrency)
         profiler.dump_stats(a.cprofile)
     else:
-        trio.run(drain, a.dsn, a.jobs, a.concurrency)
+        trio.run(drain, a.dsn, a.jobs, a.concurrency, a.global_concurrency)
     if stats is not None:
         say("STATS " + json.dumps(stats.report()))
 

@@ -51,7 +51,8 @@ _HELP = {
     ),
     "url": (
         "print the DSN of the embedded Postgres (only the DSN; does not start it)",
-        'example:\n  psql "$(trioq db url)"\n  TRIOQ_DSN="$(trioq db url)" trioq serve',
+        'example:\n  psql "$(trioq db url)"\n'
+        '  TRIOQ_DSN="$(trioq db url)" trioq serve --app myapp.jobs:tasks',
     ),
 }
 
@@ -101,6 +102,8 @@ def _reporting_errors(
         try:
             return handler(args)
         except EmbeddedPostgresError as exc:
+            if getattr(args, "json", False):
+                print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
             print(f"trioq db {name}: error: {exc}", file=sys.stderr)
             return EXIT_ERROR
 

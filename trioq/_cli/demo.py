@@ -70,8 +70,7 @@ def _jobs() -> list[JobSpec]:
     return (
         [JobSpec(task="greet", args={"name": n}, queue=DEMO_QUEUE) for n in names]
         + [JobSpec(task="flaky", args={"chance": 0.5}, queue=DEMO_QUEUE) for _ in range(4)]
-        + [JobSpec(task="crunch", args={"n": 10_000 * (i + 1)}, queue=DEMO_QUEUE)
-           for i in range(4)]
+        + [JobSpec(task="crunch", args={"n": 10_000 * (i + 1)}, queue=DEMO_QUEUE) for i in range(4)]
     )
 
 

@@ -1,22 +1,26 @@
-"""``trioq jobs``: one job at a time. ``show ID`` (its status, every state) and ``wait ID``
-(its result, once it has finished). A group, so more subcommands fit beside them.
+"""``trioq jobs``: ``list`` (the jobs of one state, filtered), ``show ID`` (one job's status,
+every state) and ``wait ID`` (its result, once it has finished).
 
-Exit codes: 0 found (``show``) or a result (``wait``); 4 no such job (or, for ``wait``,
-one that kept no result); 5 ``wait``: the job is dead or cancelled; 6 ``wait``: timed out.
+Exit codes: 0 found (``show``), a result (``wait``), listed (``list``, even if empty); 4 no
+such job (or, for ``wait``, one that kept no result); 5 ``wait``: the job is dead or
+cancelled; 6 ``wait``: timed out.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from typing import Any
 
 import trio
 
 from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
+from .._obs_sql import LIST_STATES, LIST_WINDOW, obs_statements
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
+from .options import database_options
 
 __all__ = ["add_jobs_parser"]
 
@@ -28,12 +32,26 @@ def add_jobs_parser(
 ) -> None:
     jobs = commands.add_parser(
         "jobs",
-        help="look at one job: show its status, wait for its result",
-        description="Look at one job: show its status, wait for its result.",
-        epilog="examples:\n  trioq jobs show 42\n  trioq jobs wait 42 --timeout 30",
+        parents=[common],  # so `trioq jobs --dsn URL` is a usage error that names no DSN
+        help="look at jobs: list them, show one's status, wait for its result",
+        description="Look at jobs: list them, show one's status, wait for its result.",
+        epilog="examples:\n  trioq jobs list --state running\n  trioq jobs show 42\n"
+        "  trioq jobs wait 42 --timeout 30",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subs = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
+    listing = _command(
+        subs, common, "list", _list,
+        help="list jobs of one state (default: running, then available, then scheduled), "
+        "filtered by queue and task",
+        example="trioq jobs list\n  trioq jobs list --state dead --queue email --limit 20\n"
+        "  trioq jobs list --state running --json | jq '.[].id'",
+    )  # fmt: skip
+    listing.add_argument("--state", choices=LIST_STATES, help="default: the live states")
+    listing.add_argument("--queue")
+    listing.add_argument("--task")
+    listing.add_argument("--limit", type=_limit, default=50, help="1..1000 (default 50)")
     show = _command(
         subs, common, "show", _show,
         help="show a job's state, attempts, lease, result or error (exit code 4 if unknown)",
@@ -47,6 +65,53 @@ def add_jobs_parser(
     )  # fmt: skip
     wait.add_argument("job_id", type=int)
     wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 6)")
+
+
+_LIST_FIELDS = ("id", "queue", "task", "state", "priority", "attempt", "max_attempts", "run_at",
+                "enqueued_at", "lease_owner", "finished_at", "last_error")  # fmt: skip
+_LIVE = ("running", "available", "scheduled")
+
+
+def _limit(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= 1000:
+        raise argparse.ArgumentTypeError(f"must be 1 to 1000, got {text!r}")
+    return n
+
+
+async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    """Each state's jobs through the index that serves it (at most `LIST_WINDOW` rows read
+    per state, then filtered): running by lease expiry, available in claim order, scheduled
+    by due time, done / cancelled / dead newest first."""
+    st = obs_statements(queue.schema)
+    jobs: list[dict[str, Any]] = []
+    for state in (args.state,) if args.state else _LIVE:
+        params = {"queue": args.queue, "task": args.task, "window": LIST_WINDOW,
+                  "limit": args.limit - len(jobs)}  # fmt: skip
+        if params["limit"] <= 0:
+            break
+        cur = await conn.execute(st.lists[state], params)
+        jobs += [dict(zip(_LIST_FIELDS, row, strict=True)) for row in await cur.fetchall()]
+    return EXIT_OK, jobs, _list_text(jobs, args)
+
+
+def _list_text(jobs: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    if not jobs:
+        where = " ".join(f"{k} {v!r}" for k, v in (("state", args.state), ("queue", args.queue),
+                                                    ("task", args.task)) if v)  # fmt: skip
+        return f"(no jobs{' with ' + where if where else ''})"
+    lines = [f"{'id':>10}  {'state':<9} {'queue':<16} {'task':<24} {'attempt':>7}  when / error"]
+    for j in jobs:
+        when = {"scheduled": j["run_at"], "available": j["run_at"],
+                "running": j["lease_owner"]}.get(j["state"], j["finished_at"])  # fmt: skip
+        text = f"{when:%Y-%m-%d %H:%M:%S}" if isinstance(when, dt.datetime) else str(when or "")
+        if j["last_error"]:
+            text += f"  {j['last_error'].splitlines()[0]}"
+        lines.append(f"{j['id']:>10}  {j['state']:<9} {j['queue']:<16} {j['task']:<24} "
+                     f"{j['attempt']:>3}/{j['max_attempts']:<3}  {text}".rstrip())  # fmt: skip
+    if len(jobs) == args.limit:
+        lines.append(f"(the first {args.limit}: --limit shows more)")
+    return "\n".join(lines)
 
 
 async def _show(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:

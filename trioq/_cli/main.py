@@ -1,7 +1,8 @@
 """The ``trioq`` command line.
 
 Exit codes: 0 success; 1 an error, explained on stderr in one line (no
-traceback); 2 a usage error (from argparse); 3 ``trioq db status``: not running.
+traceback; with ``--json`` also one object on stdout); 2 a usage error (from argparse);
+3 ``trioq db status``: not running, ``trioq check``: the schema is not current.
 Every command honours ``--dsn``, then ``TRIOQ_DSN``, then ``DATABASE_URL``, and
 uses the embedded Postgres when none is set.
 """
@@ -13,21 +14,25 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import trio
 
 from .. import __version__
 from .._dsn import DSN_ENV_VARS
-from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
+from .._exceptions import EmbeddedPostgresError, ListenError, SchemaError, leaves
 from .._migrate import migrate
 from .._pg import connect
 from .._pg_errors import dsn_secrets, redact
+from .check import add_check_parser
+from .cron import add_cron_parser
 from .db import add_db_parser
 from .demo import DEMO_QUEUE, DEMO_SCHEMA, demo
 from .jobs import add_jobs_parser
 from .ops import add_ops_parsers
+from .options import database_options
+from .queues import add_queue_parser
 from .serve import add_serve_parser
 from .stress import add_stress_parser
 from .web import add_web_parser
@@ -38,22 +43,27 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 
 #: Errors that are the user's to fix: printed as one line, no traceback.
-_EXPECTED_ERRORS = (psycopg.Error, SchemaError, EmbeddedPostgresError, ValueError)
+_EXPECTED_ERRORS = (psycopg.Error, SchemaError, EmbeddedPostgresError, ValueError, ListenError)
 
 
-def _database_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--dsn",
-        help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded Postgres)",
-    )
-    common.add_argument("--schema", default="trioq", help="trioq's schema (default: trioq)")
-    common.add_argument("--json", action="store_true", help="print JSON instead of text")
-    return common
+def _parser_class(json_errors: bool) -> type[argparse.ArgumentParser]:
+    """argparse's parser, whose usage errors (exit code 2) are also one JSON object on
+    stdout when the command line asks for ``--json``."""
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            if json_errors:
+                print(json.dumps({"error": "usage", "message": f"{self.prog}: {message}"}))
+            super().error(message)
+
+    return Parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``trioq`` parser; ``argv`` (default: ``sys.argv``) only decides whether usage
+    errors are also printed as JSON (``--json`` anywhere on it)."""
+    words = sys.argv[1:] if argv is None else argv
+    parser = _parser_class("--json" in words)(
         prog="trioq",
         description="A Postgres-backed job queue and worker runtime for trio.",
         epilog="examples:\n  trioq demo\n  trioq migrate --dsn postgresql://app@db/app\n"
@@ -62,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trioq {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = _database_options()
+    common = database_options()
     _add(
         commands,
         "migrate",
@@ -75,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "demo",
         demo,
-        _database_options(),  # its own: set_defaults below changes the shared actions' default
+        database_options(),  # its own: set_defaults below changes the shared actions' default
         help="run the example app: start the embedded Postgres (unless a DSN is set), make a "
         f"schema of its own ({DEMO_SCHEMA} unless --schema says otherwise), enqueue 16 jobs "
         f"on its own queue ({DEMO_QUEUE}) and run them with a worker",
@@ -85,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
     add_jobs_parser(commands, common)
+    add_cron_parser(commands, common)
+    add_check_parser(commands, common)
+    add_queue_parser(commands, common)
     add_db_parser(commands)
     add_web_parser(commands, common)
     return parser
@@ -131,7 +144,13 @@ def _migrate(args: argparse.Namespace) -> int:
 
 async def _migrate_async(dsn: str, schema: str) -> Any:
     async with await connect(dsn, autocommit=True) as conn:
-        return await migrate(conn, schema)
+        return await migrate(conn, schema, on_wait=_say_waiting)
+
+
+def _say_waiting(message: str) -> None:
+    """Another session migrates the same schema: say whom we wait for (stderr, not the
+    output: ``--json`` keeps stdout to the result)."""
+    print(f"trioq migrate: {message}", file=sys.stderr, flush=True)
 
 
 def _asdict(obj: Any) -> dict[str, Any]:
@@ -141,7 +160,7 @@ def _asdict(obj: Any) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         code: int = args.handler(args)
     except _EXPECTED_ERRORS as ex:
@@ -158,10 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(args: argparse.Namespace, ex: BaseException) -> int:
     """One line on stderr, with any password of the configured DSNs scrubbed (belt and
-    braces: the messages are built not to contain one)."""
+    braces: the messages are built not to contain one); with ``--json``, also one object on
+    stdout: ``{"error": <the exception's type>, "message": <that line>}``."""
     lines = str(ex).strip().splitlines() or [type(ex).__name__]
     dsns = [getattr(args, "dsn", None), *(os.environ.get(name) for name in DSN_ENV_VARS)]
-    print(f"trioq: error: {redact(lines[0], dsn_secrets(dsns))}", file=sys.stderr)
+    message = redact(lines[0], dsn_secrets(dsns))
+    if getattr(args, "json", False):
+        print(json.dumps({"error": type(ex).__name__, "message": message}))
+    print(f"trioq: error: {message}", file=sys.stderr)
     return EXIT_ERROR
 
 

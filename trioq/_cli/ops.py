@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import pathlib
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,25 +21,37 @@ import trio
 from .._dead import DeadFilter
 from .._dsn import database
 from .._migrate import check_current
+from .._obs_sql import obs_statements
 from .._pg import connect
-from .._queue import Queue
+from .._queue import Queue, QueueStatus
+from .._unique import Unique
+from .options import database_options
 
 __all__ = ["add_ops_parsers"]
 
 EXIT_OK, EXIT_ERROR, EXIT_NOT_FOUND = 0, 1, 4
 
-Action = Callable[[Any, Queue, argparse.Namespace], Awaitable[tuple[int, Any, str]]]
+#: (exit code, JSON payload, text); text None: the action printed its output itself.
+Action = Callable[[Any, Queue, argparse.Namespace], Awaitable[tuple[int, Any, Any]]]
 
 
 def add_ops_parsers(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     _enqueue_parser(commands, common)
-    _command(
+    status = _command(
         commands, common, "status", _status,
-        help="show queues, their depths and live leases",
-        example="trioq status\n  trioq status --json",
+        help="show queues, their depths and live leases (--watch: live, with recent rates)",
+        example="trioq status\n  trioq status --json\n  trioq status --watch --interval 5",
     )  # fmt: skip
+    status.add_argument(
+        "--watch", action="store_true",
+        help="redraw every --interval seconds until Ctrl-C, with each queue's completions and "
+        "failures per minute (the last 5 minutes of the job history); with --json, one object "
+        "per line",
+    )  # fmt: skip
+    status.add_argument("--interval", type=_interval, default=2.0, help="seconds (default 2)")
+    status.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)  # tests
     cancel = _command(
         commands, common, "cancel", _cancel,
         help="cancel a job by id",
@@ -72,7 +86,8 @@ def _command(
 def _run(action: Action, args: argparse.Namespace) -> int:
     with database(args.dsn) as dsn:
         code, payload, text = trio.run(_with_conn, dsn, action, args)
-    print(to_json(payload) if args.json else text)
+    if text is not None:  # None: the action printed its output itself (status --watch)
+        print(to_json(payload) if args.json else text)
     return code
 
 
@@ -115,28 +130,79 @@ def _enqueue_parser(
     sub = _command(
         commands, common, "enqueue", _enqueue,
         help="enqueue one job",
-        example="trioq enqueue greet --args '{\"name\": \"ada\"}' --queue default --delay 10",
+        example="trioq enqueue greet --args '{\"name\": \"ada\"}' --queue default --delay 10\n"
+        "  trioq enqueue import_rows --args @rows.json\n"
+        "  jq -c . payload.json | trioq enqueue import_rows --args -",
     )  # fmt: skip
     sub.add_argument("task")
-    sub.add_argument("--args", default="{}", help="JSON args (default {})")
+    sub.add_argument(
+        "--args", default="{}",
+        help="JSON args (default {}); @FILE reads them from FILE, - from stdin (for payloads "
+        "beyond the command line's 128 KiB per argument)",
+    )  # fmt: skip
     sub.add_argument("--queue", default="default")
     sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
     sub.add_argument("--delay", type=float, help="seconds from now")
     sub.add_argument("--max-attempts", type=int, default=25)
-    sub.add_argument("--dedup-key", help="skip if a live job has this key")
+    sub.add_argument("--dedup-key", help="skip if a live job of this task has this key")
+    sub.add_argument(
+        "--global-key",
+        action="store_true",
+        help="--dedup-key is not scoped by task (any task with this key)",
+    )
+    sub.add_argument(
+        "--unique-period",
+        metavar="DURATION",
+        help="with --dedup-key: one job per key per window (e.g. 1h), done included",
+    )
+    sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
+
+
+def read_args(value: str) -> tuple[str, str]:
+    """(the JSON text, where it came from) of ``--args``: the value itself, ``@FILE`` (the
+    file's contents) or ``-`` (stdin). Read as UTF-8; a file that cannot be read or is not
+    UTF-8 is a ValueError naming it."""
+    if value == "-":
+        source, read = "--args - (stdin)", sys.stdin.buffer.read
+    elif value.startswith("@"):
+        path = value[1:]
+        if not path:
+            raise ValueError("--args @: name a file after the @ (e.g. --args @job.json)")
+        source, read = f"--args @{path}", lambda: pathlib.Path(path).read_bytes()
+    else:
+        return value, "--args"
+    try:
+        data = read()
+    except OSError as ex:
+        raise ValueError(f"{source}: cannot read it: {ex.strerror or ex}") from None
+    try:
+        return data.decode("utf-8"), source
+    except UnicodeDecodeError as ex:
+        raise ValueError(f"{source}: not UTF-8 (byte {ex.start})") from None
 
 
 async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    text, source = read_args(args.args)
     try:
-        payload = json.loads(args.args)
+        payload = json.loads(text)
     except json.JSONDecodeError as ex:
-        raise ValueError(f"--args is not JSON: {ex}") from None
+        raise ValueError(f"{source} is not JSON: {ex}") from None
+    except RecursionError:
+        raise ValueError(f"{source} is not JSON trioq can read: nested too deeply") from None
+    unique: bool | Unique = False
+    dedup_key = args.dedup_key
+    if args.global_key or args.unique_period:
+        if dedup_key is None:
+            raise ValueError("--global-key and --unique-period need a --dedup-key")
+        period = duration(args.unique_period, "--unique-period") if args.unique_period else None
+        unique, dedup_key = Unique(key=dedup_key, by_task=not args.global_key, period=period), None
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-        max_attempts=args.max_attempts, dedup_key=args.dedup_key,
+        max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
+        concurrency_key=args.concurrency_key,
     )  # fmt: skip
     text = (
-        f"duplicate of live job {result.job_id}" if result.duplicate
+        f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
         else f"enqueued job {result.job_id}"
     )  # fmt: skip
     return EXIT_OK, attrs.asdict(result), text
@@ -145,20 +211,88 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
 # -- status and cancel --------------------------------------------------------------------------
 
 
-async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+def _interval(text: str) -> float:
+    seconds = float(text)
+    if not 0.1 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"must be 0.1 to 3600 seconds, got {text!r}")
+    return seconds
+
+
+async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, Any]:
+    if args.watch:
+        await _watch(conn, queue, args)
+        return EXIT_OK, None, None
+    payload, text = await _status_once(conn, queue, rates=None)
+    return EXIT_OK, payload, text
+
+
+async def _watch(conn: Any, queue: Queue, args: argparse.Namespace) -> None:
+    """Redraw the status every ``args.interval`` s (a terminal is cleared first), until
+    Ctrl-C or ``args.count`` frames."""
+    redraw = sys.stdout.isatty() and not args.json
+    st = obs_statements(queue.schema)
+    frame = 0
+    while True:
+        cur = await conn.execute(st.recent_rates, {"minutes": RATE_MINUTES})
+        rates = {q: (done, retried, dead) for q, done, retried, dead in await cur.fetchall()}
+        payload, text = await _status_once(conn, queue, rates=rates)
+        now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        if args.json:
+            print(to_json({"time": now.isoformat(), **payload}), flush=True)
+        else:
+            header = (f"trioq status, every {args.interval:g} s, {now:%Y-%m-%d %H:%M:%S} UTC "
+                      f"(per minute: the last {RATE_MINUTES} minutes; Ctrl-C stops)")  # fmt: skip
+            print(("\x1b[H\x1b[2J" if redraw else "") + header + "\n" + text + "\n", flush=True)
+        frame += 1
+        if args.count and frame >= args.count:
+            return
+        await trio.sleep(args.interval)
+
+
+#: `status --watch` shows rates over this many minutes of the job history.
+RATE_MINUTES = 5
+
+
+async def _status_once(
+    conn: Any, queue: Queue, *, rates: dict[str, tuple[int, int, int]] | None
+) -> tuple[dict[str, Any], str]:
+    """The status as JSON and text; with ``rates`` ((completed, retried, dead) per queue in
+    the last `RATE_MINUTES`), each queue's completions and failures per minute too, and the
+    queues that drained but were busy a moment ago."""
     queues, leases = await queue.status(conn)
-    payload = {
-        "queues": [attrs.asdict(q) for q in queues],
+    paused = sorted(s.name for s in await queue.queue_settings(conn) if s.paused)
+    rows = [{**attrs.asdict(q), "paused": q.queue in paused} for q in queues]
+    head = f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"
+    if rates is not None:
+        head += f"  {'done/min':>9} {'failed/min':>10}"
+        seen = {row["queue"] for row in rows}
+        rows += [{**attrs.asdict(QueueStatus(queue=name, available=0, scheduled=0, running=0,
+                                             dead=0, oldest_wait_seconds=None)),
+                  "paused": name in paused}
+                 for name in sorted(set(rates) - seen)]  # fmt: skip
+        for row in rows:
+            done, retried, dead = rates.get(row["queue"], (0, 0, 0))
+            row["completed_per_minute"] = round(done / RATE_MINUTES, 1)
+            row["failed_per_minute"] = round((retried + dead) / RATE_MINUTES, 1)
+    payload: dict[str, Any] = {
+        "queues": rows,
         "workers": [attrs.asdict(w) for w in leases],
+        "paused": paused,
     }
-    lines = [f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"]
-    for q in queues:
-        oldest = "-" if q.oldest_wait_seconds is None else f"{q.oldest_wait_seconds:.1f}s"
-        lines.append(
-            f"{q.queue:<20} {q.available:>9} {q.scheduled:>9} {q.running:>7} {q.dead:>6}  {oldest}"
-        )
-    if not queues:
+    lines = [head]
+    for row in rows:
+        wait = row["oldest_wait_seconds"]
+        oldest = "-" if wait is None else f"{wait:.1f}s"
+        line = (f"{row['queue']:<20} {row['available']:>9} {row['scheduled']:>9} "
+                f"{row['running']:>7} {row['dead']:>6}  {oldest}")  # fmt: skip
+        if rates is not None:
+            line = (f"{line:<63}  {row['completed_per_minute']:>9} "
+                    f"{row['failed_per_minute']:>10}")  # fmt: skip
+        lines.append(line)
+    if not rows:
         lines.append("(no jobs)")
+    if paused:
+        lines.append(f"paused (trioq queue resume NAME): {', '.join(paused)}")
     lines.append("")
     lines.append(f"{'worker':<40} {'running':>7}  next lease expiry")
     for w in leases:
@@ -166,7 +300,7 @@ async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
         lines.append(f"{w.worker:<40} {w.running:>7}  {expiry}")
     if not leases:
         lines.append("(no live leases)")
-    return EXIT_OK, payload, "\n".join(lines)
+    return payload, "\n".join(lines)
 
 
 async def _cancel(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
@@ -188,6 +322,7 @@ def _dead_parser(
 ) -> None:
     dead = commands.add_parser(
         "dead",
+        parents=[common],  # so `trioq dead --dsn URL` is a usage error that names no DSN
         help="list, retry or purge dead jobs",
         description="List, retry or purge dead jobs (filters combine with AND).",
         epilog="examples:\n  trioq dead list --queue email\n  trioq dead retry --id 42 --id 43\n"
@@ -195,6 +330,7 @@ def _dead_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subs = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
     filters.add_argument("--queue")
@@ -250,9 +386,7 @@ def duration(text: str, option: str) -> dt.timedelta:
     that matched everything would delete everything."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(
-            f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d"
-        )
+        raise ValueError(f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d")
     seconds = float(match[1]) * _UNITS.get(match[2] or "s", 1)
     if not 0 < seconds < 100 * 365 * 86400:
         raise ValueError(f"{option} {text!r}: must be more than 0 and less than 100 years")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -13,16 +12,16 @@ from contextlib import contextmanager
 import attrs
 import trio
 
-from .._config import Config, QueueConfig
+from .._config import Config, QueueConfig, parse_address
 from .._dsn import DSN_ENV_VARS, configured_dsn
 from .._embedded import EmbeddedPostgres
 from .._migrate import migrate
 from .._pg import connect
-from .._pg_errors import dsn_secrets, redact
 from .._registry import Registry
+from .logs import LOG_FORMAT, LOG_LEVELS, RedactingFormatter, setup_logging
 from .supervisor import supervise
 
-__all__ = ["add_serve_parser", "load_app"]
+__all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app"]
 
 _EPILOG = """\
 examples:
@@ -41,7 +40,6 @@ after a clean stop, 1 on an error.
 #: on their command lines (which every local user can read in /proc/<pid>/cmdline).
 CHILD_DSN_VAR = "TRIOQ_SERVE_CHILD_DSN"
 
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
 class AppError(ValueError):
@@ -64,11 +62,22 @@ def add_serve_parser(
     sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")
     sub.add_argument("--migrate", action="store_true", help="run `trioq migrate` first")
     sub.add_argument(
-        "--processes", type=int, default=1,
+        "--processes",
+        type=int,
+        default=1,
         help="worker processes, one per core (default 1). Above 1, a supervisor restarts a "
         "worker that dies (and gives up on one that keeps dying as it starts); 1 runs the "
         "worker in this process, unsupervised: a crash exits (use a process manager)",
     )
+    sub.add_argument(
+        "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics on http://HOST:PORT"
+        "/metrics (port 0: any free one; with --processes N, N consecutive ports)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="text lines (default) or one JSON object per line",
+    )  # fmt: skip
+    sub.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
     sub.set_defaults(handler=_serve)
 
 
@@ -94,19 +103,20 @@ def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Confi
         else list(config.served_queues())
     )
     base = config.queues or {}
-    override = QueueConfig(concurrency=args.concurrency) if args.concurrency else None
-    slots = {name: override or base.get(name, QueueConfig()) for name in queues}
-    return attrs.evolve(config, dsn=dsn, queues=slots, handle_signals=True)
+    slots = {name: base.get(name, QueueConfig()) for name in queues}
+    if args.concurrency:  # the slots change; the app's limits (global_concurrency, ...) stay
+        slots = {n: attrs.evolve(q, concurrency=args.concurrency) for n, q in slots.items()}
+    metrics = args.metrics or config.metrics
+    if args.metrics:
+        parse_address(args.metrics, "--metrics")  # the option named in the error
+    return attrs.evolve(config, dsn=dsn, queues=slots, handle_signals=True, metrics=metrics)
 
 
 def _serve(args: argparse.Namespace) -> int:
     # The parent of --processes passes its choice in the environment; take it out at once.
     from_parent = os.environ.pop(CHILD_DSN_VAR, None)
-    formatter = RedactingFormatter(LOG_FORMAT)
+    formatter = setup_logging(args.log_format, args.log_level)
     formatter.add_dsns([from_parent, args.dsn, *(os.environ.get(v) for v in DSN_ENV_VARS)])
-    handler = logging.StreamHandler()
-    handler.setFormatter(formatter)
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
     sys.path.insert(0, "")  # --app modules from the current directory, like python -m
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
@@ -119,20 +129,6 @@ def _serve(args: argparse.Namespace) -> int:
     with EmbeddedPostgres.from_env().running() as status:
         # The embedded database is trioq's own: keep its schema current without asking.
         return _serve_on(args, app, status.dsn, True)
-
-
-class RedactingFormatter(logging.Formatter):
-    """Formats log lines (tracebacks included) with the DSNs' passwords replaced by ***."""
-
-    def __init__(self, fmt: str) -> None:
-        super().__init__(fmt)
-        self._secrets: list[str] = []
-
-    def add_dsns(self, dsns: list[str | None]) -> None:
-        self._secrets = sorted({*self._secrets, *dsn_secrets(dsns)}, key=len, reverse=True)
-
-    def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record), self._secrets)
 
 
 def _serve_on(
@@ -164,11 +160,18 @@ def _environment(name: str, value: str) -> Iterator[None]:
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
     """The workers' command line: no DSN (it is in their environment, `CHILD_DSN_VAR`)."""
-    argv = ["serve", "--app", args.app, "--schema", args.schema]
+    argv = ["serve", "--app", args.app, "--schema", args.schema,
+            "--log-format", args.log_format, "--log-level", args.log_level]  # fmt: skip
     if args.queues:
         argv += ["--queues", args.queues]
     if args.concurrency:
         argv += ["--concurrency", str(args.concurrency)]
+    if args.metrics:  # one port each: the first free one of as many as there are workers
+        host, first, last = parse_address(args.metrics, "--metrics")
+        if first == last and first:
+            last = min(first + args.processes - 1, 65535)
+        span = str(first) if first == last else f"{first}-{last}"
+        argv += ["--metrics", f"[{host}]:{span}" if ":" in host else f"{host}:{span}"]
     return argv
 
 

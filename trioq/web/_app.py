@@ -32,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from .._dead import DeadFilter, DeadJob
+from .._job import check_queue_name
 from .._pool import Pool
 from .._queue import Queue
 from ._config import DashboardConfig
@@ -41,6 +42,7 @@ from ._queries import (
     CronRow,
     JobDetail,
     JobFilter,
+    Overview,
     cron_ticks,
     dead_count,
     dead_ids,
@@ -68,7 +70,9 @@ MAX_TEXT = 200
 #: Longest args or result shown on a job page (they may be up to 1 MiB).
 MAX_SHOWN = 64 * 1024
 RANGES = {"hour": 3600, "day": 86400}
-ACTIONS = ("retry", "purge", "cancel")
+ACTIONS = ("retry", "purge", "cancel", "pause", "resume")
+#: The actions on a queue (``queue=NAME``) rather than on jobs.
+QUEUE_ACTIONS = ("pause", "resume")
 
 View = Callable[[Request], Awaitable[Response]]
 
@@ -193,14 +197,17 @@ class Dashboard:
     # -- pages ------------------------------------------------------------------------------
 
     async def _overview(self, request: Request) -> Response:
-        async with self._connection() as conn:
-            data = await overview(conn, self.statements, now=time.time())
-        return self._render(request, "overview.html", overview=data)
+        data = await self._overview_data()
+        return self._render(request, "overview.html", overview=data, done=_done_message(request))
 
     async def _overview_live(self, request: Request) -> Response:
+        return self._render(request, "_overview_live.html", overview=await self._overview_data())
+
+    async def _overview_data(self) -> Overview:
         async with self._connection() as conn:
-            data = await overview(conn, self.statements, now=time.time())
-        return self._render(request, "_overview_live.html", overview=data)
+            settings = await self.queue.queue_settings(conn)
+            paused = frozenset(s.name for s in settings if s.paused)
+            return await overview(conn, self.statements, now=time.time(), paused=paused)
 
     async def _history(self, request: Request) -> Response:
         seconds = RANGES.get(request.query_params.get("range", "hour"))
@@ -263,6 +270,13 @@ class Dashboard:
     async def _confirm(self, request: Request) -> Response:
         self._refuse_if_read_only()
         action = _action(request)
+        if action in QUEUE_ACTIONS:
+            name = _queue_name(request.query_params.get("queue"))
+            async with self._connection() as conn:
+                settings = await self.queue.queue_settings(conn, [name])
+            return self._render(request, "confirm.html", action=action, queue=name,
+                                paused=bool(settings and settings[0].paused),
+                                target=(None, name, None), count=Count(1))  # fmt: skip
         target = _target(request.query_params.getlist("ids"), request.query_params)
         ids, queue, task = target
         if action == "cancel":
@@ -281,8 +295,14 @@ class Dashboard:
         action = _action(request)
         form = await request.form(max_files=0, max_fields=MAX_IDS + 10)
         self._check_csrf(request, form)
-        ids, queue, task = _target(form.getlist("ids"), form)
         link = self._link(request)
+        if action in QUEUE_ACTIONS:
+            name = _queue_name(form.get("queue"))
+            change = self.queue.pause if action == "pause" else self.queue.resume
+            async with self._connection() as conn:
+                await change(conn, name)
+            return RedirectResponse(f"{link('overview')}?done={action}d", 303)
+        ids, queue, task = _target(form.getlist("ids"), form)
         if action == "cancel":
             if not ids or len(ids) != 1:
                 raise BadRequest("cancel takes one job: ids=<job id>")
@@ -378,9 +398,17 @@ def _action(request: Request) -> str:
     return action
 
 
-def _target(
-    raw_ids: list[Any], params: Any
-) -> tuple[list[int] | None, str | None, str | None]:
+def _queue_name(value: Any) -> str:
+    """The ``queue`` of a pause or resume: a queue name by the job field rules."""
+    if not isinstance(value, str) or not value:
+        raise BadRequest("say which queue: queue=<name>")
+    try:
+        return check_queue_name(_clean("queue", value))
+    except (TypeError, ValueError) as ex:
+        raise BadRequest(str(ex)) from None
+
+
+def _target(raw_ids: list[Any], params: Any) -> tuple[list[int] | None, str | None, str | None]:
     """(ids, queue, task) of an action: selected ids, or all matching queue and task."""
     if len(raw_ids) > MAX_IDS:
         raise BadRequest(f"at most {MAX_IDS} jobs at a time, got {len(raw_ids)}")
@@ -397,7 +425,10 @@ _DONE = {
     "retry": "retried {n} dead jobs",
     "purge": "purged {n} dead jobs",
     "cancelled": "cancelled",
-    "requested": "cancel requested: its worker stops it at its next heartbeat",
+    "requested": "cancel requested: its worker is told at once and stops the handler",
+    "paused": "paused: no worker claims from this queue until it is resumed (running jobs "
+    "finish)",
+    "resumed": "resumed: workers claim from this queue again",
     "not_found": "nothing to cancel: the job is no longer waiting or running",
 }
 

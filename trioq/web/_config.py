@@ -15,9 +15,7 @@ from .._sql import validate_schema_name
 __all__ = ["MIN_TOKEN_LENGTH", "DashboardConfig", "check_token"]
 
 MIN_TOKEN_LENGTH = 16
-_TOKEN_CHARS = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/="
-)
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
 
 
 def check_token(token: str, field: str = "token") -> str:

@@ -13,7 +13,15 @@ import psycopg
 
 from .._dead import DeadJob
 from .._history import percentile_ms
-from ._statements import COUNT_CAP, LEASE_CAP, MAX_QUEUES, WINDOW, WebStatements
+from ._statements import (
+    COUNT_CAP,
+    LEASE_CAP,
+    MAX_QUEUES,
+    STALE_PING,
+    WINDOW,
+    WORKER_CAP,
+    WebStatements,
+)
 
 __all__ = [
     "Count",
@@ -63,23 +71,33 @@ class QueueRow:
     running: Count
     dead: Count
     head_wait_seconds: float | None  # how long the next job to be claimed has waited
+    paused: bool = False  # `trioq queue pause` / the dashboard's Pause: no worker claims
 
 
 @attrs.frozen(kw_only=True)
 class Worker:
-    """A lease owner seen in running jobs: ``host:pid:random`` when trioq named it."""
+    """A worker: registered in ``workers`` (every `trioq serve` since liveness), or only
+    seen as the owner of running jobs' leases (``host:pid:random``)."""
 
     owner: str
     host: str
     pid: str
-    queues: tuple[tuple[str, int], ...]  # (queue, running jobs)
+    queues: tuple[tuple[str, int, int | None], ...]  # (queue, running jobs, its slots)
     busy: int
-    next_expiry_seconds: float  # negative: a lease already expired (the worker is gone?)
-    last_expiry_seconds: float  # negative too: every lease expired
+    next_expiry_seconds: float | None  # None: it holds no lease
+    last_expiry_seconds: float | None
+    seen_seconds_ago: float | None = None  # its last ping; None: not registered
+
+    @property
+    def registered(self) -> bool:
+        return self.seen_seconds_ago is not None
 
     @property
     def stale(self) -> bool:
-        return self.last_expiry_seconds < 0
+        """Probably gone: no ping for a while, or (not registered) every lease expired."""
+        if self.seen_seconds_ago is not None:
+            return self.seen_seconds_ago > STALE_PING
+        return self.last_expiry_seconds is not None and self.last_expiry_seconds < 0
 
 
 @attrs.frozen(kw_only=True)
@@ -90,11 +108,14 @@ class Overview:
     leases_capped: bool
 
 
-async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
+async def overview(
+    conn: Conn, st: WebStatements, *, now: float, paused: frozenset[str] = frozenset()
+) -> Overview:
     """Every queue's counts, and the workers seen through their leases.
 
-    The queues are those with jobs waiting, running or dead, and those with history in
-    the last day (so a queue that just drained still shows, with zeros).
+    The queues are those with jobs waiting, running or dead, those with history in the
+    last day (so a queue that just drained still shows, with zeros), and the ``paused``
+    ones (so they can be resumed).
     """
     caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES, "lease_cap": LEASE_CAP}
     recent = await history_queues(conn, st, since=int(now) - 86400)
@@ -108,11 +129,13 @@ async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
     scheduled_capped = any(full for _, _, full in scheduled_rows)
     cur = await conn.execute(st.leases, caps)
     lease_rows = await cur.fetchall()
+    cur = await conn.execute(st.workers, {"worker_cap": WORKER_CAP})
+    worker_rows = await cur.fetchall()
     running: dict[str, int] = {}
     for _, queue, n, _, _ in lease_rows:
         running[queue] = running.get(queue, 0) + n
     leases_capped = sum(running.values()) >= LEASE_CAP
-    names = sorted({*available, *dead, *scheduled, *running, *recent})[:MAX_QUEUES]
+    names = sorted({*available, *dead, *scheduled, *running, *recent, *paused})[:MAX_QUEUES]
     queues = tuple(
         QueueRow(
             queue=name,
@@ -121,11 +144,13 @@ async def overview(conn: Conn, st: WebStatements, *, now: float) -> Overview:
             running=Count(running.get(name, 0), capped=leases_capped),
             dead=_count(dead.get(name, 0)),
             head_wait_seconds=_float(available.get(name, (0, None))[1]),
+            paused=name in paused,
         )
         for name in names
     )
     return Overview(
-        queues=queues, workers=_workers(lease_rows), scheduled_capped=scheduled_capped,
+        queues=queues, workers=_workers(worker_rows, lease_rows),
+        scheduled_capped=scheduled_capped,
         leases_capped=leases_capped,
     )  # fmt: skip
 
@@ -134,23 +159,38 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _workers(rows: Sequence[tuple[Any, ...]]) -> tuple[Worker, ...]:
+def _workers(
+    registered: Sequence[tuple[Any, ...]], leases: Sequence[tuple[Any, ...]]
+) -> tuple[Worker, ...]:
+    """The registered workers with their slots and the jobs they run, then the lease owners
+    that are not registered (an older trioq, or a worker taken for dead that runs on)."""
     by_owner: dict[str, list[tuple[Any, ...]]] = {}
-    for row in rows:
+    for row in leases:
         by_owner.setdefault(row[0], []).append(row)
     workers = []
+    for name, host, pid, slots, _running, seen_ago in registered:
+        mine = by_owner.pop(name, [])
+        running = {queue: int(n) for _, queue, n, _, _ in mine}
+        queues = {**{q: (running.get(q, 0), int(s)) for q, s in dict(slots).items()},
+                  **{q: (n, None) for q, n in running.items() if q not in slots}}  # fmt: skip
+        workers.append(Worker(
+            owner=name, host=str(host), pid=str(pid),
+            queues=tuple((q, n, s) for q, (n, s) in sorted(queues.items())),
+            busy=sum(running.values()),
+            next_expiry_seconds=min((float(r[3]) for r in mine), default=None),
+            last_expiry_seconds=max((float(r[4]) for r in mine), default=None),
+            seen_seconds_ago=float(seen_ago),
+        ))  # fmt: skip
     for owner, mine in by_owner.items():
         parts = owner.split(":")
         host, pid = (parts[0], parts[1]) if len(parts) == 3 else (owner, "")
-        workers.append(
-            Worker(
-                owner=owner, host=host, pid=pid,
-                queues=tuple((queue, int(n)) for _, queue, n, _, _ in mine),
-                busy=sum(int(n) for _, _, n, _, _ in mine),
-                next_expiry_seconds=min(float(r[3]) for r in mine),
-                last_expiry_seconds=max(float(r[4]) for r in mine),
-            )
-        )
+        workers.append(Worker(
+            owner=owner, host=host, pid=pid,
+            queues=tuple((queue, int(n), None) for _, queue, n, _, _ in mine),
+            busy=sum(int(n) for _, _, n, _, _ in mine),
+            next_expiry_seconds=min(float(r[3]) for r in mine),
+            last_expiry_seconds=max(float(r[4]) for r in mine),
+        ))  # fmt: skip
     return tuple(sorted(workers, key=lambda w: (w.host, w.pid, w.owner)))
 
 
@@ -181,14 +221,28 @@ async def history(
     now = float(row[0]) if row else 0.0
     cur = await conn.execute(st.history, {"since": since, "queue": queue})
     points = []
-    for minute, done, retried, dead, cancelled, runs, _, xmax, _, wmax, xh, wh in (
-        await cur.fetchall()
-    ):
+    for (
+        minute,
+        done,
+        retried,
+        dead,
+        cancelled,
+        runs,
+        _,
+        xmax,
+        _,
+        wmax,
+        xh,
+        wh,
+    ) in await cur.fetchall():
         exec_max = xmax / 1000 if runs else None
         wait_max = wmax / 1000 if runs else None
         points.append(
             HistoryPoint(
-                minute=int(minute), completed=done, retried=retried, dead=dead,
+                minute=int(minute),
+                completed=done,
+                retried=retried,
+                dead=dead,
                 cancelled=cancelled,
                 exec_p50_ms=percentile_ms(xh, 0.5, max_ms=exec_max),
                 exec_p95_ms=percentile_ms(xh, 0.95, max_ms=exec_max),

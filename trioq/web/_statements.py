@@ -39,6 +39,11 @@ __all__ = ["COUNT_CAP", "LEASE_CAP", "MAX_QUEUES", "WINDOW", "WebStatements", "w
 COUNT_CAP = 1000
 #: Running jobs the workers table reads at most (they are bounded by the fleet's slots).
 LEASE_CAP = 10_000
+#: Registered workers the overview lists at most.
+WORKER_CAP = 1_000
+#: A registered worker that has not pinged for this long is shown as gone (it pings twice a
+#: second; the sweepers take it for dead after a second without pings and its lock free).
+STALE_PING = 5.0
 #: Rows of one index a job list reads before filtering.
 WINDOW = 10_000
 #: Queues the overview lists at most (each is one probe per index).
@@ -99,6 +104,12 @@ SELECT lease_owner, queue, count(*), extract(epoch FROM min(lease_expires_at) - 
          WHERE lease_expires_at IS NOT NULL AND state = 'running'
          ORDER BY lease_expires_at LIMIT %(lease_cap)s) AS r
  GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+# The registered workers (a row each, pinged every liveness_interval): small, read whole.
+_WORKERS = """
+SELECT name, host, pid, queues, running, extract(epoch FROM {now} - seen_at)
+  FROM {workers} ORDER BY name LIMIT %(worker_cap)s
 """
 
 # Per-minute totals since `since` (optionally of one queue): counts, sums, maxima and the
@@ -248,6 +259,7 @@ class WebStatements:
     queues_dead: sql.Composed
     queues_scheduled: sql.Composed
     leases: sql.Composed
+    workers: sql.Composed
     history: sql.Composed
     history_queues: sql.Composed
     clock: sql.Composed
@@ -270,6 +282,7 @@ def web_statements(schema: str) -> WebStatements:
         "dead": qualified(schema, "dead_jobs"),
         "ticks": qualified(schema, "cron_ticks"),
         "history": qualified(schema, "job_history"),
+        "workers": qualified(schema, "workers"),
         "now": sql.SQL(NOW),
         "job_row": sql.SQL(_JOB_ROW),
         "dead_row": sql.SQL(_DEAD_ROW),
@@ -291,6 +304,7 @@ def web_statements(schema: str) -> WebStatements:
         queues_dead=compose(_QUEUES_DEAD),
         queues_scheduled=compose(_QUEUES_SCHEDULED),
         leases=compose(_LEASES),
+        workers=compose(_WORKERS),
         history=compose(_HISTORY),
         history_queues=compose(_HISTORY_QUEUES),
         clock=compose(_CLOCK),

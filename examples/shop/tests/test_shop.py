@@ -31,7 +31,9 @@ async def test_an_order_goes_all_the_way_to_its_receipt(conn: Conn) -> None:
     order = await place_order(conn, "ada@example.com", "mug", 1250)
     result = await tt.drain(conn, tasks)
     assert [(run.task, run.outcome) for run in result.runs] == [
-        ("reserve_stock", "completed"), ("charge", "completed"), ("send_receipt", "completed"),
+        ("reserve_stock", "completed"),
+        ("charge", "completed"),
+        ("send_receipt", "completed"),
     ]
     assert not result.failures
     assert await status_of(conn, order) == "paid"
@@ -66,7 +68,8 @@ async def test_a_gateway_outage_is_retried_on_the_clock(conn: Conn) -> None:
     await tt.advance_clock(conn, 30)
     second = await tt.drain(conn, tasks)
     assert [(r.task, r.attempt, r.outcome) for r in second.runs] == [
-        ("charge", 2, "completed"), ("send_receipt", 1, "completed"),
+        ("charge", 2, "completed"),
+        ("send_receipt", 1, "completed"),
     ]
     assert await status_of(conn, order) == "paid"
 
@@ -78,7 +81,9 @@ async def test_an_order_out_of_stock_waits_for_a_restock(conn: Conn) -> None:
     await conn.execute("UPDATE stock SET units = 1 WHERE sku = 'lamp'")
     later = await tt.drain(conn, tasks, advance=True)  # the clock jumps to the next look
     assert [(r.task, r.outcome) for r in later.runs] == [
-        ("reserve_stock", "completed"), ("charge", "completed"), ("send_receipt", "completed"),
+        ("reserve_stock", "completed"),
+        ("charge", "completed"),
+        ("send_receipt", "completed"),
     ]
     assert (await tt.enqueued_jobs(conn, states=["done"]))[0].task == "send_receipt"
     assert await status_of(conn, order) == "paid"

@@ -1,0 +1,183 @@
+"""What each kind of flow-control limit costs a claim (not a test).
+
+One measurement per setting ("variant"), in a database ``trioq_bench_flow`` that the script
+creates (dropping a leftover one) and drops at the end. Each fills ``--jobs`` jobs (a third
+of them with one of 50 concurrency keys), then drains them on one connection: claim
+``--batch`` jobs, complete them, again, until the queue is empty (claim and complete each
+an autocommit transaction, no worker runtime). It reports the median time of a claim and of
+a complete, and jobs/s. Variants, interleaved over ``--repeat`` repetitions:
+
+* ``plain``: no settings: the plain claim (the fast path);
+* ``global``: a global concurrency limit far above the batch (``claim_limited``: the queue
+  row lock, the count of running jobs);
+* ``global+keys``: plus a per-key concurrency limit above what a key ever runs here (the
+  per-key scan and counts);
+* ``global+rate``: a global limit plus a queue rate limit far above the drain's rate (the
+  rate log: a row per claim, its window sum, pruning);
+* ``everything``: global, rate, per-key concurrency and per-key rate.
+
+``--contend N`` adds the same drain by N connections at once on ``global`` (each claim waits
+for the queue's row lock): how many claims a second one controlled queue takes, serialized.
+
+Usage::
+
+    python bench/bench_flow.py --dsn postgresql://postgres@127.0.0.1:55432/postgres --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import time
+from typing import Any
+
+import trio
+from _common import (
+    Table,
+    add_common_options,
+    create_bench_db,
+    drop_bench_db,
+    fmt,
+    scalar,
+    wait_quiet,
+    write_json,
+)
+
+import trioq
+from trioq import Lease
+
+DATABASE = "trioq_bench_flow"
+QUEUE = "flow"
+LEASE = dt.timedelta(seconds=60)
+BIG = 1_000_000
+VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "global": {"global_concurrency": BIG},
+    "global+keys": {"global_concurrency": BIG, "key_concurrency": BIG},
+    "global+rate": {"global_concurrency": BIG, "rate_limit": f"{BIG}/1s"},
+    "everything": {"global_concurrency": BIG, "rate_limit": f"{BIG}/1s",
+                   "key_concurrency": BIG, "key_rate_limit": f"{BIG}/1s"},
+}  # fmt: skip
+Q = trioq.Queue()
+
+
+async def fill(conn: Any, jobs: int, variant: str) -> None:
+    await conn.execute("TRUNCATE trioq.jobs, trioq.queues, trioq.rate_starts")
+    await conn.execute(
+        "INSERT INTO trioq.jobs (queue, task, args, concurrency_key)"
+        " SELECT %s, 't', jsonb_build_object('n', g),"
+        "        CASE WHEN g %% 3 = 0 THEN 'k' || (g %% 50) END"
+        "   FROM generate_series(1, %s) AS g",
+        (QUEUE, jobs),
+    )
+    if VARIANTS[variant]:
+        await Q.set_limits(conn, QUEUE, **VARIANTS[variant])
+    await conn.execute("VACUUM ANALYZE trioq.jobs")
+    await conn.execute("CHECKPOINT")
+
+
+async def drain_one(conn: Any, variant: str, batch: int) -> tuple[list[float], list[float]]:
+    """Claim and complete until empty; the claim and complete times (seconds)."""
+    claims: list[float] = []
+    completes: list[float] = []
+    limited = bool(VARIANTS[variant])
+    while True:
+        t0 = time.perf_counter()
+        if limited:
+            jobs = (await Q.claim_limited(conn, QUEUE, owner="b", limit=batch, lease=LEASE)).jobs
+        else:
+            jobs = await Q.claim(conn, QUEUE, owner="b", limit=batch, lease=LEASE)
+        t1 = time.perf_counter()
+        if not jobs:
+            return claims, completes
+        await Q.complete_many(conn, owner="b", leases=[Lease(j.id, j.attempt) for j in jobs])
+        claims.append(t1 - t0)
+        completes.append(time.perf_counter() - t1)
+
+
+async def measure(dsn: str, variant: str, opts: argparse.Namespace, workers: int) -> dict[str, Any]:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await fill(conn, opts.jobs, variant)
+    others = await wait_quiet(opts.quiet_cores, opts.quiet_wait)
+    results: list[tuple[list[float], list[float]]] = []
+
+    async def worker() -> None:
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            results.append(await drain_one(conn, variant, opts.batch))
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(workers):
+            nursery.start_soon(worker)
+    elapsed = time.perf_counter() - t0
+    claims = [c for r in results for c in r[0]]
+    completes = [c for r in results for c in r[1]]
+    return {
+        "variant": variant,
+        "workers": workers,
+        "claims": len(claims),
+        "claim_ms": statistics.median(claims) * 1000,
+        "complete_ms": statistics.median(completes) * 1000,
+        "claims_s": len(claims) / elapsed,
+        "jobs_s": opts.jobs / elapsed,
+        "others": others,
+    }
+
+
+async def main(opts: argparse.Namespace) -> None:
+    dsn = await create_bench_db(opts.dsn, DATABASE)
+    rows: list[dict[str, Any]] = []
+    try:
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            settings = {name: await scalar(conn, "SELECT current_setting(%s)", (name,))
+                        for name in ("server_version", "fsync", "synchronous_commit")}  # fmt: skip
+        print(f"PostgreSQL {settings['server_version']}, fsync={settings['fsync']}, "
+              f"synchronous_commit={settings['synchronous_commit']}; {opts.jobs:,} jobs, "
+              f"batch {opts.batch}, one connection")  # fmt: skip
+        cells = [(v, 1) for v in VARIANTS] + ([("global", opts.contend)] if opts.contend else [])
+        for rep in range(opts.repeat):
+            shift = rep % len(cells)
+            for variant, workers in cells[shift:] + cells[:shift]:
+                row = await measure(dsn, variant, opts, workers)
+                rows.append(row)
+                print(
+                    f"[{rep + 1}/{opts.repeat}] {variant:12} x{workers}: claim "
+                    f"{row['claim_ms']:.3f} ms, complete {row['complete_ms']:.3f} ms, "
+                    f"{row['jobs_s']:,.0f} jobs/s (others {row['others']:.2f})",
+                    flush=True,
+                )
+    finally:
+        await drop_bench_db(opts.dsn, DATABASE)
+    table = Table([("variant", 14, "<"), ("conns", 5, ">"), ("claim ms", 9, ">"),
+                   ("vs plain", 8, ">"), ("complete ms", 11, ">"), ("claims/s", 9, ">"),
+                   ("jobs/s", 9, ">")], markdown=opts.markdown)  # fmt: skip
+    out = []
+    plain = statistics.median(r["claim_ms"] for r in rows if r["variant"] == "plain")
+    for variant, workers in cells:
+        mine = [r for r in rows if (r["variant"], r["workers"]) == (variant, workers)]
+        claim = statistics.median(r["claim_ms"] for r in mine)
+        out.append([variant, str(workers), fmt(claim, ".3f"), fmt(claim / plain, ".2f"),
+                    fmt(statistics.median(r["complete_ms"] for r in mine), ".3f"),
+                    fmt(statistics.median(r["claims_s"] for r in mine)),
+                    fmt(statistics.median(r["jobs_s"] for r in mine))])  # fmt: skip
+    print("\nmedians over repetitions:\n" + table.render(out))
+    if opts.json:
+        write_json(opts.json, {"settings": settings, "options": vars(opts), "runs": rows})
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_options(p, creates=DATABASE, repeat=3, quiet_cores=0.3, quiet_wait=30,
+                       pgbench=False)  # fmt: skip
+    p.add_argument("--jobs", type=int, default=5_000)
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--contend", type=int, default=2, help="connections for the contended cell")
+    p.add_argument("--markdown", action="store_true", help="the table as markdown")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    opts = parse(sys.argv[1:])
+    trio.run(main, opts)

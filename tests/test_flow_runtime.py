@@ -1,0 +1,291 @@
+"""Flow control in the worker runtime (in-process workers, real Postgres): limits from
+QueueConfig, changes at run time reaching the workers, two workers sharing one global limit,
+waiting without busy polling, and pausing releasing what was claimed but not started."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+import trioq
+from trioq import QueueConfig, RateLimit
+
+FAST: dict[str, Any] = {"lease": 3, "heartbeat_interval": 0.5, "sweep_interval": 0.3}
+Q = trioq.Queue()
+
+
+@asynccontextmanager
+async def serving(
+    dsn: str, registry: trioq.Registry, workers: int = 1, **options: Any
+) -> AsyncIterator[tuple[Any, list[trioq.Runtime]]]:
+    """A migrated database, a connection to it, and ``workers`` running runtimes."""
+    config = trioq.Config(dsn=dsn, registry=registry, **{**FAST, **options})
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trio.open_nursery() as nursery:
+            runtimes = [
+                await nursery.start(trioq.serve, attrs.evolve(config, worker_id=f"w{i}"))
+                for i in range(workers)
+            ]
+            try:
+                yield conn, runtimes
+            finally:
+                for runtime in runtimes:
+                    runtime.stop(grace=False)
+
+
+async def value(conn: Any, query: str, *params: Any) -> Any:
+    cur = await conn.execute(query, params)
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 20) -> None:
+    with trio.fail_after(timeout):
+        while not await predicate():  # noqa: ASYNC110 - the database cannot tell us
+            await trio.sleep(0.02)
+
+
+class Gauge:
+    """How many handlers run at once, and the most there ever were."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = self.done = 0
+        self.per_key: dict[str, int] = {}
+        self.peak_per_key = 0
+
+    async def run(self, seconds: float, key: str | None = None) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        if key is not None:
+            self.per_key[key] = self.per_key.get(key, 0) + 1
+            self.peak_per_key = max(self.peak_per_key, self.per_key[key])
+        try:
+            await trio.sleep(seconds)
+        finally:
+            self.now -= 1
+            if key is not None:
+                self.per_key[key] -= 1
+            self.done += 1
+
+
+async def test_queue_config_limits_are_stored_and_hold_across_two_workers(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tasks = trioq.Registry()
+    gauge = Gauge()
+
+    @tasks.task(queue="q", concurrency_key="account")
+    async def work(job: trioq.JobContext, account: str) -> None:
+        await gauge.run(0.05, account)
+
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await Q.set_limits(conn, "q", global_concurrency=9)  # replaced by the config
+    queues = {"q": QueueConfig(concurrency=4, global_concurrency=3, key_concurrency=1)}
+    with caplog.at_level(logging.WARNING, logger="trioq.runtime"):
+        async with serving(dsn, tasks, workers=2, queues=queues) as (conn, _):
+            assert "QueueConfig replaces the stored limits {'global_concurrency': 9}" in caplog.text
+            [stored] = await Q.queue_settings(conn)
+            assert (stored.global_concurrency, stored.key_concurrency) == (3, 1)
+            for i in range(40):
+                await work.enqueue(conn, account=f"a{i % 4}")
+            await wait_until(lambda: trio_true(gauge.done == 40))
+    assert gauge.peak == 3  # 2 workers x 4 slots, yet never more than 3 at once
+    assert gauge.peak_per_key == 1
+
+
+async def trio_true(condition: bool) -> bool:
+    await trio.lowlevel.checkpoint()
+    return condition
+
+
+async def test_a_limit_set_at_run_time_reaches_running_workers(dsn: str) -> None:
+    """The change is announced: with polling at 60 s, the workers still obey at once."""
+    tasks = trioq.Registry()
+    gauge = Gauge()
+    release = trio.Event()
+
+    @tasks.task(queue="q")
+    async def work(job: trioq.JobContext) -> None:
+        gauge.now += 1
+        gauge.peak = max(gauge.peak, gauge.now)
+        await release.wait()
+        gauge.now -= 1
+        gauge.done += 1
+
+    queues = {"q": QueueConfig(concurrency=5)}
+    async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
+        await Q.set_limits(conn, "q", global_concurrency=2)
+        await trioq.enqueue_bulk(conn, "work", [{}] * 6, queue="q")
+        await wait_until(lambda: trio_true(gauge.now == 2), timeout=10)
+        with trio.move_on_after(0.3):  # a third must not start
+            await wait_until(lambda: trio_true(gauge.now > 2))
+        assert gauge.peak == 2
+        await Q.set_limits(conn, "q", global_concurrency=None)
+        await wait_until(lambda: trio_true(gauge.now == 5), timeout=10)
+        release.set()
+        await wait_until(lambda: trio_true(gauge.done == 6), timeout=10)
+
+
+async def test_a_full_queue_wakes_when_its_own_outcomes_are_written(dsn: str) -> None:
+    """Global limit 1 and polling at 60 s: each job starts right after the last one's
+    outcome is written, not a poll later."""
+    tasks = trioq.Registry()
+    gauge = Gauge()
+
+    @tasks.task(queue="q")
+    async def work(job: trioq.JobContext) -> None:
+        await gauge.run(0.01)
+
+    queues = {"q": QueueConfig(concurrency=3, global_concurrency=1)}
+    async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
+        await trioq.enqueue_bulk(conn, "work", [{}] * 20, queue="q")
+        await wait_until(lambda: trio_true(gauge.done == 20), timeout=20)
+    assert gauge.peak == 1
+
+
+async def test_a_rate_limited_worker_sleeps_until_the_window_opens(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 starts a second, 9 jobs: three windows, and a handful of claims, not a busy loop."""
+    tasks = trioq.Registry()
+    claims = []
+    original = trioq.Queue.claim_limited
+
+    async def counted(self: trioq.Queue, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
+        got = await original(self, *args, **kwargs)
+        claims.append(got)
+        return got
+
+    monkeypatch.setattr(trioq.Queue, "claim_limited", counted)
+    starts: list[Any] = []
+
+    @tasks.task(queue="q")
+    async def work(job: trioq.JobContext) -> None:
+        async with job.connection() as c:
+            starts.append(await value(c, "SELECT clock_timestamp()"))
+
+    queues = {"q": QueueConfig(concurrency=5, rate_limit=RateLimit(3, 1))}
+    async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
+        await trioq.enqueue_bulk(conn, "work", [{}] * 9, queue="q")
+        await wait_until(lambda: trio_true(len(starts) == 9), timeout=20)
+    starts.sort()
+    assert (starts[6] - starts[0]).total_seconds() >= 2.0 - 0.05  # three windows of 1 s
+    assert len(claims) <= 8, [(len(c.jobs), c.reason, c.retry_in) for c in claims]
+    assert any(c.reason == "rate" and c.retry_in for c in claims)
+
+
+async def test_pausing_releases_claimed_jobs_not_started_and_resuming_goes_on(
+    dsn: str,
+) -> None:
+    tasks = trioq.Registry()
+    gauge = Gauge()
+
+    @tasks.task(queue="q")
+    async def work(job: trioq.JobContext) -> None:
+        await gauge.run(0.002)
+
+    queues = {"q": QueueConfig(concurrency=10)}
+    async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
+        await trioq.enqueue_bulk(conn, "work", [{}] * 3000, queue="q")
+        await wait_until(lambda: trio_true(gauge.done > 100))
+        await Q.pause(conn, "q")
+        await wait_until(
+            lambda: value_is(conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'", 0)
+        )
+        done = gauge.done
+        assert 0 < done < 3000
+        # What waits was released unstarted (attempt refunded) or never claimed.
+        assert await value(conn, "SELECT max(attempt) FROM trioq.jobs") == 0
+        with trio.move_on_after(0.5):
+            await wait_until(lambda: trio_true(gauge.done > done))
+        assert gauge.done == done, "a handler started after the pause"
+        await trioq.enqueue(conn, "work", queue="q")  # enqueueing goes on while paused
+        await Q.resume(conn, "q")
+        await wait_until(lambda: trio_true(gauge.done == 3001))
+
+
+async def value_is(conn: Any, query: str, expected: Any) -> bool:
+    return bool(await value(conn, query) == expected)
+
+
+async def test_the_governor_reads_settings_and_acts_on_changes(dsn: str) -> None:
+    """One round at a time (``run_once``): what changed, what was paused, who was told."""
+    from trioq._governor import Governor
+
+    changed: list[str] = []
+    paused: list[str] = []
+
+    async def on_paused(name: str) -> None:
+        paused.append(name)
+
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            configs = {"a": QueueConfig(global_concurrency=4), "b": QueueConfig()}
+            governor = Governor(pool, Q, configs, poll_interval=1, on_change=changed.append,
+                                on_paused=on_paused)  # fmt: skip
+            [applied] = await governor.apply_config()
+            assert (applied.name, applied.global_concurrency) == ("a", 4)
+            first = await governor.run_once()
+            assert (first.changed, first.paused) == (("a",), ())
+            assert governor.controlled("a") and not governor.controlled("b")
+            assert (await governor.run_once()).changed == ()  # nothing new
+            await Q.pause(conn, "b")
+            await Q.set_limits(conn, "other", global_concurrency=1)  # not served here
+            second = await governor.run_once()
+            assert (second.changed, second.paused) == (("b",), ("b",))
+            assert governor.settings("b").paused and governor.controlled("b")
+            await Q.resume(conn, "b")
+            third = await governor.run_once()
+            assert (third.changed, third.paused) == (("b",), ())
+            assert not governor.controlled("b")
+            assert changed == ["a", "b", "b"] and paused == ["b"]
+
+
+async def test_a_full_queue_is_not_woken_by_another_queues_outcomes(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy unlimited queue beside a limited one that is full: the full one claims again
+    when one of its own slots frees, not on every batch the other queue completes."""
+    tasks = trioq.Registry()
+    release = trio.Event()
+    quick_done = Gauge()
+    claims: list[trioq.LimitedClaim] = []
+    original = trioq.Queue.claim_limited
+
+    async def counted(self: trioq.Queue, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
+        got = await original(self, *args, **kwargs)
+        claims.append(got)
+        return got
+
+    monkeypatch.setattr(trioq.Queue, "claim_limited", counted)
+
+    @tasks.task(queue="limited")
+    async def hold(job: trioq.JobContext) -> None:
+        await release.wait()
+
+    @tasks.task(queue="busy")
+    async def quick(job: trioq.JobContext) -> None:
+        await quick_done.run(0)
+
+    queues = {"limited": QueueConfig(concurrency=2, global_concurrency=1),
+              "busy": QueueConfig(concurrency=5)}  # fmt: skip
+    async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
+        await trioq.enqueue_bulk(conn, "hold", [{}] * 2, queue="limited")
+        await wait_until(
+            lambda: value_is(conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'", 1)
+        )
+        before = len(claims)
+        for _ in range(20):  # 20 transactions: many small batches of the busy queue
+            await trioq.enqueue_bulk(conn, "quick", [{}] * 10, queue="busy")
+        await wait_until(lambda: trio_true(quick_done.done == 200))
+        assert len(claims) - before <= 2, [(len(c.jobs), c.reason) for c in claims[before:]]
+        release.set()

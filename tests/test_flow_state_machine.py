@@ -1,0 +1,499 @@
+"""Proof of the limited claim: a Hypothesis state machine against real Postgres.
+
+The sibling of ``test_queue_state_machine.py`` for flow control. One queue; its settings
+change at random (paused, a global concurrency limit, a rate limit, per-key concurrency and
+rate limits, each set, changed or removed), jobs with and without concurrency keys are
+enqueued, workers claim with ``claim_limited``, complete, fail, release, crash (their jobs
+keep their slots until the sweeper returns them), jobs are cancelled, unique-window jobs are
+enqueued, and time passes (``trioq.now``). The model computes what every claim must take:
+
+- exactly those jobs, in claim order, the reason it stopped short and when the rate window
+  opens (``retry_in``), so a claim is never more *or less* generous than the rules;
+- no claim takes the queue, or a key, over a limit (it may only find it over already, after
+  a limit was lowered, and then takes nothing of it);
+- there is no running counter to drift: the claim counts the jobs that run. The one stored
+  count, the log of rate-limited starts, is compared with the model's after every step;
+- the usual ones: every job is where the model says, attempts are bounded, and a job waiting
+  on a limit spends no attempt (attempts change only by claims the model expects).
+
+Examples per CI run: 150 machines of up to 40 steps; ``TRIOQ_HYPOTHESIS=long`` runs 3,000 of
+up to 80. Mutation check done by hand when this was written: dropping the global count,
+counting a key's starts outside the window (``>`` to ``>=``), not pruning with the longest
+period, or an off-by-one in the per-key allowance each makes this test fail.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import attrs
+import trio
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import trioq
+from trioq import Failure, Lease, Queue, RateLimit, Unique
+
+T = TypeVar("T")
+UTC = dt.UTC
+LEASE = dt.timedelta(seconds=30)
+T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
+WORKERS = ("w0", "w1")
+KEYS = (None, "a", "a", "b")
+GC = st.sampled_from([None, 1, 2, 3])
+RATE = st.sampled_from([None, (1, 10), (2, 10), (3, 30)])
+KC = st.sampled_from([None, 1, 2])
+KEY_RATE = st.sampled_from([None, (1, 10), (2, 30)])
+WINDOW = dt.timedelta(seconds=60)
+LONG = os.environ.get("TRIOQ_HYPOTHESIS") == "long"
+INF = math.inf
+Q = Queue()
+
+
+@attrs.define
+class ModelJob:
+    id: int
+    priority: int
+    run_at: dt.datetime
+    key: str | None
+    max_attempts: int
+    state: str = "available"  # available, running, done, dead, cancelled (no delays here)
+    attempt: int = 0
+    owner: str | None = None
+    lease_until: dt.datetime | None = None
+    cancel_requested: bool = False
+
+
+@attrs.define
+class Settings:
+    paused: bool = False
+    gc: int | None = None
+    rate: tuple[int, int] | None = None  # (limit, period seconds)
+    kc: int | None = None
+    key_rate: tuple[int, int] | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return self.kc is not None or self.key_rate is not None
+
+
+class FlowMachine(RuleBasedStateMachine):
+    conn: Any = None
+    token: trio.lowlevel.TrioToken | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: dict[int, ModelJob] = {}
+        self.clock = T0
+        self.settings = Settings()
+        self.starts: list[tuple[dt.datetime, str, int]] = []  # the rate log: (at, key, n)
+        self.holders: dict[tuple[str, int], int] = {}  # unique window -> the job holding it
+        self.beliefs: dict[str, set[Lease]] = {w: set() for w in WORKERS}
+        self.call(self._reset)
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return trio.from_thread.run(fn, *args, trio_token=self.token)
+
+    async def _reset(self) -> None:
+        await self.conn.execute(
+            "TRUNCATE trioq.jobs, trioq.dead_jobs, trioq.queues, trioq.rate_starts,"
+            " trioq.unique_keys"
+        )
+        await self._set_clock()
+
+    async def _set_clock(self) -> None:
+        await self.conn.execute(
+            "SELECT set_config('trioq.now', %s, false)", (self.clock.isoformat(),)
+        )
+
+    # -- the model of a claim ------------------------------------------------------------------
+
+    def _running(self, key: str | None = None) -> int:
+        return sum(1 for j in self.jobs.values()
+                   if j.state == "running" and (key is None or j.key == key))  # fmt: skip
+
+    def _started(self, key: str, period: int) -> int:
+        since = self.clock - dt.timedelta(seconds=period)
+        return sum(n for at, k, n in self.starts if k == key and at > since)
+
+    def _opening(self, key: str, limit: int, period: int) -> float | None:
+        """When the window of ``key`` opens (seconds from now), None if not full."""
+        since = self.clock - dt.timedelta(seconds=period)
+        newer = 0
+        for at, _, n in sorted((s for s in self.starts if s[1] == key and s[0] > since),
+                               key=lambda s: s[0], reverse=True):  # fmt: skip
+            newer += n
+            if newer >= limit:
+                return (at + dt.timedelta(seconds=period) - self.clock).total_seconds()
+        return None
+
+    def _allowance(self, key: str) -> float:
+        s = self.settings
+        a = INF
+        if s.kc is not None:
+            a = min(a, s.kc - self._running(key))
+        if s.key_rate is not None:
+            a = min(a, s.key_rate[0] - self._started(key, s.key_rate[1]))
+        return a
+
+    def _due(self) -> list[ModelJob]:
+        due = [j for j in self.jobs.values() if j.state == "available" and j.run_at <= self.clock]
+        return sorted(due, key=lambda j: (j.priority, j.run_at, j.id))
+
+    def room(self, limit: int) -> tuple[int, str | None, float | None]:
+        """What the limits leave of ``limit`` before looking at jobs, and which cut it."""
+        s = self.settings
+        room, why, opens = limit, None, None
+        if s.gc is not None and s.gc - self._running() < room:
+            room, why = max(s.gc - self._running(), 0), "concurrency"
+        if room > 0 and s.rate is not None:
+            left = s.rate[0] - self._started("", s.rate[1])
+            if left < room:
+                room, why = max(left, 0), "rate"
+                if room == 0:
+                    opens = self._opening("", *s.rate)
+        return room, why, opens
+
+    def pick(self, room: int) -> list[ModelJob]:
+        """Due jobs in claim order; with per-key limits, each key up to its allowance."""
+        keyed = self.settings.keyed
+        allowance = {k: self._allowance(k) for k in ("a", "b")}
+        taken: list[ModelJob] = []
+        for job in self._due():
+            if len(taken) >= room:
+                break
+            if not keyed or job.key is None:
+                taken.append(job)
+            elif allowance[job.key] >= 1:
+                allowance[job.key] -= 1
+                taken.append(job)
+        return taken
+
+    def log_starts(self, taken: list[ModelJob]) -> None:
+        """As the claim does: log the starts, then prune with the longest period."""
+        s = self.settings
+        if taken and s.rate is not None:
+            self.starts.append((self.clock, "", len(taken)))
+        if taken and s.key_rate is not None:
+            for key in ("a", "b"):
+                if n := sum(1 for m in taken if m.key == key):
+                    self.starts.append((self.clock, key, n))
+        if s.rate is not None or s.key_rate is not None:
+            longest = max(s.rate[1] if s.rate else 0, s.key_rate[1] if s.key_rate else 0)
+            since = self.clock - dt.timedelta(seconds=longest)
+            self.starts = [x for x in self.starts if x[0] > since]
+
+    def why_short(
+        self, room: int, why: str | None, taken: list[ModelJob]
+    ) -> tuple[str | None, float | None]:
+        """Why a claim that ran took fewer than asked (after its starts are logged)."""
+        s = self.settings
+        if len(taken) < room:
+            if not s.keyed:
+                return None, None  # drained
+            held = sorted({j.key for j in self._due()
+                           if j.key is not None and self._allowance(j.key) <= 0})  # fmt: skip
+            if not held:
+                return None, None
+            opens = None
+            if s.key_rate is not None:
+                found = [o for k in held if (o := self._opening(k, *s.key_rate)) is not None]
+                opens = min(found) if found else None
+            return "keys", opens
+        if why == "rate":
+            assert s.rate is not None
+            return "rate", self._opening("", *s.rate)
+        return why, None
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    specs = st.tuples(st.sampled_from(KEYS), st.integers(-1, 1), st.integers(1, 3))
+
+    @initialize(
+        batch=st.lists(specs, min_size=1, max_size=10), gc=GC, rate=RATE, kc=KC, key_rate=KEY_RATE
+    )
+    def prefill(self, batch: list[tuple[str | None, int, int]], gc: Any, rate: Any, kc: Any,
+                key_rate: Any) -> None:  # fmt: skip
+        self._apply({"gc": gc, "rate": rate, "kc": kc, "key_rate": key_rate})
+        for spec in batch:
+            self.enqueue(spec)
+
+    @precondition(lambda self: len(self.jobs) < 60)
+    @rule(spec=specs)
+    def enqueue(self, spec: tuple[str | None, int, int]) -> None:
+        key, priority, attempts = spec
+        result = self.call(lambda: trioq.enqueue(
+            self.conn, "t", queue="q", priority=priority, max_attempts=attempts,
+            concurrency_key=key,
+        ))  # fmt: skip
+        self.jobs[result.job_id] = ModelJob(
+            id=result.job_id, priority=priority, run_at=self.clock, key=key,
+            max_attempts=attempts,
+        )  # fmt: skip
+
+    @precondition(lambda self: len(self.jobs) < 60)
+    @rule(key=st.sampled_from(["r1", "r2"]))
+    def enqueue_unique(self, key: str) -> None:
+        """At most one job per key and minute, done ones included (not cancelled, dead)."""
+        bucket = int(self.clock.timestamp() // WINDOW.total_seconds())
+        holder = self.holders.get((key, bucket))
+        unique = Unique(key=key, period=WINDOW)
+        result = self.call(lambda: trioq.enqueue(self.conn, "t", queue="q", unique=unique))
+        if holder is not None and self.jobs[holder].state not in ("cancelled", "dead"):
+            assert result == trioq.EnqueueResult(holder, duplicate=True)
+            return
+        assert not result.duplicate
+        self.holders[(key, bucket)] = result.job_id
+        self.jobs[result.job_id] = ModelJob(
+            id=result.job_id, priority=0, run_at=self.clock, key=None, max_attempts=25
+        )
+
+    @rule(change=st.one_of(
+        st.tuples(st.just("gc"), GC), st.tuples(st.just("rate"), RATE),
+        st.tuples(st.just("kc"), KC), st.tuples(st.just("key_rate"), KEY_RATE),
+        st.tuples(st.just("paused"), st.booleans()),
+    ))  # fmt: skip
+    def change_settings(self, change: tuple[str, Any]) -> None:
+        """One setting set, changed or removed (or the queue paused or resumed)."""
+        name, value = change
+        if name == "paused":
+            self.call(Q.pause if value else Q.resume, self.conn, "q")
+            self.settings.paused = value
+        else:
+            self._apply({name: value})
+
+    def _apply(self, changes: dict[str, Any]) -> None:
+        s = self.settings
+        names = {"gc": "global_concurrency", "rate": "rate_limit", "kc": "key_concurrency",
+                 "key_rate": "key_rate_limit"}  # fmt: skip
+        given: dict[str, Any] = {}
+        for name, value in changes.items():
+            setattr(s, name, value)
+            given[names[name]] = RateLimit(*value) if isinstance(value, tuple) else value
+            if name == "rate" and value is None:
+                self.starts = [x for x in self.starts if x[1] != ""]
+            if name == "key_rate" and value is None:
+                self.starts = [x for x in self.starts if x[1] == ""]
+        self.call(lambda: Q.set_limits(self.conn, "q", **given))
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 5))
+    def claim_again(self, worker: str, limit: int) -> None:
+        """(Claims are the point: twice the weight of any other rule.)"""
+        self.claim(worker, limit)
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 5))
+    def claim(self, worker: str, limit: int) -> None:
+        got = self.call(lambda: Q.claim_limited(self.conn, "q", owner=worker, limit=limit,
+                                                lease=LEASE))  # fmt: skip
+        context = (got, self.settings, self.clock)
+        if self.settings.paused:
+            assert (got.jobs, got.reason, got.retry_in) == ([], "paused", None), context
+            return
+        room, why, opens = self.room(limit)
+        if room == 0:
+            assert (got.jobs, got.reason, got.retry_in) == ([], why, opens), context
+            return
+        taken = self.pick(room)
+        assert [j.id for j in got.jobs] == [m.id for m in taken], context
+        for job, model in zip(got.jobs, taken, strict=True):
+            model.state, model.owner = "running", worker
+            model.attempt += 1
+            model.lease_until = self.clock + LEASE
+            assert job.attempt == model.attempt
+            self.beliefs[worker].add(Lease(job.id, job.attempt))
+        self.log_starts(taken)
+        expected = (None, None) if len(taken) >= limit else self.why_short(room, why, taken)
+        assert (got.reason, got.retry_in) == expected, context
+        self._check_limits(taken)
+
+    def _check_limits(self, taken: list[ModelJob]) -> None:
+        """No claim takes the queue or a key over a limit (it may find one over already,
+        after the limit was lowered, and then takes nothing of it)."""
+        s = self.settings
+        if s.gc is not None and taken:
+            assert self._running() <= s.gc, "a claim took the queue over its limit"
+        if s.kc is not None:
+            for key in ("a", "b"):
+                if any(m.key == key for m in taken):
+                    assert self._running(key) <= s.kc, f"a claim took key {key} over its limit"
+        if s.rate is not None and taken:
+            assert self._started("", s.rate[1]) <= s.rate[0]
+        if s.key_rate is not None:
+            for key in ("a", "b"):
+                if any(m.key == key for m in taken):
+                    assert self._started(key, s.key_rate[1]) <= s.key_rate[0]
+
+    def _holders(self) -> list[str]:
+        return [w for w in WORKERS if self.beliefs[w]]
+
+    def _pick(self, data: st.DataObject) -> tuple[str, list[Lease]]:
+        worker = data.draw(st.sampled_from(self._holders()))
+        held = sorted(self.beliefs[worker], key=lambda le: (le.job_id, le.attempt))
+        chosen = data.draw(st.lists(st.sampled_from(held), unique=True, min_size=1, max_size=3))
+        self.beliefs[worker] -= set(chosen)
+        return worker, chosen
+
+    def _valid(self, worker: str, leases: list[Lease]) -> set[int]:
+        return {
+            le.job_id for le in leases
+            if (m := self.jobs[le.job_id]).state == "running" and m.owner == worker
+            and m.attempt == le.attempt
+        }  # fmt: skip
+
+    def _leave_running(self, job_id: int, state: str) -> None:
+        model = self.jobs[job_id]
+        model.state, model.owner, model.lease_until = state, None, None
+        if state == "available":
+            model.run_at = self.clock
+
+    @precondition(lambda self: bool(self._holders()))
+    @rule(data=st.data(), kind=st.sampled_from(["complete", "retry", "fatal", "release"]))
+    def finish(self, data: st.DataObject, kind: str) -> None:
+        """Outcomes of some held leases (maybe stale ones): each frees its slot, if valid."""
+        worker, leases = self._pick(data)
+        valid = self._valid(worker, leases)
+        if kind == "complete":
+            done = self.call(lambda: Q.complete_many(self.conn, owner=worker, leases=leases))
+            assert done == valid
+            for job_id in valid:
+                self._leave_running(job_id, "done")
+        elif kind == "release":
+            released = self.call(lambda: Q.release_many(self.conn, owner=worker, leases=leases))
+            assert released == valid
+            for job_id in valid:
+                model = self.jobs[job_id]
+                model.attempt -= 1
+                self._leave_running(job_id, "cancelled" if model.cancel_requested else "available")
+        else:
+            fatal = kind == "fatal"
+            failures = [Failure(lease=le, error="boom", fatal=fatal) for le in leases]
+            result = self.call(lambda: Q.fail_many(self.conn, owner=worker, failures=failures))
+            for job_id in valid:
+                model = self.jobs[job_id]
+                if fatal or model.attempt >= model.max_attempts:
+                    assert job_id in result.dead
+                    self._leave_running(job_id, "dead")
+                elif model.cancel_requested:
+                    assert job_id in result.cancelled
+                    self._leave_running(job_id, "cancelled")
+                else:
+                    assert job_id in result.retried
+                    self._leave_running(job_id, "available")
+
+    @precondition(lambda self: bool(self._holders()))
+    @rule(worker=st.sampled_from(WORKERS))
+    def crash(self, worker: str) -> None:
+        """The worker dies: its jobs keep their slots until their leases expire."""
+        self.beliefs[worker].clear()
+
+    @rule(seconds=st.sampled_from([1, 4, 10, 31]))
+    def time_passes(self, seconds: int) -> None:
+        self.clock += dt.timedelta(seconds=seconds)
+        self.call(self._set_clock)
+
+    @rule()
+    def sweep(self) -> None:
+        result = self.call(lambda: Q.sweep(self.conn))
+        for model in list(self.jobs.values()):
+            if model.state != "running" or model.lease_until is None:
+                continue
+            if model.lease_until >= self.clock:
+                continue
+            if model.cancel_requested:
+                assert model.id in result.cancelled
+                self._leave_running(model.id, "cancelled")
+            elif model.attempt >= model.max_attempts:
+                assert model.id in result.dead
+                self._leave_running(model.id, "dead")
+            else:
+                assert model.id in result.returned
+                self._leave_running(model.id, "available")
+
+    @precondition(lambda self: bool(self.jobs))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        model = self.jobs[data.draw(st.sampled_from(sorted(self.jobs)))]
+        outcome = self.call(Q.cancel, self.conn, model.id)
+        if model.state == "available":
+            assert outcome.status == "cancelled"
+            model.state = "cancelled"
+        elif model.state == "running":
+            assert outcome.status == "requested"
+            model.cancel_requested = True
+        else:
+            assert outcome.status == "not_found"
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def database_matches_model(self) -> None:
+        live, dead = self.call(self._fetch)
+        for job_id, model in self.jobs.items():
+            if model.state == "done":
+                assert job_id not in live and job_id not in dead
+            elif model.state == "dead":
+                assert dead.get(job_id) == model.attempt
+            else:
+                assert live.get(job_id) == (model.state, model.attempt, model.owner), job_id
+        assert set(live) | set(dead) <= set(self.jobs)
+
+    @invariant()
+    def the_rate_log_never_drifts(self) -> None:
+        """The limiter's only stored count: what it logged is what the model started."""
+        logged = self.call(self._rate_log)
+        mine: dict[tuple[dt.datetime, str], int] = {}
+        for at, key, n in self.starts:
+            mine[(at, key)] = mine.get((at, key), 0) + n
+        assert logged == mine
+
+    @invariant()
+    def attempts_are_bounded(self) -> None:
+        for model in self.jobs.values():
+            assert 0 <= model.attempt <= model.max_attempts
+
+    async def _fetch(self) -> tuple[dict[int, tuple[str, int, str | None]], dict[int, int]]:
+        cur = await self.conn.execute("SELECT id, state, attempt, lease_owner FROM trioq.jobs")
+        live = {r[0]: (r[1], r[2], r[3]) for r in await cur.fetchall()}
+        cur = await self.conn.execute("SELECT id, attempt FROM trioq.dead_jobs")
+        return live, {r[0]: r[1] for r in await cur.fetchall()}
+
+    async def _rate_log(self) -> dict[tuple[dt.datetime, str], int]:
+        cur = await self.conn.execute(
+            "SELECT started_at, key, sum(n) FROM trioq.rate_starts GROUP BY 1, 2"
+        )
+        return {(at, key): int(n) for at, key, n in await cur.fetchall()}
+
+
+def test_flow_state_machine(dsn: str) -> None:
+    async def main() -> None:
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            await trioq.migrate(conn)
+            machine = type(
+                "BoundFlowMachine",
+                (FlowMachine,),
+                {"conn": conn, "token": trio.lowlevel.current_trio_token()},
+            )
+            config = settings(
+                max_examples=3000 if LONG else 150,
+                stateful_step_count=80 if LONG else 40,
+                deadline=None,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            )
+            await trio.to_thread.run_sync(
+                lambda: run_state_machine_as_test(machine, settings=config)
+            )
+
+    trio.run(main)

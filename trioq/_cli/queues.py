@@ -1,0 +1,197 @@
+"""``trioq queue list|pause|resume|set``: a queue's flow control (``docs/flow-control.md``).
+
+Settings are stored in the database and every worker hears of a change by notification;
+each command prints the queue's settings afterwards (JSON with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import attrs
+
+from .._flow import QueueSettings, RateLimit, check_limit
+from .._job import check_queue_name
+from .._queue import Queue
+from .ops import EXIT_OK, _run
+from .options import database_options
+
+__all__ = ["add_queue_parser"]
+
+_NONE = "none"
+
+
+def add_queue_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    parser = commands.add_parser(
+        "queue",
+        parents=[common],  # so `trioq queue --dsn URL` is a usage error that names no DSN
+        help="pause, resume and limit queues (across every worker)",
+        description="Pause, resume and limit queues. Settings live in the database and hold "
+        "across every worker process; workers hear of a change within milliseconds.",
+        epilog="examples:\n  trioq queue list\n  trioq queue pause email\n"
+        "  trioq queue set email --global-concurrency 5 --rate 100/1m\n"
+        "  trioq queue set sync --key-concurrency 1\n"
+        "  trioq queue set email --rate none   # remove the rate limit",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subs = parser.add_subparsers(dest="queue_command", required=True, metavar="COMMAND")
+    common = database_options(in_group=True)
+    _sub(subs, common, "list", _list, "show every queue's settings and depth")
+    _sub(subs, common, "pause", _pause, "stop every worker from claiming from a queue", named=True)
+    _sub(subs, common, "resume", _resume, "let workers claim from a paused queue again", named=True)
+    limits = _sub(
+        subs, common, "set", _set, "change a queue's limits (none removes one)", named=True
+    )
+    for flag, kind, metavar, text in (
+        ("--global-concurrency", _count, "N|none",
+         "at most N jobs of the queue running at once, in all workers"),
+        ("--rate", _rate, "N/PERIOD|none",
+         "at most N starts in any PERIOD, e.g. 100/1m, 5/s, 10/500ms"),
+        ("--key-concurrency", _count, "K|none", "at most K running jobs per concurrency key"),
+        ("--key-rate", _rate, "N/PERIOD|none",
+         "at most N starts per concurrency key in any PERIOD"),
+    ):  # fmt: skip
+        # SUPPRESS: a flag not given is absent from the namespace ("none" removes a limit).
+        limits.add_argument(flag, type=kind, metavar=metavar, help=text,
+                            default=argparse.SUPPRESS)  # fmt: skip
+
+
+def _sub(
+    subs: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+    name: str,
+    action: Any,
+    help: str,
+    *,
+    named: bool = False,
+) -> argparse.ArgumentParser:
+    sub = subs.add_parser(name, parents=[common], help=help,
+                          description=help[0].upper() + help[1:] + ".")  # fmt: skip
+    if named:
+        sub.add_argument("name", type=_queue_name, help="the queue")
+    sub.set_defaults(handler=lambda args: _run(action, args) if _checked(args) else 1)
+    return sub
+
+
+def _checked(args: argparse.Namespace) -> bool:
+    """Usage problems argparse cannot see are reported before the database is touched."""
+    if args.queue_command == "set":
+        _changes(args)
+    return True
+
+
+# -- argument types (argparse reports their ValueError as a usage error) -------------------------
+
+
+def _queue_name(text: str) -> str:
+    try:
+        return check_queue_name(text)
+    except ValueError as ex:
+        raise argparse.ArgumentTypeError(str(ex)) from None
+
+
+def _count(text: str) -> int | None:
+    if text.strip().lower() == _NONE:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (or none)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1 (pause the queue instead)")
+    return value
+
+
+def _rate(text: str) -> RateLimit | None:
+    if text.strip().lower() == _NONE:
+        return None
+    try:
+        return RateLimit.parse(text)
+    except ValueError as ex:
+        raise argparse.ArgumentTypeError(str(ex)) from None
+
+
+# -- the commands ---------------------------------------------------------------------------------
+
+
+async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    settings = {s.name: s for s in await queue.queue_settings(conn)}
+    depth = {q.queue: q for q in (await queue.status(conn))[0]}
+    names = sorted(set(settings) | set(depth))
+    rows = []
+    for name in names:
+        row = _settings_dict(settings.get(name, QueueSettings(name=name)))
+        status = depth.get(name)
+        row["available"] = status.available if status else 0
+        row["running"] = status.running if status else 0
+        rows.append(row)
+    head = (f"{'queue':<20} {'paused':<6} {'global':>6} {'rate':>10} {'per key':>7} "
+            f"{'key rate':>10} {'available':>9} {'running':>7}")  # fmt: skip
+    lines = [head] + [
+        f"{r['name']:<20} {'yes' if r['paused'] else 'no':<6} {_dash(r['global_concurrency']):>6} "
+        f"{_dash(r['rate_limit']):>10} {_dash(r['key_concurrency']):>7} "
+        f"{_dash(r['key_rate_limit']):>10} {r['available']:>9} {r['running']:>7}"
+        for r in rows
+    ]
+    if not rows:
+        lines.append("(no queues)")
+    return EXIT_OK, rows, "\n".join(lines)
+
+
+async def _pause(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    settings = await queue.pause(conn, args.name)
+    return EXIT_OK, _settings_dict(settings), f"queue {args.name!r} paused: {_describe(settings)}"
+
+
+async def _resume(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    settings = await queue.resume(conn, args.name)
+    return EXIT_OK, _settings_dict(settings), f"queue {args.name!r} resumed: {_describe(settings)}"
+
+
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits ``trioq queue set`` was given (checked before connecting)."""
+    flags = {"global_concurrency": "global_concurrency", "rate_limit": "rate",
+             "key_concurrency": "key_concurrency", "key_rate_limit": "key_rate"}  # fmt: skip
+    changes = {k: getattr(args, dest) for k, dest in flags.items() if hasattr(args, dest)}
+    if not changes:
+        raise ValueError(
+            "queue set: give at least one of --global-concurrency, --rate, --key-concurrency, "
+            "--key-rate"
+        )
+    for field in ("global_concurrency", "key_concurrency"):
+        check_limit(changes.get(field), field)  # the bound the database holds
+    return changes
+
+
+async def _set(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    settings = await queue.set_limits(conn, args.name, **_changes(args))
+    return EXIT_OK, _settings_dict(settings), f"queue {args.name!r}: {_describe(settings)}"
+
+
+def _settings_dict(settings: QueueSettings) -> dict[str, Any]:
+    row = attrs.asdict(settings, recurse=False)
+    for key in ("rate_limit", "key_rate_limit"):
+        row[key] = None if row[key] is None else str(row[key])
+    return row
+
+
+def _describe(s: QueueSettings) -> str:
+    parts = ["paused" if s.paused else "not paused"]
+    if s.global_concurrency is not None:
+        parts.append(f"global concurrency {s.global_concurrency}")
+    if s.rate_limit is not None:
+        parts.append(f"rate {s.rate_limit}")
+    if s.key_concurrency is not None:
+        parts.append(f"per-key concurrency {s.key_concurrency}")
+    if s.key_rate_limit is not None:
+        parts.append(f"per-key rate {s.key_rate_limit}")
+    if len(parts) == 1:
+        parts.append("no limits")
+    return ", ".join(parts)
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)

@@ -1,0 +1,240 @@
+"""Flow control as a library: queue settings, pause and resume, and the limited claim.
+
+A queue's settings are a row of the ``queues`` table (migration 6): paused, a global
+concurrency limit, a rate limit, and per-key limits of both kinds. They hold across every
+process because the claim enforces them in the database (``claim_limited`` in the
+migration, explained in ``docs/flow-control.md``). This module turns arguments into
+parameters and rows into `QueueSettings` and `LimitedClaim`; `trioq.Queue` exposes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import psycopg
+
+from ._job import Job, check_queue_name
+from ._sql import Statements
+from ._unique import to_period
+
+__all__ = [
+    "UNSET",
+    "LimitedClaim",
+    "QueueSettings",
+    "RateLimit",
+    "Unset",
+    "change_settings",
+    "check_limit",
+    "claim_limited",
+    "read_settings",
+    "to_rate_limit",
+]
+
+Conn = psycopg.AsyncConnection[Any]
+
+#: Limits are int4 in the database.
+LIMIT_MAX = 2**31 - 1
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE_RE = re.compile(r"\s*(\d{1,10})\s*/\s*(\d{0,10}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)\s*")
+
+
+class Unset(enum.Enum):
+    """The default of `trioq.Queue.set_limits`: leave the setting as it is."""
+
+    UNSET = "unset"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = Unset.UNSET
+
+
+def check_limit(value: object, field: str) -> int | None:
+    """None (no limit), or a positive int that fits the database."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{field} must be a positive int or None, got {value!r}")
+    if not 1 <= value <= LIMIT_MAX:
+        raise ValueError(f"{field} must be between 1 and {LIMIT_MAX}, got {value}")
+    return value
+
+
+def _period(value: object) -> dt.timedelta:
+    return to_period(value, "rate period")
+
+
+def _limit(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if check_limit(value, f"rate {attribute.name}") is None:
+        raise TypeError(f"rate {attribute.name} must be a positive int, got None")
+
+
+@attrs.frozen
+class RateLimit:
+    """At most ``limit`` starts in any ``period`` (a sliding window): ``RateLimit(100, 60)``
+    is 100 a minute. ``RateLimit.parse("100/1m")`` reads the command line's form."""
+
+    limit: int = attrs.field(validator=_limit)
+    period: dt.timedelta = attrs.field(converter=_period)
+
+    @classmethod
+    def parse(cls, text: str, field: str = "rate") -> RateLimit:
+        """``N/PERIOD``: ``100/1m``, ``5/s``, ``10/500ms``, ``1000/1h``, ``50/1d``."""
+        match = _RATE_RE.fullmatch(text) if isinstance(text, str) else None
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        if match is None:
+            raise ValueError(
+                f"{field} {shown!r} is invalid: use N/PERIOD, e.g. 100/1m, 5/s, 10/500ms, 1000/1h"
+            )
+        amount = float(match[2]) if match[2] else 1.0
+        seconds = amount * _UNITS[match[3]]
+        try:
+            return cls(int(match[1]), dt.timedelta(seconds=seconds))
+        except (TypeError, ValueError) as ex:
+            raise ValueError(f"{field} {shown!r}: {ex}") from None
+
+    def __str__(self) -> str:
+        seconds = self.period.total_seconds()
+        for unit in ("d", "h", "m", "s"):
+            amount = seconds / _UNITS[unit]
+            if amount >= 1 and amount == int(amount):
+                return f"{self.limit}/{int(amount)}{unit}"
+        return f"{self.limit}/{round(seconds * 1000)}ms"
+
+
+def to_rate_limit(value: object, field: str = "rate_limit") -> RateLimit | None:
+    """None, a `RateLimit`, or its text form (``"100/1m"``)."""
+    if value is None or isinstance(value, RateLimit):
+        return value
+    if isinstance(value, str):
+        return RateLimit.parse(value, field)
+    raise TypeError(f"{field} must be a trioq.RateLimit, a string like '100/1m' or None, "
+                    f"got {value!r}")  # fmt: skip
+
+
+@attrs.frozen(kw_only=True)
+class QueueSettings:
+    """A queue's flow control, as stored (every process reads the same)."""
+
+    name: str
+    paused: bool = False
+    global_concurrency: int | None = None
+    rate_limit: RateLimit | None = None
+    key_concurrency: int | None = None
+    key_rate_limit: RateLimit | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> QueueSettings:
+        name, paused, gc, rl, rp, kc, krl, krp = row[:8]
+        return cls(
+            name=name,
+            paused=paused,
+            global_concurrency=gc,
+            rate_limit=None if rl is None else RateLimit(rl, rp),
+            key_concurrency=kc,
+            key_rate_limit=None if krl is None else RateLimit(krl, krp),
+        )
+
+    @property
+    def controlled(self) -> bool:
+        """Whether claims go through the limited claim (anything set, or paused)."""
+        return self.paused or self.limited
+
+    @property
+    def limited(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.global_concurrency, self.rate_limit, self.key_concurrency,
+                      self.key_rate_limit)
+        )  # fmt: skip
+
+
+@attrs.frozen(kw_only=True)
+class LimitedClaim:
+    """What a limited claim took, and why it took fewer than asked (if it did).
+
+    ``reason``: ``paused``; ``concurrency`` (the global limit is reached); ``rate`` (the
+    queue's rate window is full: it opens in ``retry_in`` seconds); ``keys`` (jobs were held
+    back by per-key limits; ``retry_in``: when the first key's rate window opens, if one
+    is full); ``more`` (the claim stopped scanning: claim again now); None (drained).
+    """
+
+    jobs: list[Job]
+    reason: str | None = None
+    retry_in: float | None = None
+
+    @property
+    def concurrency_bound(self) -> bool:
+        """A concurrency limit (global or per key) decided how many jobs came back."""
+        return self.reason in ("concurrency", "keys")
+
+
+async def read_settings(
+    conn: Conn, sql: Statements, names: Sequence[str] | None = None
+) -> list[QueueSettings]:
+    """The settings of ``names`` (every queue that has a row, when None), by name."""
+    if names is not None:
+        names = [check_queue_name(n) for n in names]
+    cur = await conn.execute(sql.queue_settings, {"names": names})
+    return [QueueSettings.from_row(row) for row in await cur.fetchall()]
+
+
+async def change_settings(
+    conn: Conn, sql: Statements, name: str, changes: dict[str, Any]
+) -> QueueSettings:
+    """Set the given settings of ``name`` (the others stay), in one statement, and notify
+    every worker. ``changes`` keys: paused, global_concurrency, rate_limit,
+    key_concurrency, key_rate_limit (None clears a limit)."""
+    check_queue_name(name)
+    params: dict[str, Any] = {"name": name, "channel": sql.channel}
+    for field in ("paused", "global_concurrency", "rate_limit", "key_concurrency",
+                  "key_rate_limit"):  # fmt: skip
+        params[f"set_{field}"] = field in changes
+    unknown = sorted(set(changes) - {f[4:] for f in params if f.startswith("set_")})
+    if unknown:
+        raise TypeError(f"unknown queue settings {unknown}")
+    paused = changes.get("paused")
+    if paused is not None and not isinstance(paused, bool):
+        raise TypeError(f"paused must be a bool, got {paused!r}")
+    params["paused"] = paused
+    params["global_concurrency"] = check_limit(
+        changes.get("global_concurrency"), "global_concurrency"
+    )
+    params["key_concurrency"] = check_limit(changes.get("key_concurrency"), "key_concurrency")
+    for field, prefix in (("rate_limit", "rate"), ("key_rate_limit", "key_rate")):
+        rate = to_rate_limit(changes.get(field), field)
+        params[f"{prefix}_limit"] = None if rate is None else rate.limit
+        params[f"{prefix}_period"] = None if rate is None else rate.period
+    cur = await conn.execute(sql.change_queue, params)
+    row = await cur.fetchone()
+    assert row is not None
+    return QueueSettings.from_row(row)
+
+
+async def claim_limited(
+    conn: Conn, sql: Statements, queue: str, *, owner: str, limit: int, lease: dt.timedelta
+) -> LimitedClaim:
+    """Lease up to ``limit`` due jobs of ``queue`` within its limits (see `LimitedClaim`).
+
+    Runs in one statement; needs READ COMMITTED (the default) or autocommit.
+    """
+    params = {"queue": queue, "owner": owner, "limit": limit, "lease": lease}
+    cur = await conn.execute(sql.claim_limited, params)
+    rows = await cur.fetchall()
+    reason: str | None = None
+    retry_in: float | None = None
+    jobs = []
+    for row in rows:
+        if row[0] is None:
+            reason, retry_in = row[10], row[11]
+        else:
+            jobs.append(row[:10])
+    jobs.sort(key=lambda r: (r[4], r[5], r[0]))  # priority, run_at, id (RETURNING keeps none)
+    return LimitedClaim(jobs=[Job.from_row(r) for r in jobs], reason=reason, retry_in=retry_in)
