@@ -8,7 +8,9 @@
 -- lease was lost meanwhile, the error aborts the transaction before the COMMIT runs, so
 -- the handler's writes roll back with it. A plain DELETE there would let them commit.
 -- search_path is pinned to this schema (then pg_catalog): the caller's is never used.
-CREATE FUNCTION complete_in_transaction(job_ids bigint[], job_attempts integer[], owner text)
+CREATE OR REPLACE FUNCTION complete_in_transaction(
+    job_ids bigint[], job_attempts integer[], owner text
+)
 RETURNS integer LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     completed bigint[];
