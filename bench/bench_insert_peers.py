@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from _common import add_common_options, create_database, drop_bench_db
+from _common import add_common_options, create_database, drop_bench_db, run_with_peer
 
 HERE = Path(__file__).parent
 
@@ -101,9 +101,4 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--pgqueuer-batches", type=int, nargs="+", default=[10, 50])
     parser.add_argument("--pgqueuer-python", default="/tmp/trioq-bench-peers/pgqueuer/bin/python")
-    options = parser.parse_args()
-    if options.pgqueuer_python and not Path(options.pgqueuer_python).exists():
-        options.pgqueuer_python = None
-    found = trio.run(main, options)
-    if options.json:
-        Path(options.json).write_text(json.dumps(found, indent=2))
+    run_with_peer(main, parser.parse_args())

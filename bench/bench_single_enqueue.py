@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from _common import add_common_options, create_database, drop_bench_db, find_pgbench
+from _common import add_common_options, create_database, drop_bench_db, find_pgbench, run_with_peer
 
 import trioq
 
@@ -118,9 +118,4 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--trioq", action="append", metavar="LABEL=PYTHON")
     parser.add_argument("--pgqueuer-python", default="/tmp/trioq-bench-peers/pgqueuer/bin/python")
-    options = parser.parse_args()
-    if options.pgqueuer_python and not Path(options.pgqueuer_python).exists():
-        options.pgqueuer_python = None
-    found = trio.run(main, options)
-    if options.json:
-        Path(options.json).write_text(json.dumps(found, indent=2))
+    run_with_peer(main, parser.parse_args())

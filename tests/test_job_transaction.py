@@ -197,6 +197,17 @@ async def test_cancelled_in_the_first_statement_commits_nothing_and_keeps_the_po
         assert pool.statistics().size <= 1
 
 
+async def assert_clean_and_usable(conn: Any, pool: trioq.pg.Pool, next_ctx: Any) -> None:
+    """The pool's connection is idle with nothing deferred, and the next job's
+    transaction on it commits its row."""
+    async with pool.connection() as again:
+        assert again.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        assert again.deferred == ()
+    async with next_ctx.transaction() as tx:
+        await tx.execute("INSERT INTO ledger VALUES (%s, %s)", (next_ctx.id, "y"))
+    assert await rows(conn, "SELECT job_id FROM ledger") == [(next_ctx.id,)]
+
+
 async def test_a_lost_lease_commits_nothing_and_the_connection_comes_back_clean(
     dsn: str,
 ) -> None:
@@ -213,12 +224,7 @@ async def test_a_lost_lease_commits_nothing_and_the_connection_comes_back_clean(
         assert await scalar(conn, "SELECT count(*) FROM ledger") == 0  # rolled back
         owner = await scalar(conn, "SELECT lease_owner FROM trioq.jobs WHERE id = %s", job.id)
         assert owner == "other"
-        async with pool.connection() as again:
-            assert again.pgconn.transaction_status == pq.TransactionStatus.IDLE
-            assert again.deferred == ()
-        async with ctx2.transaction() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", (job2.id, "y"))
-        assert await rows(conn, "SELECT job_id FROM ledger") == [(job2.id,)]
+        await assert_clean_and_usable(conn, pool, ctx2)
 
 
 @pytest.mark.parametrize("where", ["second_statement", "between_statements", "no_statement"])
@@ -238,12 +244,7 @@ async def test_a_timeout_mid_block_rolls_back_and_the_connection_comes_back_clea
         assert scope.cancelled_caught and not ctx.completed_in_transaction and gone == []
         assert await scalar(conn, "SELECT count(*) FROM ledger") == 0
         assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 2  # not completed
-        async with pool.connection() as again:
-            assert again.pgconn.transaction_status == pq.TransactionStatus.IDLE
-            assert again.deferred == ()
-        async with ctx2.transaction() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", (job2.id, "y"))
-        assert await rows(conn, "SELECT job_id FROM ledger") == [(job2.id,)]
+        await assert_clean_and_usable(conn, pool, ctx2)
         assert pool.statistics().size <= 1
 
 
