@@ -6,8 +6,10 @@ import json
 
 import psycopg
 import pytest
+import trio
 from clitool import trioq_cli as trioq
 
+import trioq as trioq_lib
 from trioq._migrate import latest_version
 
 
@@ -88,6 +90,23 @@ def test_enqueue_status_cancel_roundtrip(dsn: str) -> None:
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
     gone = trioq("cancel", str(job["job_id"]), "--dsn", dsn)
     assert gone.returncode == 4
+
+
+def test_status_counts_jobs_waiting_for_their_dependencies(dsn: str) -> None:
+    """A job enqueued with after= is neither available nor scheduled: status says so."""
+    assert trioq("migrate", "--dsn", dsn).returncode == 0
+    first = json.loads(trioq("enqueue", "greet", "--dsn", dsn, "--json").stdout)["job_id"]
+
+    async def then() -> None:
+        async with await trioq_lib.connect(dsn, autocommit=True) as conn:
+            await trioq_lib.enqueue(conn, "greet", queue="next", after=[first])
+
+    trio.run(then)
+    status = json.loads(trioq("status", "--dsn", dsn, "--json").stdout)
+    waiting = {q["queue"]: (q["available"], q["waiting"]) for q in status["queues"]}
+    assert waiting == {"default": (1, 0), "next": (0, 1)}
+    text = trioq("status", "--dsn", dsn).stdout
+    assert "waiting for their dependencies: 1 in next" in text, text
 
 
 def test_enqueue_bad_input_is_one_line(dsn: str) -> None:

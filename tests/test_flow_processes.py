@@ -77,6 +77,9 @@ CLAIM_SLACK = dt.timedelta(milliseconds=50)
 class Workers:
     """Real ``trioq serve`` processes (``flow_app``), started, killed and restarted."""
 
+    #: The ``--app`` they serve (tests/test_workflow_processes.py serves another).
+    target = "flow_app:config"
+
     def __init__(self, dsn: str, logs: pathlib.Path, **app: str) -> None:
         self.dsn = dsn
         self.app = app
@@ -93,7 +96,7 @@ class Workers:
         env.update({f"APP_{k.upper()}": v for k, v in self.app.items()})
         with (self.logs / f"{name}.log").open("wb") as log:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "trioq._cli", "serve", "--app", "flow_app:config"],
+                [sys.executable, "-m", "trioq._cli", "serve", "--app", self.target],
                 env=env, cwd=TESTS, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         return name

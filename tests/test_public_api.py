@@ -70,6 +70,18 @@ TOP_LEVEL = {
     "retry",
     "serve",
     "testing",
+    # workflows (docs/workflows.md)
+    "Batch",
+    "BatchStatus",
+    "Dependency",
+    "EnqueuedBatch",
+    "Step",
+    "UnknownDependencyError",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowJobs",
+    "batch_status",
+    "dependencies",
 }
 
 PG = {

@@ -138,11 +138,12 @@ async def test_without_a_span_nothing_is_stored_and_the_execution_is_a_root(
 async def test_every_enqueue_path_stores_the_context(
     dsn: str, spans: InMemorySpanExporter
 ) -> None:
-    """enqueue, enqueue_many (one statement; COPY; unnest with dedup keys), enqueue_bulk."""
+    """enqueue, enqueue_many (one statement; COPY; unnest with dedup keys), enqueue_bulk,
+    after= and a workflow."""
     async with await trioq.connect(dsn, autocommit=True) as conn:
         await trioq.migrate(conn)
         with tracer.start_as_current_span("producer") as producer:
-            await trioq.enqueue(conn, "a")
+            first = await trioq.enqueue(conn, "a")
             await trioq.enqueue_many(conn, [trioq.JobSpec(task="b", args={"i": i})
                                             for i in range(3)])  # fmt: skip
             await trioq.enqueue_many(conn, [trioq.JobSpec(task="c", priority=i)
@@ -150,12 +151,16 @@ async def test_every_enqueue_path_stores_the_context(
             await trioq.enqueue_many(conn, [trioq.JobSpec(task="d", dedup_key=f"k{i}")
                                             for i in range(3)])  # fmt: skip
             await trioq.enqueue_bulk(conn, "e", [{"i": i} for i in range(3)])
+            await trioq.enqueue(conn, "g", after=[first.job_id])
+            workflow = trioq.Workflow()
+            workflow.add("h", "h")
+            await workflow.enqueue(conn)
         await trioq.enqueue(conn, "f")  # no span: no context
         found = await rows(conn, "SELECT task, trace_context->>'traceparent' FROM trioq.jobs"
                            " ORDER BY id")  # fmt: skip
     context = producer.get_span_context()
     expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-"
-    assert [task for task, _ in found] == ["a", *"bbb", *"ccc", *"ddd", *"eee", "f"]
+    assert [task for task, _ in found] == ["a", *"bbb", *"ccc", *"ddd", *"eee", "g", "h", "f"]
     assert all(tp is not None and tp.startswith(expected) for _, tp in found[:-1])
     assert found[-1][1] is None
 

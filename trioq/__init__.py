@@ -9,7 +9,9 @@ General layout (``docs/architecture.md`` has the module map and the nursery tree
   ``_exceptions`` (every exception), ``_registry`` (tasks), ``_retry``, ``_cron``.
 - The queue as a library: ``_queue`` (enqueue, claim, outcomes, sweep, status), ``_dead``,
   ``_enqueue`` (the default queue), ``_flow`` (queue settings, the limited claim),
-  ``_unique`` (dedup keys, `Unique`), and ``_sql``, which holds every statement.
+  ``_unique`` (dedup keys, `Unique`), ``_dependencies`` (jobs that wait for others),
+  ``_workflow`` and ``_batch`` (`Workflow`, `Batch`), and ``_sql``, which holds every
+  statement.
 - The worker runtime: ``_serve`` -> ``_runtime`` (fetchers and slots), ``_execute``
   (handlers and their outcomes), ``_context`` (what a handler gets), ``_leases``,
   ``_completer``, and one module per service: ``_listener``, ``_heartbeat``,
@@ -26,6 +28,10 @@ General layout (``docs/architecture.md`` has the module map and the nursery tree
 
 from . import pg as pg
 from . import retry as retry
+from ._batch import Batch as Batch
+from ._batch import BatchStatus as BatchStatus
+from ._batch import EnqueuedBatch as EnqueuedBatch
+from ._batch import batch_status as batch_status
 from ._config import Config as Config
 from ._config import QueueConfig as QueueConfig
 from ._context import JobContext as JobContext
@@ -33,6 +39,8 @@ from ._context import JobServices as JobServices
 from ._cron import CronEntry as CronEntry
 from ._dead import DeadFilter as DeadFilter
 from ._dead import DeadJob as DeadJob
+from ._dependencies import Dependency as Dependency
+from ._enqueue import dependencies as dependencies
 from ._enqueue import enqueue as enqueue
 from ._enqueue import enqueue_bulk as enqueue_bulk
 from ._enqueue import enqueue_many as enqueue_many
@@ -57,6 +65,8 @@ from ._exceptions import SchemaOutdatedError as SchemaOutdatedError
 from ._exceptions import SchemaTooNewError as SchemaTooNewError
 from ._exceptions import SharedTransactionError as SharedTransactionError
 from ._exceptions import Snooze as Snooze
+from ._exceptions import UnknownDependencyError as UnknownDependencyError
+from ._exceptions import WorkflowError as WorkflowError
 from ._flow import LimitedClaim as LimitedClaim
 from ._flow import QueueSettings as QueueSettings
 from ._flow import RateLimit as RateLimit
@@ -85,6 +95,9 @@ from ._runtime import RuntimeStatistics as RuntimeStatistics
 from ._schema import check_schema as check_schema
 from ._serve import serve as serve
 from ._unique import Unique as Unique
+from ._workflow import Step as Step
+from ._workflow import Workflow as Workflow
+from ._workflow import WorkflowJobs as WorkflowJobs
 
 __version__ = "0.1.0"
 

@@ -16,9 +16,10 @@ from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import attrs
 
+from ._dependencies import Dependency
 from ._enqueue import without_first
-from ._exceptions import Snooze
-from ._job import MAX_RETRY_DELAY, Job, Lease, to_delay
+from ._exceptions import JobNotFoundError, Snooze
+from ._job import MAX_RETRY_DELAY, Job, JSONValue, Lease, to_delay
 from ._job_transaction import SharedTransactions, own_transaction
 from ._pg import TrioConnection
 from ._pool import Pool
@@ -106,6 +107,34 @@ class JobContext:
     enqueue = _on_app_connection(Queue.enqueue)
     enqueue_many = _on_app_connection(Queue.enqueue_many)
     enqueue_bulk = _on_app_connection(Queue.enqueue_bulk)
+
+    async def dependencies(self) -> list[Dependency]:
+        """The jobs this job waited for (``after``, or a workflow's), by id, and what became
+        of each; empty for a job without dependencies (``docs/workflows.md``)."""
+        async with self.services.app_pool.connection() as conn:
+            return await self.services.queue.dependencies(conn, self.id)
+
+    async def dependency_results(self) -> dict[int, JSONValue]:
+        """The kept results of the dependencies that completed, by job id.
+
+        Dependencies that did not complete (dead, cancelled or deleted, for a job that runs
+        anyway) are left out: `dependencies` says what became of them. A dependency that
+        completed without keeping its result raises `trioq.JobNotFoundError`: register its
+        task with ``keep_result=True``.
+        """
+        results: dict[int, JSONValue] = {}
+        for dep in await self.dependencies():
+            if dep.outcome != "done":
+                continue
+            if not dep.result_kept:
+                raise JobNotFoundError(
+                    f"dependency {dep.job_id} (task {dep.task!r}) of job {self.id} completed, "
+                    "but its result was not kept (or was pruned): register its task with "
+                    "keep_result=True",
+                    job_id=dep.job_id,
+                )
+            results[dep.job_id] = dep.result
+        return results
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[TrioConnection[Any]]:

@@ -1,5 +1,5 @@
-"""``trioq.enqueue``, ``enqueue_many``, ``enqueue_bulk``, ``job_status``, ``result``: `Queue`'s
-methods on the default queue.
+"""``trioq.enqueue``, ``enqueue_many``, ``enqueue_bulk``, ``job_status``, ``result``,
+``dependencies``: `Queue`'s methods on the default queue.
 
 Each is the `Queue` method itself, bound to `DEFAULT_QUEUE` (schema ``trioq``) by
 `on_default_queue`: its signature, types and docstring are written once, in
@@ -16,6 +16,7 @@ from ._queue import Conn, Queue
 
 __all__ = [
     "DEFAULT_QUEUE",
+    "dependencies",
     "enqueue",
     "enqueue_bulk",
     "enqueue_many",
@@ -63,3 +64,4 @@ enqueue_many = on_default_queue(Queue.enqueue_many)
 enqueue_bulk = on_default_queue(Queue.enqueue_bulk)
 job_status = on_default_queue(Queue.job_status)
 result = on_default_queue(Queue.result)
+dependencies = on_default_queue(Queue.dependencies)

@@ -7,7 +7,11 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      ├── FatalError                 a handler raises it: no retry, the job goes to dead_jobs
      ├── Snooze                     job.snooze(): run again later, the attempt refunded
      ├── ValueError
-     │    └── PayloadTooLargeError  a job's JSON args are over Queue.max_payload_bytes
+     │    ├── PayloadTooLargeError  a job's JSON args are over Queue.max_payload_bytes
+     │    ├── WorkflowError         a workflow or batch that cannot be enqueued: a cycle, an
+     │    │                         unknown step, a duplicate name or edge (nothing enqueued)
+     │    └── UnknownDependencyError  after= names a job that does not exist (also a
+     │                              LookupError; nothing enqueued)
      ├── OSError
      │    └── ListenError           the metrics server cannot listen on its address
      ├── RuntimeError
@@ -68,6 +72,8 @@ __all__ = [
     "SchemaTooNewError",
     "SharedTransactionError",
     "Snooze",
+    "UnknownDependencyError",
+    "WorkflowError",
     "leaves",
 ]
 
@@ -91,6 +97,21 @@ class Snooze(Exception):
 
 class PayloadTooLargeError(ValueError):
     """A job's JSON args exceed the queue's ``max_payload_bytes``."""
+
+
+class WorkflowError(ValueError):
+    """A workflow or batch that cannot be enqueued (a cycle, a step that does not exist, a
+    name or an edge given twice, one too many); the message names it. Nothing is enqueued."""
+
+
+class UnknownDependencyError(ValueError, LookupError):
+    """``after`` names a job that does not exist: never enqueued, completed without
+    ``keep_result=True`` (its row is deleted), or pruned. ``job_ids`` lists them. Nothing is
+    enqueued."""
+
+    def __init__(self, message: str, *, job_ids: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.job_ids = job_ids
 
 
 class ListenError(OSError):

@@ -28,8 +28,11 @@ from ._unique import Unique, UniqueKey, check_dedup_key, unique_key
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD",
+    "DEPENDANT_NOT_UNIQUE",
+    "DEPENDENCY_POLICIES",
     "ENCODE_CHUNK",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_DEPENDENCIES",
     "MAX_ENQUEUE_DELAY",
     "MAX_RETRY_DELAY",
     "PRIORITY_MAX",
@@ -42,8 +45,10 @@ __all__ = [
     "JobSpec",
     "Lease",
     "args_or_empty",
+    "check_after",
     "check_aware",
     "check_dedup_key",
+    "check_dependency_policy",
     "check_job_id",
     "check_max_attempts",
     "check_max_payload",
@@ -76,6 +81,17 @@ JSONValue = Any
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # A lone UTF-16 surrogate: valid in a Python str, not encodable as UTF-8.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+#: What a job does when one of its dependencies dies or is cancelled (``docs/workflows.md``).
+DEPENDENCY_POLICIES = ("cancel", "run")
+#: Most dependencies one job may have (``after``).
+MAX_DEPENDENCIES = 10_000
+
+#: Why a job with dependencies (or in a workflow or batch) cannot be unique.
+DEPENDANT_NOT_UNIQUE = (
+    "a job with dependencies (after=), or in a workflow or batch, cannot have a dedup_key or "
+    "be unique: the graph needs every one of its jobs inserted (docs/workflows.md)"
+)
 
 # -- the rules ----------------------------------------------------------------------------------
 
@@ -207,6 +223,40 @@ def check_job_id(value: object, field: str = "job_id") -> int:
     return value
 
 
+def check_after(value: object, field: str = "after") -> tuple[int, ...]:
+    """The ids of the jobs a job waits for: a list, tuple or set of distinct job ids (at
+    most `MAX_DEPENDENCIES`), as a tuple; None is none."""
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes | Mapping) or not isinstance(
+        value, Sequence | set | frozenset
+    ):
+        raise TypeError(f"{field} must be a list of job ids, got {value!r}")
+    ids: tuple[Any, ...] = tuple(value)
+    if len(ids) > MAX_DEPENDENCIES:
+        raise ValueError(
+            f"{field} lists {len(ids)} jobs: a job may wait for at most {MAX_DEPENDENCIES}"
+        )
+    seen: set[int] = set()
+    for i, job_id in enumerate(ids):
+        check_job_id(job_id, f"{field}[{i}]")
+        if job_id in seen:
+            raise ValueError(f"{field} lists job {job_id} twice")
+        seen.add(job_id)
+    return ids
+
+
+def check_dependency_policy(value: object, field: str = "on_dependency_failure") -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a string, got {value!r}")
+    if value not in DEPENDENCY_POLICIES:
+        raise ValueError(
+            f"{field} must be 'cancel' (the job is cancelled when a dependency dies or is "
+            f"cancelled) or 'run' (it runs anyway), got {value!r}"
+        )
+    return value
+
+
 # One encoder for every call: json.dumps with keyword arguments builds a new one each time.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _NOT_JSON = "must be JSON (dicts, lists, str, int, float, bool, None)"
@@ -304,6 +354,12 @@ class JobSpec:
     unique: bool | Unique = attrs.field(default=False, validator=rule(_check_unique))
     #: The job's key for the per-key limits of its queue (``docs/flow-control.md``).
     concurrency_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
+    #: Ids of jobs it waits for (``docs/workflows.md``): it is ``waiting`` until they end.
+    after: tuple[int, ...] = attrs.field(default=(), converter=check_after)
+    #: What a dependency that dies or is cancelled does to it: ``cancel`` or ``run``.
+    on_dependency_failure: str = attrs.field(
+        default="cancel", validator=rule(check_dependency_policy)
+    )
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
 
@@ -325,6 +381,8 @@ class JobSpec:
     def __attrs_post_init__(self) -> None:
         if self.run_at is not None and self.delay:
             raise ValueError("give run_at or delay, not both")
+        if self.after and self._uniqueness is not None:
+            raise ValueError(DEPENDANT_NOT_UNIQUE)
 
     def uniqueness(self) -> UniqueKey | None:
         """The key (and window) the enqueue compares, or None (see `trioq._unique`)."""

@@ -4,7 +4,7 @@ one.
 
 **Own transaction** (the default). A connection of the app pool, with ``BEGIN`` deferred
 (`TrioConnection.defer`): it travels with the handler's first statement. When the block
-ends, the fenced completion (``complete_in_transaction``, migration ``transactions``, which raises
+ends, the fenced completion (``complete_in_transaction``, migration 9, which raises
 SQLSTATE ``TQ001`` when the lease was lost) and ``COMMIT`` go in one round trip (pipeline
 mode): the error aborts the transaction before the ``COMMIT`` runs, so the writes of a run
 whose lease was lost roll back. A handler that writes one row costs two round trips; it

@@ -37,6 +37,8 @@ class PruneRound:
     done: int = 0
     cancelled: int = 0
     dead: int = 0
+    #: Rows of batches that ended (their callback enqueued) longer ago than ``retain_done``.
+    batches: int = 0
     full: bool = False
 
     @property
@@ -59,6 +61,7 @@ async def prune(
         ("done", sql.prune_done, retain_done),
         ("cancelled", sql.prune_cancelled, retain_cancelled),
         ("dead", sql.prune_dead, retain_dead),
+        ("batches", sql.prune_batches, retain_done),
     ):
         if age is None:
             continue
@@ -106,4 +109,5 @@ class Pruner:
 
 def _add(a: PruneRound, b: PruneRound) -> PruneRound:
     return PruneRound(done=a.done + b.done, cancelled=a.cancelled + b.cancelled,
-                      dead=a.dead + b.dead, full=b.full)  # fmt: skip
+                      dead=a.dead + b.dead, batches=a.batches + b.batches,
+                      full=b.full)  # fmt: skip

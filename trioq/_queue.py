@@ -21,6 +21,7 @@ from psycopg.pq import TransactionStatus
 
 from ._carrier import carrier
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
+from ._dependencies import Dependency, GraphJob, insert_graph, read_dependencies
 from ._exceptions import SchemaMissingError
 from ._flow import (
     UNSET,
@@ -113,6 +114,7 @@ class QueueStatus:
     running: int
     dead: int
     oldest_wait_seconds: float | None  # how long the oldest due job has waited
+    waiting: int = 0  # waiting for their dependencies
 
 
 @attrs.frozen(kw_only=True)
@@ -163,6 +165,8 @@ class Queue:
         dedup_key: str | None = None,
         unique: bool | Unique = False,
         concurrency_key: str | None = None,
+        after: Sequence[int] | None = None,
+        on_dependency_failure: str = "cancel",
         notify: bool = True,
     ) -> EnqueueResult:
         """Insert one job on ``conn``, in the caller's transaction if one is open.
@@ -172,14 +176,19 @@ class Queue:
         ``unique=trioq.Unique(...)`` a job whose twin holds the key is not inserted: the
         result says ``duplicate`` and carries the twin's id (docs/flow-control.md says
         which enqueue wins). ``concurrency_key`` is the job's key for the per-key limits
-        of its queue.
+        of its queue. With ``after`` (ids of existing jobs) the job waits until they have
+        all ended; ``on_dependency_failure`` says what one that dies or is cancelled does
+        to it: ``cancel`` it too, or ``run`` it anyway (docs/workflows.md).
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
             max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
-            concurrency_key=concurrency_key,
+            concurrency_key=concurrency_key, after=after,
+            on_dependency_failure=on_dependency_failure,
         )  # fmt: skip
         self._check_payload(spec)
+        if spec.after:
+            return (await self._insert_graph(conn, [spec], notify))[0]
         found = spec.uniqueness()
         if found is not None and found.windowed:
             with _migrated(conn, self.schema):
@@ -249,6 +258,8 @@ class Queue:
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"jobs[{i}] must be a JobSpec, got {spec!r}")
             check_payload(spec.args_json, task=spec.task, max_bytes=limit, where=f"jobs[{i}].args")
+        if any(spec.after for spec in specs):
+            return await self._insert_some_after(conn, specs, notify)
         keys = [spec.effective_dedup_key() for spec in specs]
         windowed = [i for i, s in enumerate(specs) if (u := s.uniqueness()) and u.windowed]
         with _migrated(conn, self.schema):
@@ -257,6 +268,43 @@ class Queue:
             if not windowed:
                 return await self._insert_specs(conn, specs, keys, notify, trace)
             return await self._insert_mixed(conn, specs, keys, set(windowed), notify, trace=trace)
+
+    async def _insert_graph(
+        self, conn: Conn, specs: Sequence[JobSpec], notify: bool
+    ) -> list[EnqueueResult]:
+        """Jobs with dependencies (`trioq._dependencies`), in one transaction."""
+        ids = await self.enqueue_graph(conn, [GraphJob(spec=s) for s in specs], notify=notify)
+        return [EnqueueResult(job_id) for job_id in ids]
+
+    async def enqueue_graph(
+        self, conn: Conn, jobs: Sequence[GraphJob], *, notify: bool = True
+    ) -> list[int]:
+        """Insert jobs that may wait for each other (``jobs[i].waits_for``, positions in
+        ``jobs``) and for existing jobs (``spec.after``), in one transaction; their ids.
+        What `trioq.Workflow` and `trioq.Batch` enqueue through (``docs/workflows.md``)."""
+        for i, job in enumerate(jobs):
+            check_payload(job.spec.args_json, task=job.spec.task,
+                          max_bytes=self.max_payload_bytes, where=f"jobs[{i}].args")  # fmt: skip
+        with _migrated(conn, self.schema):
+            await self._check_version(conn)
+            return await insert_graph(conn, self.sql, jobs, notify=notify)
+
+    async def _insert_some_after(
+        self, conn: Conn, specs: list[JobSpec], notify: bool
+    ) -> list[EnqueueResult]:
+        """A batch where some jobs have dependencies: those through `_insert_graph`, the
+        others as usual; in one transaction, results in input order."""
+        after = [i for i, spec in enumerate(specs) if spec.after]
+        rest = [i for i, spec in enumerate(specs) if not spec.after]
+        results: dict[int, EnqueueResult] = {}
+        own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        async with conn.transaction() if own else contextlib.nullcontext():
+            if rest:
+                done = await self.enqueue_many(conn, [specs[i] for i in rest], notify=notify)
+                results.update(zip(rest, done, strict=True))
+            done = await self._insert_graph(conn, [specs[i] for i in after], notify)
+            results.update(zip(after, done, strict=True))
+        return [results[i] for i in range(len(specs))]
 
     async def _insert_mixed(
         self, conn: Conn, specs: list[JobSpec], keys: list[str | None], windowed: set[int],
@@ -324,6 +372,8 @@ class Queue:
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        after: Sequence[int] | None = None,
+        on_dependency_failure: str = "cancel",
         notify: bool = True,
     ) -> list[int]:
         """Insert one job of ``task`` per item of ``args``; their ids, in input order.
@@ -332,16 +382,20 @@ class Queue:
         ``args[i]`` is checked (JSON, no NUL, the payload limit) before any SQL,
         errors naming ``args[i]``. No dedup keys (use `enqueue_many`). The rows go
         in by one statement per 20,000 jobs, in the caller's transaction (or one of
-        their own in autocommit), with one notification.
+        their own in autocommit), with one notification. With ``after``, every job waits
+        for those jobs (as `enqueue`'s ``after``).
         """
         if isinstance(args, str | bytes | Mapping):
             raise TypeError(f"args must be a sequence with one job's args per item, got {args!r}")
         spec = JobSpec(
             task=task, queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts,
+            max_attempts=max_attempts, after=after, on_dependency_failure=on_dependency_failure,
         )  # fmt: skip
         values = args if isinstance(args, Sequence) else list(args)
         runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)
+        if spec.after:
+            specs = [attrs.evolve(spec, args=value) for value in values]
+            return [r.job_id for r in await self._insert_graph(conn, specs, notify)]
         with _migrated(conn, self.schema):
             await self._check_version(conn)
             return await self._insert_bulk(conn, spec, runs, notify, carrier())
@@ -694,8 +748,9 @@ class Queue:
                 running=r,
                 dead=d,
                 oldest_wait_seconds=None if w is None else float(w),
+                waiting=waiting,
             )
-            for q, a, s, r, d, w in await cur.fetchall()
+            for q, a, s, r, d, w, waiting in await cur.fetchall()
         ]
         cur = await conn.execute(self.sql.status_leases)
         leases = [
@@ -705,6 +760,11 @@ class Queue:
         return queues, leases
 
     # -- results (trioq._result) ----------------------------------------------------------------
+
+    async def dependencies(self, conn: Conn, job_id: int) -> list[Dependency]:
+        """The jobs job ``job_id`` waits (or waited) for, and what became of each
+        (docs/workflows.md)."""
+        return await read_dependencies(conn, self.sql, job_id)
 
     async def job_status(self, conn: Conn, job_id: int) -> JobStatus:
         """Where the job is in its life: every state, ``unknown`` when there is no such job."""

@@ -34,6 +34,7 @@ from ._hooks import EventCallback, Hooks, Middleware, check_kind
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     EnqueueResult,
+    JobSpec,
     JSONValue,
     check_max_attempts,
     check_queue_name,
@@ -167,6 +168,20 @@ class Task:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+    def spec(self, args: JSONValue = None, /, **kwargs: Any) -> JobSpec:
+        """A `JobSpec` of this task on its queue, with its ``max_attempts`` and derived
+        concurrency key, for `trioq.Workflow`, `trioq.Batch` and ``enqueue_many``: args
+        positionally or as keywords (``resize.spec(size=64)``). Its ``unique`` is not
+        applied (jobs of workflows and batches cannot be unique)."""
+        if kwargs and args is not None:
+            raise TypeError("give args or keyword arguments, not both")
+        payload = kwargs or args
+        key = None
+        if self.concurrency_key is not None:
+            key = derive_key(self.concurrency_key, payload, self.name)
+        return JobSpec(task=self.name, args=payload, queue=self.queue,
+                       max_attempts=self.max_attempts, concurrency_key=key)  # fmt: skip
 
     async def enqueue(
         self,

@@ -61,7 +61,8 @@ DEFAULT_POLL_INTERVAL = 2.0
 class JobStatus:
     """Where one job is in its life, as `trioq.job_status` read it.
 
-    ``state`` is ``scheduled``, ``available``, ``running`` (``lease_owner`` and
+    ``state`` is ``waiting`` (for its dependencies, ``docs/workflows.md``), ``scheduled``,
+    ``available``, ``running`` (``lease_owner`` and
     ``lease_expires_at`` set), ``done`` (kept: ``result``), ``cancelled``, ``dead``
     (``reason``, ``last_error``, ``traceback``; ``finished_at`` is when it died) or
     ``unknown`` (no such job: every other field is None).

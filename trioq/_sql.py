@@ -386,7 +386,7 @@ RETURNING j.id
 _CANCEL = """
 WITH now_cancelled AS (
     UPDATE {jobs} SET state = 'cancelled', finished_at = {now}
-     WHERE id = %(id)s AND state IN ('scheduled', 'available')
+     WHERE id = %(id)s AND state IN ('waiting', 'scheduled', 'available')
     RETURNING id
 ), flagged AS (
     UPDATE {jobs} SET cancel_requested = true
@@ -527,13 +527,14 @@ WITH live AS (
            pg_catalog.count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
            pg_catalog.count(*) FILTER (WHERE state = 'running') AS running,
            extract(epoch FROM {now} - pg_catalog.min(run_at) FILTER (WHERE state = 'available'))
-               AS oldest_wait
-      FROM {jobs} WHERE state IN {live} GROUP BY queue
+               AS oldest_wait,
+           pg_catalog.count(*) FILTER (WHERE state = 'waiting') AS waiting
+      FROM {jobs} WHERE state IN ('waiting', 'scheduled', 'available', 'running') GROUP BY queue
 ), dead AS (
     SELECT queue, pg_catalog.count(*) AS dead FROM {dead} GROUP BY queue
 )
 SELECT coalesce(l.queue, d.queue), coalesce(l.available, 0), coalesce(l.scheduled, 0),
-       coalesce(l.running, 0), coalesce(d.dead, 0), l.oldest_wait
+       coalesce(l.running, 0), coalesce(d.dead, 0), l.oldest_wait, coalesce(l.waiting, 0)
   FROM live l FULL JOIN dead d ON d.queue = l.queue
  ORDER BY 1
 """
@@ -824,8 +825,11 @@ _LISTENING = "SELECT %(channel)s::text = ANY(ARRAY(SELECT pg_listening_channels(
 # the batch is 10% of the table (with a join it hashed the whole table instead).
 _PRUNE_FINISHED = """
 WITH doomed AS (
-    SELECT id FROM {jobs}
+    SELECT id FROM {jobs} x
      WHERE state = {state} AND finished_at < {now} - %(age)s
+       AND NOT (x.has_dependants AND EXISTS (  -- a live dependant may still read its result
+           SELECT 1 FROM {deps} e JOIN {jobs} d ON d.id = e.job_id
+            WHERE e.depends_on = x.id AND d.state NOT IN ('done', 'cancelled')))
      ORDER BY finished_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -842,6 +846,119 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM {dead} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+"""
+
+# -- workflows: dependencies and batches (migration 0008_workflows.sql, docs/workflows.md) ----
+
+# Existing jobs that new jobs will wait for, locked in id order (so enqueuers of overlapping
+# dependencies never deadlock) until the enqueue commits: a dependency that ends meanwhile
+# waits, then sees its new edges. Each id's state: a live or kept row's, 'dead', or
+# 'unknown'; and what names it in a cancelled dependant's reason.
+_DEPENDENCIES_LOCK = """
+WITH want AS (
+    SELECT DISTINCT w.id FROM pg_catalog.unnest(%(ids)s::int8[]) AS w(id)
+), live AS (
+    SELECT j.id, j.state, j.task, j.last_error, j.queue, j.has_dependants FROM {jobs} j
+     WHERE j.id IN (SELECT id FROM want)
+     ORDER BY j.id
+       FOR NO KEY UPDATE
+)
+SELECT w.id, coalesce(l.state, CASE WHEN d.id IS NOT NULL THEN 'dead' ELSE 'unknown' END),
+       coalesce(l.task, d.task),
+       CASE WHEN d.id IS NOT NULL THEN d.reason || coalesce(': ' || d.last_error, '')
+            ELSE l.last_error END,
+       l.queue, coalesce(l.has_dependants, false)
+  FROM want w
+  LEFT JOIN live l ON l.id = w.id
+  LEFT JOIN {dead} d ON d.id = w.id AND l.id IS NULL
+ ORDER BY w.id
+"""
+
+# Flags the locked dependencies that had no dependant yet. A claim that met one of them
+# locked skipped it: the queue's notification (sent at this commit) makes it claim again.
+_DEPENDENCIES_FLAG = """
+WITH flagged AS (
+    UPDATE {jobs} SET has_dependants = true
+     WHERE id = ANY(%(ids)s::int8[]) AND NOT has_dependants
+    RETURNING queue, state
+)
+SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, q.queue))
+  FROM (SELECT DISTINCT queue FROM flagged WHERE state = 'available' AND %(notify)s) AS q
+"""
+
+# Jobs of a graph (ids reserved by _RESERVE_IDS): those with dependencies wait; no dedup keys.
+_INSERT_GRAPH = """
+INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, concurrency_key,
+                    has_dependants, dependencies_left, dependency_policy, batch_id, trace_context)
+SELECT i, q, t, a::jsonb, p, r,
+       CASE WHEN n > 0 THEN 'waiting' WHEN r > {now} THEN 'scheduled' ELSE 'available' END,
+       m, ck, hd, CASE WHEN n > 0 THEN n END, CASE WHEN n > 0 THEN pol END, b, %(trace)s::jsonb
+  FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
+              %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
+              %(concurrency_keys)s::text[], %(dependants)s::bool[], %(waits)s::int4[],
+              %(policies)s::text[], %(batches)s::int8[])
+              AS u(i, q, t, a, p, r, m, ck, hd, n, pol, b)
+"""
+
+_INSERT_EDGES = """
+INSERT INTO {deps} (job_id, depends_on)
+SELECT * FROM unnest(%(jobs)s::int8[], %(depends_on)s::int8[])
+"""
+
+# Dependencies that had ended before the enqueue: resolved at once, for the new jobs only.
+_RESOLVE_ENDED = """
+SELECT {jobs_ended}(%(ids)s::int8[], %(outcomes)s::text[], %(tasks)s::text[],
+                    %(details)s::text[], %(batches)s::int8[], %(channel)s, %(only)s::int8[])
+"""
+
+_INSERT_BATCH = """
+INSERT INTO {batches} (total, pending, callback_queue, callback_task, callback_args,
+                       callback_priority, callback_max_attempts, callback_concurrency_key,
+                       created_at)
+VALUES (%(total)s, %(total)s, %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+        %(max_attempts)s, %(concurrency_key)s, {now})
+RETURNING id
+"""
+
+_FINISH_EMPTY_BATCH = """
+UPDATE {batches} SET callback_job_id = %(job_id)s, finished_at = {now} WHERE id = %(id)s
+"""
+
+_BATCH_STATUS = """
+SELECT id, total, pending, succeeded, failed, cancelled, callback_task, callback_job_id,
+       created_at, finished_at
+  FROM {batches} WHERE id = %(id)s
+"""
+
+# A job's dependencies, with what became of each (the dependency's row, or dead_jobs).
+_DEPENDENCIES = """
+SELECT e.depends_on, coalesce(j.task, d.task, e.task),
+       coalesce(e.outcome, 'pending'),
+       j.state = 'done' AND e.outcome = 'done',
+       CASE WHEN j.state = 'done' THEN j.result END,
+       CASE WHEN d.id IS NOT NULL THEN d.reason || coalesce(': ' || d.last_error, '')
+            ELSE j.last_error END
+  FROM {deps} e
+  LEFT JOIN {jobs} j ON j.id = e.depends_on
+  LEFT JOIN {dead} d ON d.id = e.depends_on AND j.id IS NULL
+ WHERE e.job_id = %(id)s
+ ORDER BY e.depends_on
+"""
+
+# The ids of a job's dependants (what `trioq jobs show` lists).
+_DEPENDANTS = """
+SELECT job_id FROM {deps} WHERE depends_on = %(id)s ORDER BY job_id LIMIT %(limit)s
+"""
+
+_PRUNE_BATCHES = """
+WITH doomed AS (
+    SELECT id FROM {batches}
+     WHERE finished_at < {now} - %(age)s
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {batches} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """
 
 # -- trioq.testing: listing jobs, the earliest scheduled one, the session's clock ---------------
@@ -932,6 +1049,18 @@ class Statements:
     list_jobs: sql.Composed
     first_scheduled: sql.Composed
     set_clock: sql.Composed
+    # workflows
+    dependencies_lock: sql.Composed
+    dependencies_flag: sql.Composed
+    insert_graph: sql.Composed
+    insert_edges: sql.Composed
+    resolve_ended: sql.Composed
+    insert_batch: sql.Composed
+    finish_empty_batch: sql.Composed
+    batch_status: sql.Composed
+    dependencies: sql.Composed
+    dependants: sql.Composed
+    prune_batches: sql.Composed
     migrate_try_lock: sql.Composed
     migrate_lock_holder: sql.Composed
 
@@ -988,6 +1117,9 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         "rate_starts": qualified(schema, "rate_starts"),
         "claim_limited": qualified(schema, "claim_limited"),
         "enqueue_unique": qualified(schema, "enqueue_unique"),
+        "deps": qualified(schema, "job_dependencies"),
+        "batches": qualified(schema, "batches"),
+        "jobs_ended": qualified(schema, "jobs_ended"),
         "channel": sql.Identifier(channel),
         "now": sql.SQL(NOW),
         "live": sql.SQL(_LIVE),
@@ -1067,6 +1199,17 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         list_jobs=compose(_LIST_JOBS),
         first_scheduled=compose(_FIRST_SCHEDULED),
         set_clock=compose(_SET_CLOCK),
+        dependencies_lock=compose(_DEPENDENCIES_LOCK),
+        dependencies_flag=compose(_DEPENDENCIES_FLAG),
+        insert_graph=compose(_INSERT_GRAPH),
+        insert_edges=compose(_INSERT_EDGES),
+        resolve_ended=compose(_RESOLVE_ENDED),
+        insert_batch=compose(_INSERT_BATCH),
+        finish_empty_batch=compose(_FINISH_EMPTY_BATCH),
+        batch_status=compose(_BATCH_STATUS),
+        dependencies=compose(_DEPENDENCIES),
+        dependants=compose(_DEPENDANTS),
+        prune_batches=compose(_PRUNE_BATCHES),
         migrate_try_lock=compose(_MIGRATE_TRY_LOCK),
         migrate_lock_holder=compose(_MIGRATE_LOCK_HOLDER),
     )

@@ -293,6 +293,8 @@ async def _status_once(
         lines.append("(no jobs)")
     if paused:
         lines.append(f"paused (trioq queue resume NAME): {', '.join(paused)}")
+    if waiting := [f"{row['waiting']} in {row['queue']}" for row in rows if row["waiting"]]:
+        lines.append(f"waiting for their dependencies: {', '.join(waiting)}")
     lines.append("")
     lines.append(f"{'worker':<40} {'running':>7}  next lease expiry")
     for w in leases:

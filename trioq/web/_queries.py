@@ -363,7 +363,8 @@ class JobDetail:
 
     @property
     def cancellable(self) -> bool:
-        return self.state in ("scheduled", "available", "running") and not self.cancel_requested
+        live = ("waiting", "scheduled", "available", "running")
+        return self.state in live and not self.cancel_requested
 
 
 async def find_job(conn: Conn, st: WebStatements, job_id: int) -> JobDetail | DeadJob | None:

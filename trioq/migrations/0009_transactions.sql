@@ -4,7 +4,7 @@
 
 -- Deletes running jobs under their leases (id, attempt, owner), as the completer's
 -- complete statement does, but raises (SQLSTATE TQ001) unless every one of them was
--- still ours. `job.transaction()` sends it together with COMMIT (pipeline mode): when a
+-- still ours. `job.transaction()` sends it together with COMMIT (one simple query): when a
 -- lease was lost meanwhile, the error aborts the transaction before the COMMIT runs, so
 -- the handler's writes roll back with it. A plain DELETE there would let them commit.
 -- search_path is pinned to this schema (then pg_catalog): the caller's is never used.
