@@ -9,7 +9,8 @@
   `scalar`, `show_settings`; the client: `client_versions`, `cpu_model`.
 - pgbench as the ceiling: `find_pgbench`, `pgbench_version`, `pgbench_drain_script` (trioq's
   own claim and complete), `pgbench_drain_command`, `pgbench_tps`.
-- The report: `median_or_none`, `medians`, `fmt`, `Table`, `write_json`.
+- The report: `median_or_none`, `medians`, `fmt`, `Table`, `write_json`; `run_with_peer` (a
+  script that compares with pgqueuer: skip a missing peer venv, write `--json`).
 - Prototypes and tracing: `patched` (monkeypatch a class for a measurement, then restore).
 
 The scripts run as ``python bench/bench_X.py``, which puts this folder on ``sys.path``.
@@ -68,6 +69,7 @@ __all__ = [
     "pgbench_tps",
     "pgbench_version",
     "process_cpu",
+    "run_with_peer",
     "scalar",
     "show_settings",
     "wait_quiet",
@@ -358,6 +360,17 @@ class Table:
 
     def render(self, rows: Iterable[Sequence[str]]) -> str:
         return "\n".join([*self.heading(), *(self.row(*r) for r in rows)])
+
+
+def run_with_peer(main: Any, options: argparse.Namespace) -> None:
+    """``trio.run(main, options)`` for a script that compares with pgqueuer: a
+    ``--pgqueuer-python`` that does not exist is dropped (that peer is skipped); what
+    ``main`` returns is written to ``--json`` if given."""
+    if options.pgqueuer_python and not Path(options.pgqueuer_python).exists():
+        options.pgqueuer_python = None
+    found = trio.run(main, options)
+    if options.json:
+        write_json(options.json, found)
 
 
 def write_json(path: Path, report: Any) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 import trio
+import trio.testing
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row

@@ -19,6 +19,7 @@ TOP_LEVEL = {
     "JobContext",
     "JobServices",
     "LeaseLostError",
+    "SharedTransactionError",
     "QueueConfig",
     "Registry",
     "Runtime",

@@ -63,6 +63,7 @@ from ._exceptions import SchemaError as SchemaError
 from ._exceptions import SchemaMissingError as SchemaMissingError
 from ._exceptions import SchemaOutdatedError as SchemaOutdatedError
 from ._exceptions import SchemaTooNewError as SchemaTooNewError
+from ._exceptions import SharedTransactionError as SharedTransactionError
 from ._exceptions import Snooze as Snooze
 from ._exceptions import UnknownDependencyError as UnknownDependencyError
 from ._exceptions import WorkflowError as WorkflowError

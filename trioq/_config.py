@@ -42,6 +42,16 @@ def _positive_int(_inst: object, attribute: attrs.Attribute[Any], value: int) ->
         raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
 
 
+def _shared_jobs(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    _positive_int(_inst, attribute, value)
+    if value > MAX_SHARED_JOBS:
+        raise ValueError(
+            f"{attribute.name} must be at most {MAX_SHARED_JOBS} (each job is a savepoint, "
+            f"and a transaction of more than 64 subtransactions slows the whole server), "
+            f"got {value}"
+        )
+
+
 def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not _number(value) or value < 0:
         raise ValueError(f"{attribute.name} must be a finite number, not negative, got {value!r}")
@@ -95,6 +105,8 @@ def _key_rate(value: object) -> RateLimit | None:
 
 
 _DAY = 86400.0
+#: Postgres caches 64 subtransaction ids per backend (PGPROC_MAX_CACHED_SUBXIDS).
+MAX_SHARED_JOBS = 64
 
 
 _DIGITS = re.compile(r"[0-9]{1,5}")
@@ -252,6 +264,12 @@ class Config:
     max_payload_bytes: int = attrs.field(
         default=DEFAULT_MAX_PAYLOAD, validator=rule(check_max_payload)
     )
+    #: ``job.transaction(shared=True)``: how many shared transactions may be open at once,
+    #: each on a connection of the app pool (docs/transactions.md).
+    shared_transactions: int = attrs.field(default=2, validator=_positive_int)
+    #: The most jobs one shared transaction commits. Each job's block is a savepoint, and
+    #: past 64 subtransactions Postgres slows every snapshot of the server: at most 64.
+    shared_transaction_jobs: int = attrs.field(default=32, validator=_shared_jobs)
     #: A job whose task this process does not know is given back (attempt refunded) for a
     #: worker that knows it; once it has been unknown this long, it goes to dead_jobs.
     unknown_task_timeout: float = attrs.field(

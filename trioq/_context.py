@@ -18,8 +18,9 @@ import attrs
 
 from ._dependencies import Dependency
 from ._enqueue import without_first
-from ._exceptions import JobNotFoundError, LeaseLostError, Snooze
+from ._exceptions import JobNotFoundError, Snooze
 from ._job import MAX_RETRY_DELAY, Job, JSONValue, Lease, to_delay
+from ._job_transaction import SharedTransactions, own_transaction
 from ._pg import TrioConnection
 from ._pool import Pool
 from ._queue import Conn, Queue
@@ -42,6 +43,8 @@ class JobServices:
     owner: str
     #: Called once ``job.transaction()`` has written the outcome: stop heartbeating it.
     forget: Callable[[Lease], None]
+    #: The lanes of ``job.transaction(shared=True)``; None: every job gets its own.
+    shared: SharedTransactions | None = None
 
 
 def _on_app_connection(
@@ -140,25 +143,30 @@ class JobContext:
             yield conn
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[TrioConnection[Any]]:
+    async def transaction(self, *, shared: bool = False) -> AsyncIterator[TrioConnection[Any]]:
         """A transaction that also completes this job: exactly-once effects.
 
         Do the job's database writes on the yielded connection; when the block
         ends without error, the job is completed (fenced by its lease) in the
         same transaction. If the lease was lost meanwhile, the transaction rolls
         back and `LeaseLostError` is raised, so the writes happen once even when
-        the job runs twice.
+        the job runs twice. ``BEGIN`` travels with the block's first statement, and
+        the completion with ``COMMIT``: no round trip of its own.
+
+        ``shared=True``: the block runs in a transaction shared with other jobs' blocks
+        (each under a savepoint), committed with all their completions when the worker
+        has no more blocks waiting (``Config.shared_transactions``, ``docs/transactions.md``):
+        for short blocks, several times the jobs per second. The block returns once
+        that transaction has committed; if it did not (another job's lease was lost,
+        the commit failed), `SharedTransactionError` is raised and the job is retried.
         """
         services = self.services
-        async with services.app_pool.connection() as conn, conn.transaction():
-            yield conn
-            done = await services.queue.complete_many(
-                conn, owner=services.owner, leases=[self.lease]
+        if shared and services.shared is not None:
+            block = services.shared.member(self.lease, services.forget)
+        else:
+            block = own_transaction(
+                services.app_pool, services.queue, services.owner, self.lease, services.forget
             )
-            if self.lease.job_id not in done:
-                raise LeaseLostError(f"job {self.id} attempt {self.attempt}: lease lost")
-            # Stop heartbeating before COMMIT: a heartbeat racing the commit would find
-            # the row gone and take the lease for lost. (If COMMIT fails, the lease
-            # simply expires and the sweeper returns the job.)
-            services.forget(self.lease)
+        async with block as conn:
+            yield conn
         self.completed_in_transaction = True

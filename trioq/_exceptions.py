@@ -16,6 +16,9 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      │    └── ListenError           the metrics server cannot listen on its address
      ├── RuntimeError
      │    ├── LeaseLostError        the job's lease was reclaimed: its outcome is not ours
+     │    ├── SharedTransactionError  job.transaction(shared=True): the shared transaction
+     │    │                           did not commit (another job's lease was lost, or the
+     │    │                           commit failed): this job's writes rolled back, it runs again
      │    ├── PoolClosedError       a connection was asked of a closed pool
      │    ├── EmbeddedPostgresError the embedded server could not be set up, started or stopped
      │    ├── DrainLimitError       trioq.testing.drain ran max_jobs and jobs were still due
@@ -67,6 +70,7 @@ __all__ = [
     "SchemaMissingError",
     "SchemaOutdatedError",
     "SchemaTooNewError",
+    "SharedTransactionError",
     "Snooze",
     "UnknownDependencyError",
     "WorkflowError",
@@ -117,6 +121,11 @@ class ListenError(OSError):
 
 class LeaseLostError(RuntimeError):
     """The job's lease is no longer ours (expired and reclaimed); nothing was written."""
+
+
+class SharedTransactionError(RuntimeError):
+    """The shared transaction that held this job's writes (``job.transaction(shared=True)``)
+    rolled back, through no fault of this job: its writes are gone, and the job is retried."""
 
 
 class PoolClosedError(RuntimeError):

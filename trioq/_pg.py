@@ -15,14 +15,24 @@ The asyncio touch points of ``AsyncConnection`` replaced here (see
 * ``cancel_safe()``: ``wait_conn_async``.
 * ``notifies()``: holds the lock across ``yield``; replaced by a version that
   takes the lock per batch so a consumer can leave early.
+
+Deferred commands (`TrioConnection.defer`): SQL without parameters (``BEGIN``,
+``SAVEPOINT``, ``RELEASE``) that the connection sends ahead of its next statement, in the
+same round trip when that statement is an ``execute()`` with parameters (pipeline mode),
+else as one simple query just before it. `wait()` sends them, so every operation (a
+cursor, COPY, a nested ``transaction()``) finds them done; ``job.transaction()`` uses them
+so that its ``BEGIN`` costs no round trip of its own.
 """
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import logging
 import math
 import os
+from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -31,7 +41,7 @@ import trio
 from psycopg import errors as e
 from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_attempts, make_conninfo
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import AsyncRowFactory, Row
 
 from ._exceptions import ConnectError
@@ -55,6 +65,8 @@ CANCEL_DRAIN_TIMEOUT = 5.0
 CLOSE_CANCEL_TIMEOUT = 1.0
 
 _ACTIVE = TransactionStatus.ACTIVE
+_PIPELINE_OFF = PipelineStatus.OFF
+_FATAL_ERROR = ExecStatus.FATAL_ERROR
 
 
 class ConnectionLock:
@@ -85,6 +97,39 @@ class ConnectionLock:
         return self._lock.locked()
 
 
+class _OneWrite(collections.deque[Any]):
+    """A pipeline's command queue that sends its commands in one write.
+
+    psycopg's pipeline flushes the socket before each command it takes from the queue,
+    so three commands cost three writes (and three wake-ups of the server). While
+    ``holding``, taking a command takes every queued one and sends none; the first take
+    after that sends them all, so the deferred commands, the statement and the Sync go
+    out together.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = True
+        self._held: list[Any] = []
+
+    def popleft(self) -> Any:
+        self._held += self
+        self.clear()
+        if self.holding:
+            return _nothing
+        held, self._held = self._held, []
+        return partial(_call_each, held)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _call_each(commands: list[Any]) -> None:
+    for command in commands:
+        command()
+
+
 class TrioConnection(psycopg.AsyncConnection[Row]):
     """A psycopg ``AsyncConnection`` for trio. Create it with `connect`."""
 
@@ -96,6 +141,11 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         else:
             super().__init__(pgconn, row_factory)
         self.lock = ConnectionLock()  # type: ignore[assignment]
+        #: Commands to send before the next statement (`defer`).
+        self._deferred: list[bytes] = []
+        #: Set while the connection is lent out inside a transaction that someone else
+        #: commits (``job.transaction()``): commit(), rollback() and set_autocommit() refuse.
+        self._owned_by: str | None = None
 
     @classmethod
     async def connect(
@@ -160,8 +210,77 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             if not getattr(self, "_pool", None):
                 self._close_now()
 
+    def defer(self, *commands: bytes) -> None:
+        """Send ``commands`` (SQL without parameters) before this connection's next statement.
+
+        When that statement is an `execute` with parameters, they travel in its round
+        trip (pipeline mode); before any other operation they go first, as one simple
+        query. An error in one of them is raised by that operation.
+        """
+        self._deferred.extend(commands)
+
+    def discard_deferred(self) -> list[bytes]:
+        """Forget the commands not sent yet; returns them."""
+        deferred, self._deferred = self._deferred, []
+        return deferred
+
+    @property
+    def deferred(self) -> tuple[bytes, ...]:
+        """The commands `defer` holds, not sent yet."""
+        return tuple(self._deferred)
+
+    async def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None,
+        binary: bool = False,
+    ) -> psycopg.AsyncCursor[Row]:  # fmt: skip
+        """psycopg's ``execute``; deferred commands (`defer`) travel in its round trip."""
+        if params and self._deferred and self._pipeline is None:
+            (cur,) = await self.execute_together([(query, params)], prepare=prepare)
+            return cur
+        return await super().execute(query, params, prepare=prepare, binary=binary)
+
+    async def execute_together(
+        self, statements: Sequence[tuple[Any, Any]], *, prepare: bool | None = None
+    ) -> list[psycopg.AsyncCursor[Row]]:
+        """Execute ``(query, params)`` pairs in one round trip and one write (pipeline
+        mode), after any deferred commands; a cursor for each. The first error is raised
+        once all have been sent: statements after a failing one do not run."""
+        async with self.pipeline() as pipeline:
+            pipeline.command_queue = queue = _OneWrite()
+            curs = [
+                await super(TrioConnection, self).execute(query, params, prepare=prepare)
+                for query, params in statements
+            ]
+            queue.holding = False  # the Sync that ends the pipeline takes them all
+        return curs
+
+    async def commit(self) -> None:
+        self._check_not_owned("commit()")
+        await super().commit()
+
+    async def rollback(self) -> None:
+        self._check_not_owned("rollback()")
+        await super().rollback()
+
+    async def set_autocommit(self, value: bool) -> None:
+        self._check_not_owned("set_autocommit()")
+        await super().set_autocommit(value)
+
+    def guard_transaction(self, owner: str | None) -> None:
+        """While ``owner`` (e.g. ``"job.transaction()"``) is set, commit(), rollback() and
+        set_autocommit() refuse: the transaction the connection is lent out in is ended by
+        its owner."""
+        self._owned_by = owner
+
+    def _check_not_owned(self, what: str) -> None:
+        if self._owned_by is not None:
+            raise e.ProgrammingError(
+                f"{what} is not allowed inside {self._owned_by}: its transaction commits "
+                "(or rolls back) when the block ends"
+            )
+
     async def wait(self, gen: PQGen[RV], interval: float = 0.0, timeout: float | None = None) -> RV:
-        """Run ``gen`` on this connection's socket.
+        """Run ``gen`` on this connection's socket (after any deferred commands).
 
         If the calling task is cancelled while the server is executing a
         statement, a server-side cancel is sent and the generator drained (in a
@@ -169,6 +288,11 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         is left usable; if the drain does not finish, the connection is closed.
         The cancellation is always re-raised.
         """
+        if self._deferred:
+            await self._send_deferred()
+        return await self._wait(gen, timeout)
+
+    async def _wait(self, gen: PQGen[RV], timeout: float | None) -> RV:
         fileno = self.pgconn.socket
         try:
             if timeout is None:
@@ -180,6 +304,23 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             if self.pgconn.transaction_status == _ACTIVE:
                 await self._cancel_and_drain(gen, fileno)
             raise
+
+    async def _send_deferred(self) -> None:
+        """The deferred commands: queued ahead in pipeline mode, else sent now."""
+        pipeline = self._pipeline
+        if pipeline is not None:
+            if self.pgconn.pipeline_status == _PIPELINE_OFF:
+                return  # entering pipeline mode: the next operation queues them
+            send = self.pgconn.send_query_params
+            for command in self.discard_deferred():
+                pipeline.command_queue.append(partial(send, command, None))
+                pipeline.result_queue.append(None)
+            return
+        self._check_connection_ok()
+        self.pgconn.send_query(b"; ".join(self.discard_deferred()))
+        for result in await self._wait(psycopg.generators.execute(self.pgconn), None):
+            if result.status == _FATAL_ERROR:
+                raise e.error_from_result(result, encoding=self.pgconn._encoding)
 
     async def _cancel_and_drain(self, gen: PQGen[Any], fileno: int) -> None:
         with trio.move_on_after(CANCEL_DRAIN_TIMEOUT, shield=True) as scope:

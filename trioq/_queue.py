@@ -53,7 +53,14 @@ from ._migrate import latest_version
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._schema import check_schema, schema_version
-from ._sql import SCHEDULED_PAYLOAD, Statements, claim_query, statements, validate_schema_name
+from ._sql import (
+    SCHEDULED_PAYLOAD,
+    Statements,
+    claim_query,
+    rendered,
+    statements,
+    validate_schema_name,
+)
 from ._unique import Unique
 
 __all__ = [
@@ -189,10 +196,10 @@ class Queue:
                 return await self._enqueue_windowed(conn, spec, notify)
         key = None if found is None else found.key
         params = {**self._one_job(spec, notify), "dedup_key": key}
-        insert = self.sql.insert
+        insert = rendered(self.schema, "insert")
         if (trace := carrier()) is not None:  # an OpenTelemetry span is current
             params["trace"] = trace
-            insert = statements(self.schema, traced=True).insert
+            insert = rendered(self.schema, "insert", traced=True)
         with _migrated(conn, self.schema):
             await self._check_version(conn)
             for _ in range(_TWIN_LOOKUPS):
@@ -543,7 +550,7 @@ class Queue:
                 extended=frozenset(), lost=frozenset(), cancel_requested=frozenset()
             )
         params = {**_fence(leases), "owner": owner, "lease": lease}
-        cur = await conn.execute(self.sql.heartbeat, params)
+        cur = await conn.execute(rendered(self.schema, "heartbeat"), params)
         rows = await cur.fetchall()
         extended = frozenset(Lease(job_id, attempt) for job_id, attempt, _ in rows)
         return HeartbeatResult(
@@ -570,10 +577,10 @@ class Queue:
             return frozenset()
         params = {**_fence(leases), "owner": owner}
         if results is None:
-            cur = await conn.execute(self.sql.complete, params)
+            cur = await conn.execute(rendered(self.schema, "complete"), params)
         else:
             params["results"] = [encode_args(r) for r in results]
-            cur = await conn.execute(self.sql.complete_keep, params)
+            cur = await conn.execute(rendered(self.schema, "complete_keep"), params)
         return frozenset(row[0] for row in await cur.fetchall())
 
     async def fail_many(self, conn: Conn, *, owner: str, failures: Sequence[Failure]) -> FailResult:
@@ -593,7 +600,7 @@ class Queue:
             "fatal": [f.fatal for f in failures],
             "reasons": [f.reason for f in failures],
         }
-        cur = await conn.execute(self.sql.fail, params)
+        cur = await conn.execute(rendered(self.schema, "fail"), params)
         rows = await cur.fetchall()
         return FailResult(
             retried=frozenset(r[0] for r in rows if r[1] == "retry"),
@@ -622,7 +629,7 @@ class Queue:
             "owner": owner,
             "delays": list(delays) if delays is not None else [zero] * len(leases),
         }
-        cur = await conn.execute(self.sql.release, params)
+        cur = await conn.execute(rendered(self.schema, "release"), params)
         return frozenset(row[0] for row in await cur.fetchall())
 
     async def release_unknown_many(

@@ -35,6 +35,7 @@ from ._history import History
 from ._history_writer import HistoryWriter
 from ._hooks import EventDispatcher, fields
 from ._job import Lease
+from ._job_transaction import SharedTransactions
 from ._leases import HeldJob, HeldJobs
 from ._lifecycle import Lifecycle
 from ._listener import Listener
@@ -187,9 +188,14 @@ class Runtime:
         self._claimed = 0
         self._schema_version = 0  # checked at start
         owner = config.worker_id
+        self._shared = SharedTransactions(
+            self.app_pool, self.queue, owner, lanes=config.shared_transactions,
+            max_jobs=config.shared_transaction_jobs,
+        )  # fmt: skip
         services = JobServices(
-            app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget
-        )
+            app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget,
+            shared=self._shared,
+        )  # fmt: skip
         tracing = Tracing() if tracing_enabled(config.tracing) else None
         self._executor = Executor(
             config.registry, services, sync_threads=config.sync_threads, tracing=tracing

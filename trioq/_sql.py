@@ -25,19 +25,23 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 
 import attrs
 from psycopg import sql
 
 __all__ = [
     "CANCEL_PAYLOAD",
+    "LEASE_LOST_SQLSTATE",
     "NOW",
     "QUEUES_PAYLOAD",
     "SCHEDULED_PAYLOAD",
     "SCHEMA_NAME_RE",
     "WRITABLE",
     "Statements",
+    "complete_and_commit",
     "qualified",
+    "rendered",
     "statements",
     "validate_schema_name",
 ]
@@ -218,6 +222,53 @@ DELETE FROM {jobs} j
  WHERE {fence}
 RETURNING j.id
 """
+
+# A job's completion inside its handler's transaction (`trioq._job_transaction`): the fenced
+# delete of _COMPLETE, raising SQLSTATE TQ001 when a lease was lost (migration transactions), so
+# that the COMMIT sent in the same round trip does not run.
+_COMPLETE_IN_TRANSACTION = """
+SELECT {complete_fn}(%(ids)s::int8[], %(attempts)s::int4[], %(owner)s::text)
+"""
+
+#: SQLSTATE of `complete_in_transaction` when a lease was lost (its DETAIL: the job ids).
+LEASE_LOST_SQLSTATE = "TQ001"
+
+
+@functools.cache
+def _complete_and_commit_parts(schema: str, owner: str) -> tuple[bytes, bytes, bytes]:
+    fn = qualified(schema, "complete_in_transaction").as_bytes(None)
+    owner_literal = sql.Literal(owner).as_bytes(None)
+    return (
+        b"SELECT " + fn + b"(ARRAY[",
+        b"]::int8[], ARRAY[",
+        b"]::int4[], " + owner_literal + b"::text); COMMIT",
+    )
+
+
+def complete_and_commit(schema: str, owner: str, leases: Iterable[tuple[int, int]]) -> bytes:
+    """`complete_in_transaction` of ``leases`` (job id, attempt) and ``COMMIT`` as one
+    simple query: one write, one round trip, and when the completion raises (a lease was
+    lost), Postgres skips the ``COMMIT`` that follows it in the same query string.
+
+    The one statement trioq does not send with parameters: a simple query takes none, and
+    pipeline mode, which would carry them, costs more client CPU than the round trip it
+    saves (docs/transactions.md). Nothing in it comes from a job: the schema and the owner
+    (configuration) are an identifier and a literal rendered by psycopg once per worker;
+    the ids and attempts are Python ints written as digits (anything else raises here)."""
+    head, middle, tail = _complete_and_commit_parts(schema, owner)
+    ids: list[bytes] = []
+    attempts: list[bytes] = []
+    for job_id, attempt in leases:
+        ids.append(b"%d" % _int(job_id))
+        attempts.append(b"%d" % _int(attempt))
+    return b"".join((head, b",".join(ids), middle, b",".join(attempts), tail))
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"a job id or attempt must be an int, got {value!r}")
+    return value
+
 
 _COMPLETE_KEEP = """
 UPDATE {jobs} j
@@ -947,6 +998,7 @@ class Statements:
     heartbeat: sql.Composed
     complete: sql.Composed
     complete_keep: sql.Composed
+    complete_in_transaction: sql.Composed
     fail: sql.Composed
     release: sql.Composed
     cancel_running: sql.Composed
@@ -1033,6 +1085,18 @@ def claim_query(schema: str) -> bytes:
 
 
 @functools.cache
+def rendered(schema: str, name: str, *, traced: bool = False) -> bytes:
+    """The statement ``name`` of `Statements` (``traced``: of the traced set), rendered
+    once (see `claim_query`): for the statements that run once per job (enqueue,
+    heartbeat, complete, fail, release). psycopg renders an `sql.Composed` on every
+    execute (about 40 µs for the insert); bytes it converts once and caches, and prepares
+    after a few executions like any other query."""
+    statement = getattr(statements(schema, traced=traced), name)
+    assert isinstance(statement, sql.Composed)
+    return statement.as_bytes(None)
+
+
+@functools.cache
 def statements(schema: str, *, traced: bool = False) -> Statements:
     """All statements for ``schema`` (validated), composed once and cached.
 
@@ -1083,6 +1147,9 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         heartbeat=compose(_HEARTBEAT),
         complete=compose(_COMPLETE),
         complete_keep=compose(_COMPLETE_KEEP),
+        complete_in_transaction=compose(
+            _COMPLETE_IN_TRANSACTION, complete_fn=qualified(schema, "complete_in_transaction")
+        ),
         fail=compose(_FAIL),
         release=compose(_RELEASE),
         cancel_running=compose(_CANCEL_RUNNING),

@@ -14,7 +14,7 @@ from .._dsn import configured_dsn
 from .._embedded import EmbeddedPostgres
 from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
 from .._stress.report import StressReport, render
-from .._stress.run import MODES, StressError, StressOptions, Target, run_stress
+from .._stress.run import MODES, TRANSACTIONS, StressError, StressOptions, Target, run_stress
 
 __all__ = ["add_stress_parser"]
 
@@ -84,6 +84,11 @@ def _workload_flags(sub: argparse.ArgumentParser) -> None:
         "--app-pool-size", type=int, default=10,
         help="handler connections per process (10): each job's transaction holds one",
     )  # fmt: skip
+    sub.add_argument(
+        "--transactions", choices=TRANSACTIONS, default="own",
+        help="where each job's ledger row commits with its completion: a transaction of its "
+        "own (job.transaction()) or one shared with other jobs' (shared=True) (own)",
+    )  # fmt: skip
     sub.add_argument("--work-ms", type=float, default=0.0, help="synthetic work per job, ms (0)")
     sub.add_argument("--payload-bytes", type=int, default=0, help="padding in each job's args")
 
@@ -140,6 +145,7 @@ def _options(args: argparse.Namespace) -> StressOptions:
             terminate_every=args.terminate_every, restart_postgres_at=args.restart_postgres_at,
             lease=args.lease, heartbeat=args.heartbeat, sweep=args.sweep,
             pool_size=args.pool_size, app_pool_size=args.app_pool_size, quiet=args.quiet,
+            transactions=args.transactions,
             kill_at=args.kill_at, starve_at=args.starve_at, starve_for=args.starve_for,
             starve_leave=args.starve_leave, pin_xmin_at=args.pin_xmin_at,
             pin_xmin_for=args.pin_xmin_for, sigterm_at=args.sigterm_at, grace=args.grace,

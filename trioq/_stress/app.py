@@ -5,7 +5,8 @@
 `trioq stress` starts the workers with their settings in ``TRIOQ_STRESS_*`` environment
 variables (see `ENV`); run by hand, the defaults below apply. The one task sleeps
 ``work_ms`` (synthetic work), then writes its ledger row in the job's own transaction
-(``job.transaction()``), which also completes the job: exactly-once effects.
+(``job.transaction()``; shared with other jobs' when ``TRIOQ_STRESS_TRANSACTIONS=shared``),
+which also completes the job: exactly-once effects.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ ENV = {
     "TRIOQ_STRESS_SWEEP": "5",
     "TRIOQ_STRESS_POLL": "0.5",
     "TRIOQ_STRESS_GRACE": "5",
+    "TRIOQ_STRESS_TRANSACTIONS": "own",
 }
 
 
@@ -59,6 +61,9 @@ def _integer(name: str) -> int:
 
 
 _SCHEMA = _setting("TRIOQ_STRESS_SCHEMA")
+#: ``shared``: the ledger row in a shared transaction (``job.transaction(shared=True)``);
+#: ``own``: in the job's own transaction. Both commit the row with the job's completion.
+_SHARED = _setting("TRIOQ_STRESS_TRANSACTIONS") == "shared"
 _LEDGER = statements(_SCHEMA)
 
 tasks = Registry()
@@ -71,7 +76,7 @@ async def stress(job: JobContext, work_ms: float = 0, seq: int = 0, pad: str = "
     if work_ms > 0:
         await trio.sleep(work_ms / 1000)
     record = _LEDGER.record_rerun if job.attempt > 1 else _LEDGER.record
-    async with job.transaction() as conn:
+    async with job.transaction(shared=_SHARED) as conn:
         params = {
             "id": job.id,
             "attempt": job.attempt,

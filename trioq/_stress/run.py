@@ -63,6 +63,7 @@ from .workers import StressError, WorkerGroup, open_workers
 __all__ = ["StressError", "StressOptions", "Target", "run_stress"]
 
 MODES = ("burn-down", "steady")
+TRANSACTIONS = ("own", "shared")
 #: Lease, heartbeat and sweep intervals (s): the runtime's defaults, and short ones for chaos.
 CALM_TIMINGS = (30.0, 5.0, 5.0)
 CHAOS_TIMINGS = (2.0, 0.5, 0.5)
@@ -117,6 +118,9 @@ class StressOptions:
     sweep: float | None = attrs.field(default=None, validator=_positive)
     pool_size: int = attrs.field(default=8, validator=_positive)
     app_pool_size: int = attrs.field(default=10, validator=_positive)
+    #: Where each job's ledger row commits: ``own`` (a transaction per job) or ``shared``
+    #: (job.transaction(shared=True)). Exactly once either way.
+    transactions: str = attrs.field(default="own", validator=attrs.validators.in_(TRANSACTIONS))
     quiet: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -175,6 +179,7 @@ class StressOptions:
             "TRIOQ_STRESS_HEARTBEAT": str(heartbeat),
             "TRIOQ_STRESS_SWEEP": str(sweep),
             "TRIOQ_STRESS_GRACE": str(self.grace),
+            "TRIOQ_STRESS_TRANSACTIONS": self.transactions,
         }
 
 

@@ -1,0 +1,68 @@
+"""trioq's side of `bench/bench_insert_peers.py`: one worker (``trioq.serve``, one queue of
+``--concurrency`` slots, default pools) drains ``--jobs`` prefilled jobs, each writing one
+ledger row in ``job.transaction()`` (``--shared``: ``job.transaction(shared=True)``), so the
+row commits with the job's completion. Timed from the first handler call until no job is
+left (polled every 2 ms on another connection). Prints one JSON line.
+
+    python bench/peers/trioq_insert.py --dsn DSN --jobs N --concurrency C [--shared]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import trio
+
+import trioq
+
+tasks = trioq.Registry()
+started: list[float] = []
+SHARED = [False]
+
+
+@tasks.task(name="insert", queue="bench")
+async def insert(job: trioq.JobContext, n: int) -> None:
+    if not started:
+        started.append(time.perf_counter())
+        started.append(time.process_time())
+    async with job.transaction(shared=SHARED[0]) as tx:
+        await tx.execute("INSERT INTO ledger (job_id, n) VALUES (%s, %s)", (job.id, n))
+
+
+async def main(dsn: str, jobs: int, concurrency: int) -> None:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await conn.execute("CREATE TABLE ledger (job_id bigint PRIMARY KEY, n int)")
+        await trioq.enqueue_bulk(conn, "insert", [{"n": i} for i in range(jobs)], queue="bench")
+        await conn.execute("VACUUM ANALYZE")
+        config = trioq.Config(
+            registry=tasks, dsn=dsn, queues={"bench": trioq.QueueConfig(concurrency=concurrency)}
+        )
+        async with trio.open_nursery() as nursery:
+            runtime = await nursery.start(trioq.serve, config)
+            while True:
+                cur = await conn.execute("SELECT count(*) FROM trioq.jobs")
+                row = await cur.fetchone()
+                if row is not None and row[0] == 0:
+                    break
+                await trio.sleep(0.002)
+            wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+            runtime.stop()
+        cur = await conn.execute("SELECT count(*), count(DISTINCT job_id) FROM ledger")
+        counted = await cur.fetchone()
+        assert counted is not None
+    print(json.dumps({"wall": wall, "cpu": cpu, "jobs": jobs, "rows": counted[0],
+                      "distinct": counted[1]}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--shared", action="store_true")
+    args = parser.parse_args()
+    SHARED[0] = args.shared
+    trio.run(main, args.dsn, args.jobs, args.concurrency)

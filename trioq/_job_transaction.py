@@ -1,0 +1,331 @@
+"""The transaction of ``job.transaction()``: the handler's writes and the job's completion
+commit together (exactly-once effects), in no more round trips than the handler's own plus
+one.
+
+**Own transaction** (the default). A connection of the app pool, with ``BEGIN`` deferred
+(`TrioConnection.defer`): it travels with the handler's first statement. When the block
+ends, the fenced completion (``complete_in_transaction``, migration 9, which raises
+SQLSTATE ``TQ001`` when the lease was lost) and ``COMMIT`` go in one round trip (pipeline
+mode): the error aborts the transaction before the ``COMMIT`` runs, so the writes of a run
+whose lease was lost roll back. A handler that writes one row costs two round trips; it
+used to cost four (``BEGIN``, the write, the ``DELETE``, ``COMMIT``).
+
+**Shared transactions** (``job.transaction(shared=True)``). Short blocks of several jobs
+run one after another in one transaction, each under its own savepoint, and commit
+together with all their completions (one fenced statement): exactly-once still holds,
+because the writes and the completions commit atomically. `SharedTransactions` keeps a
+few *lanes* (``Config.shared_transactions``), each at most one open transaction on a
+connection of the app pool. A job takes the lane with the fewest others in or waiting,
+waits its turn, runs its block (``SAVEPOINT`` deferred to its first statement; on success
+``RELEASE`` deferred to the next job's first statement), and then waits for the commit.
+The job that ends its block when nobody waits for the lane, or when the transaction holds
+``Config.shared_transaction_jobs`` jobs, commits it (shielded, bounded), for everyone. No
+timer: under load the transactions fill up, when idle each commits at once.
+
+A job whose block fails rolls back to its savepoint: the others are untouched. When the
+commit fails (a lease was lost, the connection broke), every job of that transaction
+raises: `LeaseLostError` for the jobs whose leases were lost (nothing is written for
+them), `SharedTransactionError` for the others (retried as a failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import psycopg
+import trio
+from psycopg.pq import TransactionStatus
+
+from ._exceptions import LeaseLostError, SharedTransactionError
+from ._job import Lease
+from ._pg import TrioConnection
+from ._pool import Pool
+from ._queue import Queue
+from ._sql import LEASE_LOST_SQLSTATE, complete_and_commit
+
+__all__ = ["SharedTransactions", "own_transaction"]
+
+#: Bound on a shared transaction's commit (shielded: one job's cancellation must not
+#: decide the fate of the others).
+COMMIT_TIMEOUT = 30.0
+_BEGIN = b"BEGIN"
+_COMMIT = b"COMMIT"
+_SAVEPOINT = b"SAVEPOINT trioq_job"
+_RELEASE = b"RELEASE SAVEPOINT trioq_job"
+_UNDO = b"ROLLBACK TO SAVEPOINT trioq_job; RELEASE SAVEPOINT trioq_job"
+_IDLE = TransactionStatus.IDLE
+
+Forget = Callable[[Lease], None]
+
+
+def _lost(lease: Lease) -> LeaseLostError:
+    return LeaseLostError(f"job {lease.job_id} attempt {lease.attempt}: lease lost")
+
+
+def _lost_ids(error: BaseException) -> frozenset[int] | None:
+    """The job ids a ``complete_in_transaction`` error names as lost; None: another error."""
+    if not isinstance(error, psycopg.Error) or error.sqlstate != LEASE_LOST_SQLSTATE:
+        return None
+    detail = error.diag.message_detail or ""
+    return frozenset(int(x) for x in detail.split(",") if x)
+
+
+async def _complete_and_commit(
+    conn: TrioConnection[Any], queue: Queue, owner: str, leases: Sequence[Lease]
+) -> None:
+    """The fenced completion of ``leases`` and COMMIT, in one simple query (one write, one
+    round trip), after whatever commands are still deferred (a shared transaction's
+    RELEASE) in the same query string."""
+    query = complete_and_commit(
+        queue.schema, owner, [(lease.job_id, lease.attempt) for lease in leases]
+    )
+    await conn.execute(b"; ".join([*conn.discard_deferred(), query]), prepare=False)
+
+
+@asynccontextmanager
+async def own_transaction(
+    pool: Pool, queue: Queue, owner: str, lease: Lease, forget: Forget
+) -> AsyncIterator[TrioConnection[Any]]:
+    """The job's own transaction on a connection of ``pool`` (see the module docs)."""
+    async with pool.connection() as conn:
+        if not _can_pipeline(conn, queue):
+            async with _nested_transaction(conn, queue, owner, lease, forget):
+                yield conn
+            return
+        conn.defer(_BEGIN)
+        conn.guard_transaction("job.transaction()")
+        try:
+            yield conn
+            conn.guard_transaction(None)
+            if conn.discard_deferred():  # no statement ran: there is nothing to commit
+                if not await queue.complete_many(conn, owner=owner, leases=[lease]):
+                    raise _lost(lease)
+                forget(lease)
+                return
+            # Stop heartbeating before COMMIT: a heartbeat racing the commit would find the
+            # row gone and take the lease for lost. (If the commit fails, the runtime writes
+            # the failure, fenced; if the lease was lost, nothing.)
+            forget(lease)
+            try:
+                await _complete_and_commit(conn, queue, owner, [lease])
+            except psycopg.Error as ex:
+                if _lost_ids(ex) is not None:
+                    raise _lost(lease) from None
+                raise
+        finally:
+            conn.guard_transaction(None)
+            conn.discard_deferred()  # the pool rolls back whatever else is open
+
+
+def _can_pipeline(conn: TrioConnection[Any], queue: Queue) -> bool:
+    """Whether this block can own its transaction (deferred BEGIN, completion with COMMIT):
+    an autocommit connection outside any transaction, and trioq's own completion. A
+    connection already in a transaction (``trioq.testing``'s transaction-per-test), or a
+    `Queue` whose ``complete_many`` is overridden (``trioq.testing.job_context``), gets a
+    savepoint and ``complete_many`` instead, as before."""
+    return (
+        conn.autocommit
+        and conn.pgconn.transaction_status == _IDLE
+        and type(queue).complete_many is Queue.complete_many
+    )
+
+
+@asynccontextmanager
+async def _nested_transaction(
+    conn: TrioConnection[Any], queue: Queue, owner: str, lease: Lease, forget: Forget
+) -> AsyncIterator[None]:
+    """``conn.transaction()`` (a savepoint when one is open) and ``complete_many`` in it."""
+    async with conn.transaction():
+        yield
+        if lease.job_id not in await queue.complete_many(conn, owner=owner, leases=[lease]):
+            raise _lost(lease)
+        forget(lease)
+
+
+@attrs.define(eq=False)
+class _Batch:
+    """One open shared transaction."""
+
+    conn: TrioConnection[Any]
+    members: list[tuple[Lease, Forget]] = attrs.field(factory=list)
+    done: trio.Event = attrs.field(factory=trio.Event)
+    #: Why the transaction did not commit (None: it did).
+    error: BaseException | None = None
+    #: Members whose leases were lost: nothing was written for them.
+    lost: frozenset[int] = frozenset()
+
+
+@attrs.define(eq=False)
+class _Lane:
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    batch: _Batch | None = None
+    users: int = 0  # in the lane or waiting for it
+
+    def waiting(self) -> int:
+        return self.lock.statistics().tasks_waiting
+
+
+@attrs.frozen
+class SharedStatistics:
+    """Totals of a `SharedTransactions`, since it was made."""
+
+    transactions: int  # committed
+    jobs: int  # completed in them
+    failed: int  # transactions that did not commit
+
+
+class SharedTransactions:
+    """The lanes of ``job.transaction(shared=True)`` in one worker (see the module docs)."""
+
+    def __init__(
+        self, pool: Pool, queue: Queue, owner: str, *, lanes: int, max_jobs: int
+    ) -> None:
+        self._pool = pool
+        self._queue = queue
+        self._owner = owner
+        self._lanes = [_Lane() for _ in range(lanes)]
+        self.max_jobs = max_jobs
+        self._committed = self._jobs = self._failed = 0
+
+    def statistics(self) -> SharedStatistics:
+        return SharedStatistics(
+            transactions=self._committed, jobs=self._jobs, failed=self._failed
+        )
+
+    @asynccontextmanager
+    async def member(self, lease: Lease, forget: Forget) -> AsyncIterator[TrioConnection[Any]]:
+        """A turn in a shared transaction for the job of ``lease``; returns once committed."""
+        lane = min(self._lanes, key=lambda lane: lane.users)
+        lane.users += 1
+        try:
+            await lane.lock.acquire()
+            try:
+                batch = await self._enter(lane)
+                async with self._turn(lane, batch) as conn:
+                    yield conn
+                batch.members.append((lease, forget))
+            finally:
+                await self._leave(lane)
+        finally:
+            lane.users -= 1
+        await batch.done.wait()
+        if lease.job_id in batch.lost:
+            raise _lost(lease)
+        if batch.error is not None:
+            raise SharedTransactionError(
+                f"job {lease.job_id}: the shared transaction holding its writes did not "
+                f"commit: {batch.error}"
+            ) from batch.error
+
+    async def _enter(self, lane: _Lane) -> _Batch:
+        """The lane's open transaction, or a new one (BEGIN deferred). Holds the lock."""
+        if lane.batch is None:
+            conn = await self._pool.getconn()
+            conn.defer(_BEGIN)
+            lane.batch = _Batch(conn)
+        return lane.batch
+
+    @asynccontextmanager
+    async def _turn(self, lane: _Lane, batch: _Batch) -> AsyncIterator[TrioConnection[Any]]:
+        """One job's block under a savepoint; undone (to the savepoint) if it fails."""
+        conn = batch.conn
+        conn.defer(_SAVEPOINT)
+        conn.guard_transaction("job.transaction(shared=True)")
+        try:
+            yield conn
+        except BaseException:
+            conn.guard_transaction(None)
+            await self._undo(lane, batch)
+            raise
+        finally:
+            conn.guard_transaction(None)
+        if conn.deferred:  # no statement ran: the savepoint never went out
+            _drop_savepoint(conn)
+        else:
+            conn.defer(_RELEASE)
+
+    async def _undo(self, lane: _Lane, batch: _Batch) -> None:
+        """Roll the failed job's block back to its savepoint; if that fails, the whole
+        transaction is lost (its jobs are told so when it is finished)."""
+        conn = batch.conn
+        if conn.deferred:  # nothing of this job reached the server
+            _drop_savepoint(conn)
+            return
+        with trio.move_on_after(COMMIT_TIMEOUT, shield=True) as scope:
+            try:
+                await conn.execute(_UNDO)
+                return
+            except psycopg.Error as ex:
+                batch.error = ex
+        if scope.cancelled_caught:
+            batch.error = SharedTransactionError("rolling back to the job's savepoint hung")
+
+    async def _leave(self, lane: _Lane) -> None:
+        """Hand the lane to the next job, or finish its transaction when nobody waits (or
+        it is full, or broken); then release the lock (handed over, never free between)."""
+        try:
+            batch = lane.batch
+            if batch is not None and (
+                not lane.waiting()
+                or len(batch.members) >= self.max_jobs
+                or batch.error is not None
+            ):
+                lane.batch = None
+                await self._finish(batch)
+        finally:
+            lane.lock.release()
+
+    async def _finish(self, batch: _Batch) -> None:
+        """Commit the members' writes with their completions (shielded, bounded), or roll
+        back; give the connection back; wake the members."""
+        conn = batch.conn
+        try:
+            with trio.move_on_after(COMMIT_TIMEOUT, shield=True) as scope:
+                await self._commit(batch)
+            if scope.cancelled_caught and batch.error is None:
+                batch.error = SharedTransactionError(f"the commit took over {COMMIT_TIMEOUT} s")
+        finally:
+            conn.discard_deferred()
+            try:
+                await self._pool.putconn(conn)  # rolls back what did not commit
+            finally:
+                if batch.error is None:
+                    self._committed += 1
+                    self._jobs += len(batch.members)
+                elif batch.members:
+                    self._failed += 1
+                batch.done.set()
+
+    async def _commit(self, batch: _Batch) -> None:
+        conn = batch.conn
+        if batch.error is not None or not batch.members:
+            return
+        if conn.pgconn.transaction_status == _IDLE and conn.deferred:
+            # No member ran a statement: their completions alone, in one statement.
+            conn.discard_deferred()
+            leases = [lease for lease, _ in batch.members]
+            done = await self._queue.complete_many(conn, owner=self._owner, leases=leases)
+            for lease, forget in batch.members:
+                if lease.job_id in done:
+                    forget(lease)
+            batch.lost = frozenset(lease.job_id for lease in leases) - done
+            return
+        for lease, forget in batch.members:
+            forget(lease)  # before COMMIT, as in own_transaction
+        try:
+            await _complete_and_commit(
+                conn, self._queue, self._owner, [lease for lease, _ in batch.members]
+            )
+        except psycopg.Error as ex:
+            batch.error = ex
+            batch.lost = _lost_ids(ex) or frozenset()
+
+
+def _drop_savepoint(conn: TrioConnection[Any]) -> None:
+    """Take the job's SAVEPOINT (the last deferred command) back; keep the others."""
+    pending = conn.discard_deferred()
+    assert pending[-1] == _SAVEPOINT, pending
+    conn.defer(*pending[:-1])
