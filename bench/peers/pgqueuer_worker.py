@@ -3,13 +3,16 @@
     pgqueuer_worker.py install  --dsn DSN
     pgqueuer_worker.py prefill  --dsn DSN --jobs N
     pgqueuer_worker.py drain    --dsn DSN --jobs N --batch B [--concurrency C] [--loop L]
+                                [--managers M]
     pgqueuer_worker.py versions
 
-``drain`` runs one ``QueueManager`` on one asyncpg connection (``AsyncpgDriver``, as in
-pgqueuer's own benchmark and docs) in ``QueueExecutionMode.drain``, which returns once the
-queue is empty. ``--concurrency`` is ``max_concurrent_tasks`` (0: unlimited, pgqueuer's
-default; pgqueuer requires it to be at least twice the batch size). ``--loop uvloop`` (the
-default) is what ``pgq run`` uses when uvloop is installed, and pgqueuer depends on it.
+``drain`` runs ``--managers`` (default 1) ``QueueManager`` s in the process, each on its own
+asyncpg connection (``AsyncpgDriver``, as in pgqueuer's own benchmark and docs: its
+benchmark runs several managers per process for throughput), concurrently, each in
+``QueueExecutionMode.drain``, which returns once the queue is empty. ``--concurrency`` is
+``max_concurrent_tasks`` (0: unlimited, pgqueuer's default; pgqueuer requires it to be at
+least twice the batch size). ``--loop uvloop`` (the default) is what ``pgq run`` uses when
+uvloop is installed, and pgqueuer depends on it.
 Its stdout follows the protocol in `_probe`.
 """
 
@@ -50,27 +53,32 @@ async def prefill(dsn: str, jobs: int) -> None:
         await conn.close()
 
 
-async def drain(dsn: str, jobs: int, batch: int, concurrency: int) -> None:
+async def drain(dsn: str, jobs: int, batch: int, concurrency: int, managers: int) -> None:
     probe = Probe(jobs)
-    conn = await asyncpg.connect(dsn)
+    conns = [await asyncpg.connect(dsn) for _ in range(managers)]
     try:
-        qm = QueueManager(Queries(AsyncpgDriver(conn)))
 
         async def noop(job: Job) -> None:
             probe.hit(job.id)
 
-        # A call, not a decorator: mypy checks this file where pgqueuer is not installed
-        # (Any), and an untyped decorator would leave noop unchecked.
-        qm.entrypoint(TASK)(noop)
-
+        runs = []
+        for conn in conns:
+            qm = QueueManager(Queries(AsyncpgDriver(conn)))
+            # A call, not a decorator: mypy checks this file where pgqueuer is not installed
+            # (Any), and an untyped decorator would leave noop unchecked.
+            qm.entrypoint(TASK)(noop)
+            runs.append(
+                qm.run(
+                    batch_size=batch,
+                    mode=QueueExecutionMode.drain,
+                    max_concurrent_tasks=concurrency or None,
+                )
+            )
         say("READY")
-        await qm.run(
-            batch_size=batch,
-            mode=QueueExecutionMode.drain,
-            max_concurrent_tasks=concurrency or None,
-        )
+        await asyncio.gather(*runs)
     finally:
-        await conn.close()
+        for conn in conns:
+            await conn.close()
     probe.done()
 
 
@@ -88,6 +96,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=0, help="max_concurrent_tasks; 0: none")
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    p.add_argument("--managers", type=int, default=1, help="QueueManagers, one connection each")
     a = p.parse_args()
     if a.command == "versions":
         say_versions(["pgqueuer", "asyncpg", "uvloop"])
@@ -96,7 +105,7 @@ def main() -> None:
     elif a.command == "prefill":
         run(prefill(a.dsn, a.jobs), a.loop)
     else:
-        run(drain(a.dsn, a.jobs, a.batch, a.concurrency), a.loop)
+        run(drain(a.dsn, a.jobs, a.batch, a.concurrency, a.managers), a.loop)
 
 
 if __name__ == "__main__":
