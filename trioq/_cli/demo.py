@@ -30,6 +30,7 @@ from .._migrate import migrate
 from .._pg import connect
 from .._pg_errors import redact_dsn
 from .._queue import Queue
+from .._registry import Registry
 from .._sql import qualified
 
 __all__ = ["DEMO_QUEUE", "DEMO_SCHEMA", "DemoReport", "demo"]
@@ -65,6 +66,15 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if report.completed + report.dead == report.enqueued else 1
 
 
+def _on_demo_queue(tasks: Registry) -> Registry:
+    """The example's tasks on `DEMO_QUEUE`, the one queue the demo's worker serves (so the
+    start-up banner has no queue without tasks, nor tasks without their queue, to warn of)."""
+    moved = Registry()
+    for task in tasks:
+        moved.add(attrs.evolve(task, queue=DEMO_QUEUE))
+    return moved
+
+
 def _jobs() -> list[JobSpec]:
     names = ["ada", "grace", "barbara", "frances", "hedy", "radia", "katherine", "margaret"]
     return (
@@ -88,7 +98,7 @@ async def _demo(dsn: str, schema: str, embedded: bool, verbose: bool) -> DemoRep
         if verbose:
             print(f"enqueued {len(ids)} jobs; a worker with 4 slots runs them:")
         config = Config(
-            dsn=dsn, registry=tasks, schema=schema,
+            dsn=dsn, registry=_on_demo_queue(tasks), schema=schema,
             queues={DEMO_QUEUE: QueueConfig(concurrency=4)}, poll_interval=0.5,
         )  # fmt: skip
         async with trio.open_nursery() as nursery:
