@@ -26,22 +26,18 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import attrs
 import trio
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
+from machines import TrioMachine, run_machine
 
 import trioq
 from trioq import Failure, Lease, Queue, RateLimit, Unique
@@ -57,7 +53,6 @@ RATE = st.sampled_from([None, (1, 10), (2, 10), (3, 30)])
 KC = st.sampled_from([None, 1, 2])
 KEY_RATE = st.sampled_from([None, (1, 10), (2, 30)])
 WINDOW = dt.timedelta(seconds=60)
-LONG = os.environ.get("TRIOQ_HYPOTHESIS") == "long"
 INF = math.inf
 Q = Queue()
 
@@ -89,9 +84,8 @@ class Settings:
         return self.kc is not None or self.key_rate is not None
 
 
-class FlowMachine(RuleBasedStateMachine):
+class FlowMachine(TrioMachine):
     conn: Any = None
-    token: trio.lowlevel.TrioToken | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -102,9 +96,6 @@ class FlowMachine(RuleBasedStateMachine):
         self.holders: dict[tuple[str, int], int] = {}  # unique window -> the job holding it
         self.beliefs: dict[str, set[Lease]] = {w: set() for w in WORKERS}
         self.call(self._reset)
-
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return trio.from_thread.run(fn, *args, trio_token=self.token)
 
     async def _reset(self) -> None:
         await self.conn.execute(
@@ -480,20 +471,8 @@ def test_flow_state_machine(dsn: str) -> None:
     async def main() -> None:
         async with await trioq.connect(dsn, autocommit=True) as conn:
             await trioq.migrate(conn)
-            machine = type(
-                "BoundFlowMachine",
-                (FlowMachine,),
-                {"conn": conn, "token": trio.lowlevel.current_trio_token()},
-            )
-            config = settings(
-                max_examples=3000 if LONG else 150,
-                stateful_step_count=80 if LONG else 40,
-                deadline=None,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            )
-            await trio.to_thread.run_sync(
-                lambda: run_state_machine_as_test(machine, settings=config)
+            await run_machine(
+                FlowMachine, {"conn": conn}, examples=(150, 3000), steps=(40, 80)
             )
 
     trio.run(main)

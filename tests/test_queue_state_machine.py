@@ -38,22 +38,19 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-import os
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import attrs
 import trio
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
+from machines import TrioMachine, run_machine
 
 import trioq
 from trioq import DeadFilter, Failure, JobSpec, Lease, Queue
@@ -90,7 +87,6 @@ def note(path: str) -> None:
     PATHS[path] += 1
 
 
-LONG = os.environ.get("TRIOQ_HYPOTHESIS") == "long"
 
 Q = Queue()
 
@@ -119,12 +115,11 @@ class ModelJob:
         return self.state == "running" and self.owner == worker and self.attempt == attempt
 
 
-class QueueMachine(RuleBasedStateMachine):
+class QueueMachine(TrioMachine):
     """One instance per example; `bind` gives it the connection and the trio token."""
 
     conn: Any = None
     other: Any = None  # a second connection, holding row locks
-    token: trio.lowlevel.TrioToken | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,9 +131,6 @@ class QueueMachine(RuleBasedStateMachine):
         self.beliefs: dict[str, set[Lease]] = {w: set() for w in WORKERS}
         self._zombie_only = False
         self.call(self._reset)
-
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return trio.from_thread.run(fn, *args, trio_token=self.token)
 
     async def _reset(self) -> None:
         await self.conn.execute("TRUNCATE trioq.jobs, trioq.dead_jobs, trioq.workers")
@@ -633,23 +625,8 @@ def test_queue_state_machine(dsn: str) -> None:
             await trioq.connect(dsn) as other,
         ):
             await trioq.migrate(conn)
-            machine = type(
-                "BoundQueueMachine",
-                (QueueMachine,),
-                {"conn": conn, "other": other, "token": trio.lowlevel.current_trio_token()},
-            )
-            config = settings(
-                max_examples=5000 if LONG else 200,
-                stateful_step_count=100 if LONG else 50,
-                deadline=None,
-                database=None,
-                # CI: the same 200 machines every run (a failure is reproducible, not a
-                # flake); `just prove` explores new ones each time.
-                derandomize=not LONG,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            )
-            await trio.to_thread.run_sync(
-                lambda: run_state_machine_as_test(machine, settings=config)
+            await run_machine(
+                QueueMachine, {"conn": conn, "other": other}, examples=(200, 5000), steps=(50, 100)
             )
 
     PATHS.clear()

@@ -36,22 +36,19 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-import os
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import attrs
 import pytest
 import trio
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
+from machines import TrioMachine, run_machine
 
 import trioq
 from trioq import Failure, Lease, Queue
@@ -61,7 +58,6 @@ LEASE = dt.timedelta(seconds=30)
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 WORKERS = ("w0", "w1")
 POLICIES = st.sampled_from(["cancel", "run"])
-LONG = os.environ.get("TRIOQ_HYPOTHESIS") == "long"
 MAX_JOBS = 50
 Q = Queue()
 ENDED = ("done", "gone", "dead", "cancelled")  # gone: done, its row deleted (no kept result)
@@ -103,9 +99,8 @@ def _outcome(state: str) -> str:
     return "done" if state == "gone" else state
 
 
-class WorkflowMachine(RuleBasedStateMachine):
+class WorkflowMachine(TrioMachine):
     conn: Any = None
-    token: trio.lowlevel.TrioToken | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,9 +108,6 @@ class WorkflowMachine(RuleBasedStateMachine):
         self.clock = T0
         self.beliefs: dict[str, set[Lease]] = {w: set() for w in WORKERS}
         self.call(self._reset)
-
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return trio.from_thread.run(fn, *args, trio_token=self.token)
 
     async def _reset(self) -> None:
         await self.conn.execute(
@@ -429,20 +421,8 @@ def test_workflow_state_machine(dsn: str) -> None:
     async def main() -> None:
         async with await trioq.connect(dsn, autocommit=True) as conn:
             await trioq.migrate(conn)
-            machine = type(
-                "BoundWorkflowMachine",
-                (WorkflowMachine,),
-                {"conn": conn, "token": trio.lowlevel.current_trio_token()},
-            )
-            config = settings(
-                max_examples=2000 if LONG else 200,
-                stateful_step_count=80 if LONG else 50,
-                deadline=None,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            )
-            await trio.to_thread.run_sync(
-                lambda: run_state_machine_as_test(machine, settings=config)
+            await run_machine(
+                WorkflowMachine, {"conn": conn}, examples=(200, 2000), steps=(50, 80)
             )
 
     SEEN.clear()
