@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -369,3 +370,19 @@ def test_session_dsn_and_prepared_statements_resolve(dsn: str) -> None:
     assert prepare_threshold(forced, "postgresql://pgb:6432/x", dsn) == PSYCOPG_PREPARE_THRESHOLD
     off = trioq.Config(registry=registry, prepared_statements=False)
     assert prepare_threshold(off, dsn, dsn) is None
+
+
+def test_an_unreachable_session_dsn_is_an_error_without_its_password(dsn: str) -> None:
+    """The session DSN is tried when `serve` starts (the listener and liveness must work):
+    a wrong one stops it, saying where it could not connect, never with the password."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        trioq_cli("migrate", "--dsn", dsn)
+        assert conn.execute("SELECT to_regclass('trioq.jobs') IS NOT NULL").fetchone() == (True,)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = trioq_cli("serve", "--app", "serve_app:config", "--dsn", dsn, "--session-dsn",
+                    f"postgresql://u:s3cret@127.0.0.1:{port}/db?connect_timeout=2")  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"cannot connect to postgresql://u@127.0.0.1:{port}/db" in out.stderr
+    assert "s3cret" not in out.stderr + out.stdout

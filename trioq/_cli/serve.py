@@ -149,7 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     # --dsn, then the app's Config.dsn, then TRIOQ_DSN / DATABASE_URL, then embedded.
     dsn = configured_dsn(from_parent or args.dsn or (app.dsn if isinstance(app, Config) else None))
-    formatter.add_dsns([dsn])
+    formatter.add_dsns([dsn, app.session_dsn if isinstance(app, Config) else None])
     if dsn is not None:
         return _serve_on(args, app, dsn, args.migrate)
     with EmbeddedPostgres.from_env().running() as status:
