@@ -329,10 +329,14 @@ def test_serve_processes_keep_session_work_on_the_session_dsn(
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, output
         assert "s3cret" not in output
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    finally:  # on a failure: SIGTERM, so the supervisor stops its workers (a SIGKILLed
+        if proc.poll() is None:  # supervisor leaves them running, in sessions of their own)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
 
 
 _DIRECT_SESSIONS = """
