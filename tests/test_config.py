@@ -115,3 +115,19 @@ def test_the_repr_never_shows_a_password() -> None:
     config = trioq.Config(registry=trioq.Registry(), dsn="postgresql://app:s3cret@db/app")
     assert "s3cret" not in repr(config)
     assert "postgresql://app@db:5432/app" in repr(config)
+
+
+def test_session_dsn_and_prepared_statements_are_validated() -> None:
+    registry = trioq.Registry()
+    config = trioq.Config(registry=registry, dsn="postgresql://app@pgbouncer:6432/app",
+                          session_dsn="postgresql://app:s3cret@db/app")  # fmt: skip
+    assert "s3cret" not in repr(config) and "session_dsn='postgresql://app@db" in repr(config)
+    assert config.prepared_statements is None  # decided with the session DSN: docs/pooling.md
+    for bad in ("postgresql://app:s3cret@db/app?bogus=1", "host=db\x00", "\udcff", 5):
+        with pytest.raises(ValueError, match="session_dsn") as raised:
+            trioq.Config(registry=registry, session_dsn=bad)  # type: ignore[arg-type]
+        assert "s3cret" not in str(raised.value)
+    for flag in (1, 0, "no", "false"):
+        with pytest.raises(TypeError, match="prepared_statements must be True, False or None"):
+            trioq.Config(registry=registry, prepared_statements=flag)  # type: ignore[arg-type]
+    assert trioq.Config(registry=registry, prepared_statements=False).prepared_statements is False

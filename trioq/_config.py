@@ -207,6 +207,11 @@ def _dsn(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> N
         check_dsn(value, what=attribute.name)
 
 
+def _optional_bool(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be True, False or None, got {value!r}")
+
+
 def _dsn_repr(value: str | None) -> str:
     """``Config``'s repr shows where it connects, never the password."""
     return repr(None if value is None else redact_dsn(value))
@@ -237,6 +242,14 @@ class Config:
     registry: Registry = attrs.field(validator=_registry)
     #: None: ``TRIOQ_DSN`` / ``DATABASE_URL``, else the embedded Postgres.
     dsn: str | None = attrs.field(default=None, validator=_dsn, repr=_dsn_repr)
+    #: Behind a transaction-mode pooler (PgBouncer, docs/pooling.md): a DSN straight to
+    #: Postgres (or a session-mode pool) for what needs a session of its own: LISTEN, the
+    #: liveness lock, ``serve --migrate``. None: ``TRIOQ_SESSION_DSN``, else ``dsn``.
+    session_dsn: str | None = attrs.field(default=None, validator=_dsn, repr=_dsn_repr)
+    #: Server-side prepared statements on the pooled connections (psycopg prepares a
+    #: statement after 5 runs). None: on, unless a ``session_dsn`` other than ``dsn`` says
+    #: ``dsn`` is a pooler (PgBouncer < 1.21 cannot keep them). False: never prepare.
+    prepared_statements: bool | None = attrs.field(default=None, validator=_optional_bool)
     schema: str = attrs.field(default="trioq", validator=rule(validate_schema_name))
     #: Queues this process serves; default: every queue a registered task uses.
     queues: dict[str, QueueConfig] = attrs.field(

@@ -70,6 +70,12 @@ def check_dsn(dsn: str, *, what: str = "DSN") -> str:
     """
     if not isinstance(dsn, str):
         raise InvalidDSNError(f"{what} must be a string, got {type(dsn).__name__}")
+    if "\x00" in dsn:  # libpq would cut the DSN there, and connect elsewhere than asked
+        raise InvalidDSNError(f"{what} is invalid: it holds a NUL character")
+    try:
+        dsn.encode()
+    except UnicodeEncodeError:
+        raise InvalidDSNError(f"{what} is invalid: it is not UTF-8 (a lone surrogate)") from None
     try:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as ex:

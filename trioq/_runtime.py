@@ -44,6 +44,7 @@ from ._metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
 from ._migrate import check_current
 from ._outcome import Kind, Outcome
 from ._pool import Pool
+from ._pooling import prepare_threshold, session_dsn
 from ._pruner import Pruner
 from ._queue import Queue
 from ._scheduler import Scheduler
@@ -170,13 +171,15 @@ class Runtime:
     def __init__(self, config: Config, dsn: str) -> None:
         self.config = config
         self.dsn = dsn
+        #: LISTEN and the liveness lock: never through a transaction pooler (`trioq._pooling`).
+        self.session_dsn = session_dsn(config, dsn)
         self.queue = Queue(schema=config.schema, max_payload_bytes=config.max_payload_bytes)
+        threshold = prepare_threshold(config, dsn, self.session_dsn)
+        pooled = {"autocommit": True, "prepare_threshold": threshold}
         #: Claims, outcomes, heartbeats and maintenance: never starved by handlers.
-        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs={"autocommit": True})
+        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=pooled)
         #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``).
-        self.app_pool = Pool(
-            dsn, max_size=config.app_pool_size, connect_kwargs={"autocommit": True}
-        )
+        self.app_pool = Pool(dsn, max_size=config.app_pool_size, connect_kwargs=pooled)
         self._queues = {
             name: _QueueState(name, cfg) for name, cfg in config.served_queues().items()
         }
@@ -221,7 +224,7 @@ class Runtime:
             on_returned=self._wake_all, on_swept=self._lifecycle.swept,
         )  # fmt: skip
         self._liveness = Liveness(
-            dsn, self.pool, self.queue, name=owner,
+            self.session_dsn, self.pool, self.queue, name=owner,
             queues={name: q.config.concurrency for name, q in self._queues.items()},
             interval=config.liveness_interval,
             running=lambda: sum(q.active for q in self._queues.values()),
@@ -232,7 +235,7 @@ class Runtime:
         )  # fmt: skip
         self._watchdog = Watchdog(threshold=config.loop_blocked_warning)
         self._listener = Listener(
-            dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
+            self.session_dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
         )
         self._history = History()  # fed by `_written`, written by its own service
         self._history_writer = HistoryWriter(

@@ -180,7 +180,8 @@ def _fail(args: argparse.Namespace, ex: BaseException) -> int:
     braces: the messages are built not to contain one); with ``--json``, also one object on
     stdout: ``{"error": <the exception's type>, "message": <that line>}``."""
     lines = str(ex).strip().splitlines() or [type(ex).__name__]
-    dsns = [getattr(args, "dsn", None), *(os.environ.get(name) for name in DSN_ENV_VARS)]
+    given = [getattr(args, name, None) for name in ("dsn", "session_dsn", "pooler_dsn")]
+    dsns = [*given, *(os.environ.get(name) for name in (*DSN_ENV_VARS, "TRIOQ_SESSION_DSN"))]
     message = redact(lines[0], dsn_secrets(dsns))
     if getattr(args, "json", False):
         print(json.dumps({"error": type(ex).__name__, "message": message}))

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import attrs
 import trio
@@ -17,6 +18,8 @@ from .._dsn import DSN_ENV_VARS, configured_dsn
 from .._embedded import EmbeddedPostgres
 from .._migrate import migrate
 from .._pg import connect
+from .._pg_errors import check_dsn
+from .._pooling import SESSION_DSN_VAR, session_dsn
 from .._registry import Registry
 from .logs import LOG_FORMAT, LOG_LEVELS, RedactingFormatter, setup_logging
 from .supervisor import supervise
@@ -28,6 +31,8 @@ examples:
   trioq serve --app trioq.examples.hello:tasks
   trioq serve --app myapp.jobs:config --dsn postgresql://app@db/app --queues email,sms
   trioq serve --app myapp.jobs:tasks --concurrency 50 --migrate
+  trioq serve --app myapp.jobs:tasks --dsn postgresql://app@pgbouncer:6432/app \
+      --session-dsn postgresql://app@db:5432/app     # through PgBouncer: docs/pooling.md
 
 MODULE:ATTRIBUTE names a trioq.Config or a trioq.Registry (then every queue its
 tasks use is served with --concurrency slots). SIGINT/SIGTERM stop gracefully
@@ -39,6 +44,8 @@ after a clean stop, 1 on an error.
 #: How ``serve --processes N`` hands its DSN to the workers: in their environment, never
 #: on their command lines (which every local user can read in /proc/<pid>/cmdline).
 CHILD_DSN_VAR = "TRIOQ_SERVE_CHILD_DSN"
+#: The same for ``--session-dsn``.
+CHILD_SESSION_DSN_VAR = "TRIOQ_SERVE_CHILD_SESSION_DSN"
 
 
 
@@ -61,6 +68,16 @@ def add_serve_parser(
     sub.add_argument("--queues", help="comma-separated queues to serve (default: the app's)")
     sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")
     sub.add_argument("--migrate", action="store_true", help="run `trioq migrate` first")
+    sub.add_argument(
+        "--session-dsn", metavar="URL",
+        help="when --dsn is a transaction-mode pooler (PgBouncer): a DSN straight to Postgres "
+        "for LISTEN, the liveness lock and --migrate; the pooled connections then prepare no "
+        f"statements (default: the app's Config.session_dsn, ${SESSION_DSN_VAR}, else --dsn)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--no-prepared-statements", action="store_true",
+        help="never prepare statements on the server (Config.prepared_statements=False)",
+    )  # fmt: skip
     sub.add_argument(
         "--processes",
         type=int,
@@ -109,21 +126,30 @@ def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Confi
     metrics = args.metrics or config.metrics
     if args.metrics:
         parse_address(args.metrics, "--metrics")  # the option named in the error
-    return attrs.evolve(config, dsn=dsn, queues=slots, handle_signals=True, metrics=metrics)
+    pooling: dict[str, Any] = {}
+    if args.session_dsn:
+        pooling["session_dsn"] = check_dsn(args.session_dsn, what="--session-dsn")
+    if args.no_prepared_statements:
+        pooling["prepared_statements"] = False
+    return attrs.evolve(
+        config, dsn=dsn, queues=slots, handle_signals=True, metrics=metrics, **pooling
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
     # The parent of --processes passes its choice in the environment; take it out at once.
     from_parent = os.environ.pop(CHILD_DSN_VAR, None)
+    args.session_dsn = os.environ.pop(CHILD_SESSION_DSN_VAR, None) or args.session_dsn
     formatter = setup_logging(args.log_format, args.log_level)
-    formatter.add_dsns([from_parent, args.dsn, *(os.environ.get(v) for v in DSN_ENV_VARS)])
+    given = [from_parent, args.dsn, args.session_dsn]
+    formatter.add_dsns([*given, *(os.environ.get(v) for v in (*DSN_ENV_VARS, SESSION_DSN_VAR))])
     sys.path.insert(0, "")  # --app modules from the current directory, like python -m
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
     app = load_app(args.app)
     # --dsn, then the app's Config.dsn, then TRIOQ_DSN / DATABASE_URL, then embedded.
     dsn = configured_dsn(from_parent or args.dsn or (app.dsn if isinstance(app, Config) else None))
-    formatter.add_dsns([dsn])
+    formatter.add_dsns([dsn, app.session_dsn if isinstance(app, Config) else None])
     if dsn is not None:
         return _serve_on(args, app, dsn, args.migrate)
     with EmbeddedPostgres.from_env().running() as status:
@@ -139,14 +165,17 @@ def _serve_on(
         trio.run(_run, config, run_migrations)
         return 0
     if run_migrations:
-        trio.run(_migrate, dsn, config.schema)
-    with _environment(CHILD_DSN_VAR, dsn):
+        trio.run(_migrate, session_dsn(config, dsn), config.schema)
+    with _environment(CHILD_DSN_VAR, dsn), _environment(CHILD_SESSION_DSN_VAR, args.session_dsn):
         return trio.run(supervise, _child_argv(args), args.processes)
 
 
 @contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
+def _environment(name: str, value: str | None) -> Iterator[None]:
     """``os.environ[name] = value`` for the block (children started in it inherit it)."""
+    if value is None:
+        yield
+        return
     old = os.environ.get(name)
     os.environ[name] = value
     try:
@@ -166,6 +195,8 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--queues", args.queues]
     if args.concurrency:
         argv += ["--concurrency", str(args.concurrency)]
+    if args.no_prepared_statements:
+        argv.append("--no-prepared-statements")
     if args.metrics:  # one port each: the first free one of as many as there are workers
         host, first, last = parse_address(args.metrics, "--metrics")
         if first == last and first:
@@ -183,7 +214,7 @@ async def _migrate(dsn: str, schema: str) -> None:
 async def _run(config: Config, run_migrations: bool) -> None:
     from .._serve import serve
 
-    if run_migrations:
+    if run_migrations:  # on the session DSN: never through a transaction pooler
         assert config.dsn is not None
-        await _migrate(config.dsn, config.schema)
+        await _migrate(session_dsn(config, config.dsn), config.schema)
     await serve(config)

@@ -13,6 +13,7 @@ import trio
 from .._dsn import configured_dsn
 from .._embedded import EmbeddedPostgres
 from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
+from .._pg_errors import check_dsn
 from .._stress.report import StressReport, render
 from .._stress.run import MODES, TRANSACTIONS, StressError, StressOptions, Target, run_stress
 
@@ -63,6 +64,11 @@ def add_stress_parser(
     sub.add_argument(
         "--dsn", help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded one)"
     )
+    sub.add_argument(
+        "--pooler-dsn", metavar="URL",
+        help="the workers' pools go through URL (a transaction-mode PgBouncer to the --dsn "
+        "database); their LISTEN and liveness lock, and this driver, stay on --dsn",
+    )  # fmt: skip
     sub.add_argument("--schema", default="trioq_stress", help="the run's own schema (emptied)")
     _workload_flags(sub)
     _chaos_flags(sub)
@@ -158,7 +164,7 @@ def _options(args: argparse.Namespace) -> StressOptions:
 def _stress(args: argparse.Namespace) -> int:
     options = _options(args)
     try:
-        report = _run(options, args.dsn)
+        report = _run(options, args.dsn, args.pooler_dsn)
     except BaseException as ex:  # trio wraps errors of concurrent tasks in exception groups
         found = leaves(ex)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in found):
@@ -171,10 +177,14 @@ def _stress(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _run(options: StressOptions, cli_dsn: str | None) -> StressReport:
+def _run(options: StressOptions, cli_dsn: str | None, pooler: str | None) -> StressReport:
     dsn = configured_dsn(cli_dsn)
+    if pooler is not None:
+        check_dsn(pooler, what="--pooler-dsn")
+        if dsn is None:
+            raise StressError("--pooler-dsn needs --dsn (or $TRIOQ_DSN): the database behind it")
     if dsn is not None:
-        return trio.run(run_stress, options, Target(dsn=dsn))
+        return trio.run(run_stress, options, Target(dsn=dsn, pooler_dsn=pooler))
     embedded = EmbeddedPostgres.from_env()
     owned = not embedded.status().running
     with embedded.running() as status:  # main thread, before trio.run

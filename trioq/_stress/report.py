@@ -133,6 +133,13 @@ def _s(value: float | None) -> str:
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def _pooler_lines(database: dict[str, Any]) -> list[str]:
+    pooler = database.get("pooler")
+    if not pooler:
+        return []
+    return [f"  pooler:    {pooler} (the workers' pools; LISTEN and liveness direct)"]
+
+
 def render(report: StressReport) -> str:
     """The human report, a few aligned lines."""
     o = report.options
@@ -142,6 +149,7 @@ def render(report: StressReport) -> str:
         f"  database:  {report.database['target']} (Postgres {report.database['server_version']}"
         f", fsync {report.database['fsync']}, synchronous_commit "
         f"{report.database['synchronous_commit']})",
+        *_pooler_lines(report.database),
         *_load_lines(report),
         f"  drain:     {report.drain.jobs:,} jobs in {_n(report.drain.seconds, ' s', 2)} = "
         f"{_n(report.drain.per_second, ' jobs/s')} (first pickup -> last completion)",

@@ -188,6 +188,10 @@ class Target:
     """The database: a DSN, and the embedded server behind it when no DSN was configured."""
 
     dsn: str
+    #: The workers' pools go through this (a transaction-mode PgBouncer): claims, outcomes,
+    #: heartbeats, their handlers' transactions. LISTEN and liveness stay on ``dsn``, and so
+    #: does the driver (enqueues, verification). docs/pooling.md.
+    pooler_dsn: str | None = None
     embedded: EmbeddedPostgres | None = None
     owned: bool = False  # this run started the embedded server (it was not running)
 
@@ -258,7 +262,7 @@ async def _run(run: _Run) -> StressReport:
         run.meter, run.meter_source = _server_meter(conn)
         async with open_workers(
             dsn=run.target.dsn, env=options.worker_env(), count=options.processes,
-            grace=WORKER_GRACE,
+            grace=WORKER_GRACE, pooler_dsn=run.target.pooler_dsn,
         ) as group:  # fmt: skip
             group.start_all()
             await _wait_ready(conn, group)
@@ -512,6 +516,7 @@ async def _database_info(conn: Any, target: Target) -> dict[str, Any]:
     assert row is not None
     return {
         "target": redact_dsn(target.dsn),
+        "pooler": None if target.pooler_dsn is None else redact_dsn(target.pooler_dsn),
         "embedded": target.embedded is not None,
         "server_version": row[0],
         "fsync": row[1],

@@ -28,6 +28,7 @@ import attrs
 import trio
 from psycopg.conninfo import make_conninfo
 
+from .._pooling import SESSION_DSN_VAR
 from .cpu import process_cpu
 
 __all__ = ["LogTail", "StressError", "Worker", "WorkerGroup", "open_workers"]
@@ -90,10 +91,12 @@ class WorkerGroup:
     """``count`` worker slots, each running one process at a time."""
 
     def __init__(
-        self, nursery: trio.Nursery, *, dsn: str, env: Mapping[str, str], count: int
-    ) -> None:
+        self, nursery: trio.Nursery, *, dsn: str, env: Mapping[str, str], count: int,
+        pooler_dsn: str | None = None,
+    ) -> None:  # fmt: skip
         self._nursery = nursery
         self._dsn = dsn
+        self._pooler_dsn = pooler_dsn  # the pools go through it; LISTEN and liveness: dsn
         self._env = dict(env)
         self.count = count
         self.prefix = f"trioq-stress-{os.getpid()}-w"  # application_name of every worker
@@ -129,9 +132,15 @@ class WorkerGroup:
         return [sys.executable, "-m", "trioq._cli", "serve", "--app", APP]
 
     def _worker_env(self, app_name: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
+        ours = ("TRIOQ_DSN", "DATABASE_URL", SESSION_DSN_VAR)
+        env = {k: v for k, v in os.environ.items() if k not in ours}
         env.update(self._env)
-        env["TRIOQ_DSN"] = make_conninfo(self._dsn, application_name=app_name)
+        direct = make_conninfo(self._dsn, application_name=app_name)
+        if self._pooler_dsn is None:
+            env["TRIOQ_DSN"] = direct
+        else:
+            env["TRIOQ_DSN"] = make_conninfo(self._pooler_dsn, application_name=app_name)
+            env[SESSION_DSN_VAR] = direct
         return env
 
     async def stop(self, grace: float) -> None:
@@ -210,11 +219,12 @@ class WorkerGroup:
 
 @contextlib.asynccontextmanager
 async def open_workers(
-    *, dsn: str, env: Mapping[str, str], count: int, grace: float
-) -> AsyncIterator[WorkerGroup]:
+    *, dsn: str, env: Mapping[str, str], count: int, grace: float,
+    pooler_dsn: str | None = None,
+) -> AsyncIterator[WorkerGroup]:  # fmt: skip
     """A `WorkerGroup` whose processes are all stopped (bounded, shielded) when the block ends."""
     async with trio.open_nursery() as nursery:
-        group = WorkerGroup(nursery, dsn=dsn, env=env, count=count)
+        group = WorkerGroup(nursery, dsn=dsn, env=env, count=count, pooler_dsn=pooler_dsn)
         try:
             yield group
         finally:
