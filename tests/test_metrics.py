@@ -97,6 +97,11 @@ def _scrape_until(
         time.sleep(0.1)
 
 
+def _depth(series: Series, queue: str) -> dict[str, float | None]:
+    return {state: _value(series, "trioq_queue_depth", queue=queue, state=state)
+            for state in ("available", "dead")}  # fmt: skip
+
+
 def _banner(worker: Worker) -> dict[str, Any]:
     line = json.loads(worker.read_until('"schema_version"'))
     assert line["logger"] == "trioq.runtime" and line["level"] == "INFO"
@@ -141,8 +146,12 @@ def test_a_running_serve_counts_what_it_ran(dsn: str, workers: list[Worker]) -> 
     assert v("trioq_pool_waits_total", pool="runtime") is not None
     assert v("trioq_worker_info", schema="trioq", version=trioq.__version__,
              worker_id=banner["worker_id"]) == 1  # fmt: skip
-    series = _scrape_until(url, "trioq_queue_depth", 5, queue="default", state="dead")
-    assert _value(series, "trioq_queue_depth", queue="default", state="available") == 0
+    # The depth sample is cached (metrics_depth_interval): one taken while the flaky jobs'
+    # retries were still waiting shows the dead ones and 5 available; wait for the final one.
+    deadline = time.monotonic() + 20
+    while (depth := _depth(_scrape(url), "default")) != {"available": 0, "dead": 5}:
+        assert time.monotonic() < deadline, depth
+        time.sleep(0.1)
 
     # two jobs hold the slow queue's slots; three more wait behind them
     _enqueue(dsn, "sleeper", 5, queue="slow", args='{"seconds": 60}')
