@@ -113,6 +113,12 @@ async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: f
     jobs = holding.get(victim.pid, [])
     at = time.time()
     group.kill(victim)
+    # What it held when it died: it may have claimed (or finished) jobs since `holding` was
+    # read. Its rows stay running until a sweeper takes it for dead, which waits out the
+    # liveness grace (a second by default), so this read, milliseconds after, sees them all.
+    # (When the database cannot be asked, the read before the kill stands.)
+    if (after := await held.read()) is not None:
+        jobs = after.get(victim.pid, [])
     log.kills += 1
     log.note(f"SIGKILL worker pid {victim.pid} (slot {victim.slot}) holding {len(jobs)} jobs")
     detail = f"SIGKILL pid {victim.pid} holding {len(jobs)} running jobs"

@@ -85,13 +85,17 @@ class HeldJobs:
 
     async def by_pid(self) -> dict[int, list[int]]:
         """pid -> running job ids; empty if the database cannot be asked."""
+        return await self.read() or {}
+
+    async def read(self) -> dict[int, list[int]] | None:
+        """pid -> running job ids; None if the database cannot be asked."""
         query = sql.SQL(_HELD.strip()).format(jobs=qualified(self.schema, "jobs"))
         try:
             async with await self.connect() as conn:
                 rows = await (await conn.execute(query)).fetchall()
         except psycopg.OperationalError as ex:
             logger.debug("cannot read held jobs: %s", ex)
-            return {}
+            return None
         return {int(pid): list(ids) for pid, ids in rows if pid is not None}
 
     async def running(self) -> int | None:
