@@ -29,6 +29,7 @@ import functools
 import attrs
 from psycopg import sql
 
+from .._obs_sql import obs_statements
 from .._sql import NOW, qualified, validate_schema_name
 
 __all__ = ["COUNT_CAP", "LEASE_CAP", "MAX_QUEUES", "WINDOW", "WebStatements", "web_statements"]
@@ -50,42 +51,6 @@ WINDOW = 10_000
 MAX_QUEUES = 200
 
 # -- the overview -------------------------------------------------------------------------------
-
-# Queues with available jobs (one probe of the claim index per queue), each with its capped
-# count and how long the job at its head (the next to be claimed) has waited.
-_QUEUES_AVAILABLE = """
-WITH RECURSIVE q(queue) AS (
-    (SELECT queue FROM {jobs} WHERE state = 'available' ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM {jobs} j
-             WHERE j.state = 'available' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
-      FROM q WHERE q.queue IS NOT NULL
-)
-SELECT q.queue,
-       (SELECT count(*) FROM (SELECT 1 FROM {jobs} j
-                               WHERE j.queue = q.queue AND j.state = 'available'
-                               ORDER BY j.priority, j.run_at, j.id LIMIT %(cap)s) AS c),
-       extract(epoch FROM {now} - (SELECT j.run_at FROM {jobs} j
-                                    WHERE j.queue = q.queue AND j.state = 'available'
-                                    ORDER BY j.priority, j.run_at, j.id LIMIT 1))
-  FROM q WHERE q.queue IS NOT NULL
- LIMIT %(max_queues)s
-"""
-
-# Queues with dead jobs, each with its capped count.
-_QUEUES_DEAD = """
-WITH RECURSIVE q(queue) AS (
-    (SELECT queue FROM {dead} ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT d.queue FROM {dead} d WHERE d.queue > q.queue ORDER BY d.queue LIMIT 1)
-      FROM q WHERE q.queue IS NOT NULL
-)
-SELECT q.queue,
-       (SELECT count(*) FROM (SELECT 1 FROM {dead} d WHERE d.queue = q.queue
-                               ORDER BY d.died_at LIMIT %(cap)s) AS c)
-  FROM q WHERE q.queue IS NOT NULL
- LIMIT %(max_queues)s
-"""
 
 # Scheduled jobs among the next `cap` due, per queue (the last column: the window was full).
 _QUEUES_SCHEDULED = """
@@ -298,10 +263,12 @@ def web_statements(schema: str) -> WebStatements:
     def compose(text: str) -> sql.Composed:
         return sql.SQL(text.strip()).format(**names)
 
+    depth = obs_statements(schema)
     return WebStatements(
         schema=schema,
-        queues_available=compose(_QUEUES_AVAILABLE),
-        queues_dead=compose(_QUEUES_DEAD),
+        # The same probes as the metrics' depth sample: one copy of each (trioq._obs_sql).
+        queues_available=depth.depth_available,
+        queues_dead=depth.depth_dead,
         queues_scheduled=compose(_QUEUES_SCHEDULED),
         leases=compose(_LEASES),
         workers=compose(_WORKERS),
