@@ -16,7 +16,10 @@ from typing import Any, TypeVar
 
 import trio
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from trioq import Lease
 
 T = TypeVar("T")
 LONG = os.environ.get("TRIOQ_HYPOTHESIS") == "long"
@@ -29,6 +32,34 @@ class TrioMachine(RuleBasedStateMachine):
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         return trio.from_thread.run(fn, *args, trio_token=self.token)
+
+
+class LeaseMachine(TrioMachine):
+    """A machine whose workers believe they hold leases (``beliefs``) on model jobs
+    (``jobs``: each with ``state``, ``owner`` and ``attempt``), some of them stale."""
+
+    workers: tuple[str, ...]
+    beliefs: dict[str, set[Lease]]
+    jobs: dict[int, Any]
+
+    def _holders(self) -> list[str]:
+        return [w for w in self.workers if self.beliefs[w]]
+
+    def _pick(self, data: st.DataObject) -> tuple[str, list[Lease]]:
+        """A worker that believes it holds leases, and up to three of them (forgotten)."""
+        worker = data.draw(st.sampled_from(self._holders()))
+        held = sorted(self.beliefs[worker], key=lambda le: (le.job_id, le.attempt))
+        chosen = data.draw(st.lists(st.sampled_from(held), unique=True, min_size=1, max_size=3))
+        self.beliefs[worker] -= set(chosen)
+        return worker, chosen
+
+    def _valid(self, worker: str, leases: list[Lease]) -> set[int]:
+        """The ids of ``leases`` the model says ``worker`` still holds."""
+        return {
+            le.job_id for le in leases
+            if (m := self.jobs[le.job_id]).state == "running" and m.owner == worker
+            and m.attempt == le.attempt
+        }  # fmt: skip
 
 
 async def run_machine(

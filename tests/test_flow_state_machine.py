@@ -37,7 +37,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from machines import TrioMachine, run_machine
+from machines import LeaseMachine, run_machine
 
 import trioq
 from trioq import Failure, Lease, Queue, RateLimit, Unique
@@ -84,7 +84,9 @@ class Settings:
         return self.kc is not None or self.key_rate is not None
 
 
-class FlowMachine(TrioMachine):
+class FlowMachine(LeaseMachine):
+    workers = WORKERS
+
     conn: Any = None
 
     def __init__(self) -> None:
@@ -325,23 +327,6 @@ class FlowMachine(TrioMachine):
             for key in ("a", "b"):
                 if any(m.key == key for m in taken):
                     assert self._started(key, s.key_rate[1]) <= s.key_rate[0]
-
-    def _holders(self) -> list[str]:
-        return [w for w in WORKERS if self.beliefs[w]]
-
-    def _pick(self, data: st.DataObject) -> tuple[str, list[Lease]]:
-        worker = data.draw(st.sampled_from(self._holders()))
-        held = sorted(self.beliefs[worker], key=lambda le: (le.job_id, le.attempt))
-        chosen = data.draw(st.lists(st.sampled_from(held), unique=True, min_size=1, max_size=3))
-        self.beliefs[worker] -= set(chosen)
-        return worker, chosen
-
-    def _valid(self, worker: str, leases: list[Lease]) -> set[int]:
-        return {
-            le.job_id for le in leases
-            if (m := self.jobs[le.job_id]).state == "running" and m.owner == worker
-            and m.attempt == le.attempt
-        }  # fmt: skip
 
     def _leave_running(self, job_id: int, state: str) -> None:
         model = self.jobs[job_id]

@@ -48,7 +48,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from machines import TrioMachine, run_machine
+from machines import LeaseMachine, run_machine
 
 import trioq
 from trioq import Failure, Lease, Queue
@@ -99,7 +99,9 @@ def _outcome(state: str) -> str:
     return "done" if state == "gone" else state
 
 
-class WorkflowMachine(TrioMachine):
+class WorkflowMachine(LeaseMachine):
+    workers = WORKERS
+
     conn: Any = None
 
     def __init__(self) -> None:
@@ -247,23 +249,6 @@ class WorkflowMachine(TrioMachine):
             model.lease_until = self.clock + LEASE
             assert job.attempt == model.attempt
             self.beliefs[worker].add(Lease(job.id, job.attempt))
-
-    def _holders(self) -> list[str]:
-        return [w for w in WORKERS if self.beliefs[w]]
-
-    def _pick(self, data: st.DataObject) -> tuple[str, list[Lease]]:
-        worker = data.draw(st.sampled_from(self._holders()))
-        held = sorted(self.beliefs[worker], key=lambda le: (le.job_id, le.attempt))
-        chosen = data.draw(st.lists(st.sampled_from(held), unique=True, min_size=1, max_size=3))
-        self.beliefs[worker] -= set(chosen)
-        return worker, chosen
-
-    def _valid(self, worker: str, leases: list[Lease]) -> set[int]:
-        return {
-            le.job_id for le in leases
-            if (m := self.jobs[le.job_id]).state == "running" and m.owner == worker
-            and m.attempt == le.attempt
-        }  # fmt: skip
 
     def _back(self, job_id: int) -> None:
         """Not an ending: back to available (a retry, a release, a returned lease)."""
