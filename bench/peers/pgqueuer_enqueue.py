@@ -1,14 +1,17 @@
-"""pgqueuer's side of `bench/bench_single_enqueue.py`, run by the Python of its venv:
-``--jobs`` calls of ``await Queries.enqueue("t", payload, 0)`` (one job per call) on one
-asyncpg connection (uvloop, as ``pgq run`` uses), after installing pgqueuer's schema.
-Prints one JSON line: wall seconds and this process's CPU seconds.
+"""pgqueuer's side of `bench/bench_enqueue_peers.py`, run by the Python of its venv: ``--jobs``
+jobs enqueued by ``--producers`` asyncpg connections of one process, concurrently (uvloop, as
+``pgq run`` uses), after installing pgqueuer's schema. ``--batch 1``: ``await
+Queries.enqueue("t", payload, 0)`` per job; ``--batch B``: ``Queries.enqueue`` with lists of B
+entrypoints, payloads and priorities per call (its bulk form). Prints one JSON line: wall
+seconds and this process's CPU seconds.
 
-    python bench/peers/pgqueuer_enqueue.py --dsn DSN --jobs N
+    python bench/peers/pgqueuer_enqueue.py --dsn DSN --jobs N [--batch B] [--producers P]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 
@@ -17,19 +20,34 @@ import uvloop
 from pgqueuer import AsyncpgDriver, Queries
 
 
-async def main(dsn: str, jobs: int) -> None:
-    conn = await _connect(dsn)
-    try:
-        queries = Queries(AsyncpgDriver(conn))
-        await queries.install()
-        await queries.enqueue("warm", None, 0)
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        for i in range(jobs):
+async def produce(queries: Queries, first: int, count: int, batch: int) -> None:
+    if batch == 1:
+        for i in range(first, first + count):
             await queries.enqueue("t", json.dumps({"n": i}).encode(), 0)
+        return
+    for start in range(first, first + count, batch):
+        ns = range(start, min(start + batch, first + count))
+        payloads: list[bytes | None] = [json.dumps({"n": i}).encode() for i in ns]
+        await queries.enqueue(["t"] * len(payloads), payloads, [0] * len(payloads))
+
+
+async def main(dsn: str, jobs: int, batch: int, producers: int) -> None:
+    conns = [await _connect(dsn) for _ in range(producers)]
+    try:
+        every = [Queries(AsyncpgDriver(conn)) for conn in conns]
+        await every[0].install()
+        for queries in every:
+            await queries.enqueue("warm", None, 0)
+        share = jobs // producers
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(
+            *(produce(q, k * share, share, batch) for k, q in enumerate(every))
+        )
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
-        await conn.close()
-    print(json.dumps({"wall": wall, "cpu": cpu, "jobs": jobs}))
+        for conn in conns:
+            await conn.close()
+    print(json.dumps({"wall": wall, "cpu": cpu, "jobs": share * producers}))
 
 
 async def _connect(dsn: str) -> asyncpg.Connection:
@@ -46,5 +64,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--producers", type=int, default=1)
     args = parser.parse_args()
-    uvloop.run(main(args.dsn, args.jobs))
+    uvloop.run(main(args.dsn, args.jobs, args.batch, args.producers))
