@@ -239,3 +239,44 @@ def test_processes_flag_runs_supervised_workers(dsn: str) -> None:
         if parent.poll() is None:
             parent.kill()
             parent.communicate(timeout=30)
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped yet counts: it runs nothing)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_children_stop_when_the_supervisor_is_sigkilled(dsn: str) -> None:
+    """The parent of ``--processes 2`` dies by SIGKILL: its children stop on their own,
+    gracefully (their running jobs given back at once, not left to their leases), rather
+    than run on as orphans beside the parent a process manager starts next."""
+    _setup(dsn)
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config",
+         "--processes", "2"],
+        env=_env(dsn, grace="0.5", lease="600"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        _enqueue(dsn, 40, first_seconds=600)  # 20 slots each: both take some
+        _wait_for(dsn, "SELECT count(DISTINCT pid) FROM runs", [(2,)])
+        children = [pid for (pid,) in _query(dsn, "SELECT DISTINCT pid FROM runs")]
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not all(_gone(pid) for pid in children):
+            assert time.monotonic() < deadline, f"orphaned workers still run: {children}"
+            time.sleep(0.05)
+        out = parent.communicate(timeout=30)[0]  # the children shared its output pipe
+        assert out.count("the supervisor (pid") == 2, out
+        # Given back by the graceful stop: a 600 s lease would keep them running otherwise.
+        assert _query(dsn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'") == [(0,)]
+        assert _query(dsn, "SELECT count(*) FROM trioq.jobs WHERE state = 'available'") == [(40,)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.communicate(timeout=30)

@@ -22,7 +22,7 @@ from .._pg_errors import check_dsn
 from .._pooling import SESSION_DSN_VAR, session_dsn
 from .._registry import Registry
 from .logs import LOG_FORMAT, LOG_LEVELS, RedactingFormatter, setup_logging
-from .supervisor import supervise
+from .supervisor import parent_fd_from_env, stop_when_orphaned, supervise
 
 __all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app"]
 
@@ -139,6 +139,7 @@ def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Confi
 def _serve(args: argparse.Namespace) -> int:
     # The parent of --processes passes its choice in the environment; take it out at once.
     from_parent = os.environ.pop(CHILD_DSN_VAR, None)
+    args.parent_fd = parent_fd_from_env()
     args.session_dsn = os.environ.pop(CHILD_SESSION_DSN_VAR, None) or args.session_dsn
     formatter = setup_logging(args.log_format, args.log_level)
     given = [from_parent, args.dsn, args.session_dsn]
@@ -162,7 +163,7 @@ def _serve_on(
 ) -> int:
     config = _config(args, app, dsn)
     if args.processes == 1:
-        trio.run(_run, config, run_migrations)
+        trio.run(_run, config, run_migrations, args.parent_fd)
         return 0
     if run_migrations:
         trio.run(_migrate, session_dsn(config, dsn), config.schema)
@@ -211,10 +212,25 @@ async def _migrate(dsn: str, schema: str) -> None:
         await migrate(conn, schema)
 
 
-async def _run(config: Config, run_migrations: bool) -> None:
+async def _run(config: Config, run_migrations: bool, parent_fd: int | None = None) -> None:
     from .._serve import serve
 
     if run_migrations:  # on the session DSN: never through a transaction pooler
         assert config.dsn is not None
         await _migrate(session_dsn(config, config.dsn), config.schema)
-    await serve(config)
+    if parent_fd is None:
+        await serve(config)
+        return
+    async with trio.open_nursery() as nursery:  # a worker of `serve --processes N`
+        runtime = await nursery.start(_serve_then_cancel, config, nursery.cancel_scope)
+        nursery.start_soon(stop_when_orphaned, runtime, parent_fd)
+
+
+async def _serve_then_cancel(
+    config: Config, scope: trio.CancelScope, task_status: trio.TaskStatus[Any]
+) -> None:
+    """`serve`, then cancel ``scope`` (the supervisor watch beside it: nothing left to do)."""
+    from .._serve import serve
+
+    await serve(config, task_status=task_status)
+    scope.cancel()

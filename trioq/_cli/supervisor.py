@@ -1,8 +1,11 @@
 """``trioq serve --processes N``: one parent supervising N worker processes.
 
 trio is single-threaded, so a host's cores are used by running one worker
-process per core. If the parent itself is SIGKILLed, the children keep running
-until they are stopped (each is a complete worker on its own).
+process per core. If the parent itself dies (SIGKILL, the OOM killer), its
+children notice and stop gracefully, as on SIGTERM: each holds the read end of
+a pipe whose only write end is the parent's (`PARENT_FD_VAR`), and the kernel
+closes it when the parent dies, however it died. So a restarted supervisor
+never runs beside orphans of the last one.
 
 The parent starts the children, forwards SIGINT/SIGTERM to them (the first
 signal asks for a graceful stop, a second one skips the grace), restarts a
@@ -22,14 +25,16 @@ process itself, unsupervised: use a process manager to restart it.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import trio
 
-__all__ = ["supervise"]
+__all__ = ["parent_fd_from_env", "stop_when_orphaned", "supervise"]
 
 logger = logging.getLogger("trioq.supervisor")
 
@@ -38,6 +43,9 @@ RESTART_BACKOFF_MIN, RESTART_BACKOFF_MAX = 0.5, 30.0
 QUICK_EXIT = 10.0
 #: Failures to start in a row after which the supervisor gives up.
 MAX_QUICK_EXITS = 5
+#: The environment variable that gives a worker the file descriptor of its supervisor's
+#: pipe (read end): end of file on it means the supervisor is gone.
+PARENT_FD_VAR = "TRIOQ_SUPERVISOR_FD"
 
 
 class GaveUp(Exception):
@@ -49,6 +57,7 @@ class _Workers:
     """What the supervisor's tasks share."""
 
     argv: Sequence[str]
+    parent_fd: int  # the pipe's read end, for the children (the write end stays here)
     children: list[trio.Process] = attrs.field(factory=list)
     stopping: trio.Event = attrs.field(factory=trio.Event)
     codes: list[int] = attrs.field(factory=list)
@@ -63,7 +72,15 @@ class _Workers:
 
 async def supervise(argv: Sequence[str], processes: int) -> int:
     """Run ``python -m trioq._cli *argv`` ``processes`` times until stopped."""
-    workers = _Workers(argv)
+    read_end, write_end = os.pipe()  # both close-on-exec: children get read_end only
+    try:
+        return await _supervise(_Workers(argv, read_end), processes)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+async def _supervise(workers: _Workers, processes: int) -> int:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_forward_signals, workers.children, workers.stopping)
         async with trio.open_nursery() as each:
@@ -84,8 +101,10 @@ async def _keep_running(workers: _Workers, index: int) -> None:
         # once (a child seeing it twice would skip the grace).
         started = trio.current_time()
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "trioq._cli", *workers.argv], start_new_session=True
-        )
+            [sys.executable, "-m", "trioq._cli", *workers.argv], start_new_session=True,
+            pass_fds=(workers.parent_fd,),
+            env={**os.environ, PARENT_FD_VAR: str(workers.parent_fd)},
+        )  # fmt: skip
         workers.children.append(proc)
         logger.info("worker %d started (pid %d)", index, proc.pid)
         try:
@@ -122,3 +141,21 @@ async def _forward_signals(children: list[trio.Process], stopping: trio.Event) -
             for proc in list(children):
                 if proc.returncode is None:
                     proc.send_signal(signum)
+
+
+def parent_fd_from_env() -> int | None:
+    """The supervisor's pipe in a worker it started (and out of the environment, so the
+    worker's own children do not take it for theirs); None when run on its own."""
+    value = os.environ.pop(PARENT_FD_VAR, None)
+    return None if value is None else int(value)
+
+
+async def stop_when_orphaned(runtime: Any, parent_fd: int) -> None:
+    """Stop ``runtime`` gracefully (as SIGTERM does) once the supervisor is gone: end of
+    file on ``parent_fd``, which the kernel delivers when the parent's write end closes."""
+    while True:
+        await trio.lowlevel.wait_readable(parent_fd)
+        if os.read(parent_fd, 1) == b"":
+            break
+    logger.warning("the supervisor (pid %d) is gone: stopping gracefully", os.getppid())
+    runtime.stop()
