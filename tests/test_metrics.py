@@ -274,6 +274,26 @@ def test_the_banner_says_where_and_warns_about_queues(dsn: str, workers: list[Wo
     assert levels == {"WARNING"}  # no banner, no retry: they are INFO
 
 
+def test_the_banner_names_the_session_database_and_unprepared_statements() -> None:
+    from trioq._banner import banner
+
+    common: dict[str, Any] = dict(
+        schema="trioq", version=9, worker_id="w", queues={}, registry=trioq.Registry(),
+        metrics_url=None,
+    )  # fmt: skip
+    pooled = banner(dsn="postgresql://app:secret@bouncer:6432/app", prepared=False,
+                    session_dsn="postgresql://app:secret@db:5432/app", **common)[0]  # fmt: skip
+    assert ("database postgresql://app@bouncer:6432/app (session database "
+            "postgresql://app@db:5432/app: listener, liveness lock), statements not "
+            "prepared, schema trioq") in pooled.message  # fmt: skip
+    assert pooled.extra["session_database"] == "postgresql://app@db:5432/app"
+    assert pooled.extra["prepared_statements"] is False and "secret" not in pooled.message
+    same = "postgresql://db:5432/app"
+    direct = banner(dsn=same, session_dsn=same, **common)[0]
+    assert "started: database postgresql://db:5432/app, schema trioq" in direct.message
+    assert direct.extra["session_database"] is None
+
+
 @pytest.mark.parametrize(
     "address",
     ["", ":9100", "host", "host:", "host:-1", "host:65536", "host:9100-9000", "host:0-5",

@@ -175,6 +175,7 @@ class Runtime:
         self.session_dsn = session_dsn(config, dsn)
         self.queue = Queue(schema=config.schema, max_payload_bytes=config.max_payload_bytes)
         threshold = prepare_threshold(config, dsn, self.session_dsn)
+        self._prepared = threshold is not None
         pooled = {"autocommit": True, "prepare_threshold": threshold}
         #: Claims, outcomes, heartbeats and maintenance: never starved by handlers.
         self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=pooled)
@@ -317,6 +318,7 @@ class Runtime:
             dsn=self.dsn, schema=config.schema, version=self._schema_version,
             worker_id=config.worker_id, queues=config.served_queues(),
             registry=config.registry, metrics_url=self.metrics_url,
+            session_dsn=self.session_dsn, prepared=self._prepared,
         ):  # fmt: skip
             logger.log(line.level, "%s", line.message, extra=dict(line.extra))
 
