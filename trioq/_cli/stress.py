@@ -85,7 +85,7 @@ def _host_flags(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--launcher", action="append", default=[], metavar="CMD",
         help="run workers on a host of their own: each --launcher is one host, a command "
-        "prefix the worker command runs under (e.g. 'ip netns exec h1', 'ssh -tt box2'); "
+        "prefix that execs the worker command on this machine (e.g. 'ip netns exec h1'); "
         "--processes are spread round-robin over them (default: plain children of this one)",
     )  # fmt: skip
     sub.add_argument(

@@ -208,7 +208,7 @@ def _cpu_lines(cpu: CpuStats, jobs: int) -> list[str]:
 def _chaos_line(chaos: dict[str, Any]) -> str:
     parts = [
         f"{chaos['kills']} workers killed"
-        + (f" ({chaos['host_kills']} hosts)" if chaos.get("host_kills") else ""),
+        + (f" (of {chaos['host_kills']} lost host(s))" if chaos.get("host_kills") else ""),
         f"{chaos['terminated_connections']} connections terminated "
         f"({chaos['terminate_rounds']} rounds)",
         f"{chaos['postgres_restarts']} Postgres restarts",

@@ -11,11 +11,12 @@ pipe into a bounded `LogTail`; their CPU time comes from ``os.wait4`` when they 
 (killed ones included) and from ``/proc`` while they run.
 
 Hosts (``--launcher``): each `Host` is a command prefix the worker command is run under
-(``ip netns exec trioq-h1``, ``ssh -tt box2``: anything that ends by exec'ing or running
-the command and dies with it), with an optional DSN of its own (how that host reaches the
-database). Slots are spread round-robin over the hosts (slot ``i`` on host ``i % hosts``).
-`WorkerGroup.kill_host` SIGKILLs every process of one host and starts none again: a host
-lost for good, whose jobs the other hosts must recover.
+(``ip netns exec trioq-h1``, ``nsenter --net=/run/netns/h1``), with an optional DSN of its
+own (how that host reaches the database). The prefix must exec the worker in this PID
+namespace, so the process the driver spawned is the worker: its SIGKILL is the worker's,
+and its pid is the one in the jobs' ``lease_owner``. Slots are spread round-robin over the
+hosts (slot ``i`` on host ``i % hosts``). `WorkerGroup.kill_host` SIGKILLs every process
+of one host and starts none again: a host lost for good, whose jobs the others recover.
 """
 
 from __future__ import annotations
