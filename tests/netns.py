@@ -7,8 +7,9 @@ whose other end (``tqh<N>r<pid>``, 10.231.X.1/30) stays here. A process run unde
 servers at the root-side address of its own link, over TCP, and no other way (Unix sockets
 are shared across network namespaces, which is why the tests never give workers one).
 
-Names carry the pid, so a leftover of a crashed run (SIGKILL skips every cleanup) never
-collides with the next run; each run first sweeps leftovers whose pid is gone. The /30
+Names carry the pid (and a count, for a second pair in one process), so a leftover of a
+crashed run (SIGKILL skips every cleanup) never collides with the next run; each run
+first sweeps leftovers whose pid is gone. The /30
 subnets are picked free (under a lock) so two runs at once get different addresses.
 Everything is deleted on exit, failure included. Root and ``ip netns`` are required:
 `unavailable` says why they are not there.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import re
 import shutil
@@ -26,6 +28,8 @@ from collections.abc import Iterator
 
 import attrs
 
+from trioq._embedded import _pid_alive  # a zombie is dead too
+
 __all__ = ["NS_PREFIX", "Host", "two_hosts", "unavailable"]
 
 NS_PREFIX = "trioq-h"
@@ -33,6 +37,7 @@ LINK_PREFIX = "tqh"
 NET = "10.231"
 LOCK = "/run/lock/trioq-netns.lock"
 _NS_NAME = re.compile(rf"^{NS_PREFIX}\d+-(\d+)$")
+_calls = itertools.count()  # a second pair in one process is named h3, h4 (and so on)
 _LINK_NAME = re.compile(rf"^{LINK_PREFIX}\d+[rn](\d+)$")
 
 
@@ -55,7 +60,7 @@ def unavailable() -> str | None:
         return f"network namespaces need root (the tests run as uid {os.geteuid()})"
     if shutil.which("ip") is None:
         return "the `ip` command (iproute2) is missing"
-    probe = f"{NS_PREFIX}probe-{os.getpid()}"
+    probe = f"{NS_PREFIX}0-{os.getpid()}"  # swept like the others if we die right here
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()}"
@@ -67,19 +72,21 @@ def unavailable() -> str | None:
 def two_hosts() -> Iterator[tuple[Host, Host]]:
     """Two namespaces with a veth each (see the module docs); deleted on exit."""
     pid = os.getpid()
+    call = next(_calls)
+    numbers = (2 * call + 1, 2 * call + 2)  # h1, h2; then h3, h4 for a second pair
     made: list[str] = []
     try:
         with _locked():
-            sweep_stale(ours_too=True)
+            sweep_stale(ours_too=call == 0)
             subnets = _free_subnets(2)
-            hosts = []
-            for n, third in enumerate(subnets, start=1):
-                hosts.append(_make_host(n, third, pid, made))
+            hosts = [
+                _make_host(n, third, pid, made) for n, third in zip(numbers, subnets, strict=True)
+            ]
         yield hosts[0], hosts[1]
     finally:
         for namespace in reversed(made):  # deleting a namespace deletes its veth pair too
             _ip("netns", "delete", namespace, check=False)
-        for n in (1, 2):
+        for n in numbers:
             if _link_exists(f"{LINK_PREFIX}{n}r{pid}"):
                 _ip("link", "delete", f"{LINK_PREFIX}{n}r{pid}", check=False)
 
@@ -106,12 +113,12 @@ def _make_host(n: int, third: int, pid: int, made: list[str]) -> Host:
 
 def sweep_stale(*, ours_too: bool = False) -> list[str]:
     """Delete namespaces and links of ours whose process is gone; their names.
-    ``ours_too``: also those named with this process's pid (before making ours: a leftover
-    of a dead process whose pid we got)."""
+    ``ours_too``: also those named with this process's pid (before it made any: leftovers
+    of a dead process whose pid it got)."""
     swept = []
 
     def stale(pid: int) -> bool:
-        return (ours_too and pid == os.getpid()) or not _alive(pid)
+        return (ours_too and pid == os.getpid()) or not _pid_alive(pid)
 
     for namespace in _namespaces():
         if (m := _NS_NAME.match(namespace)) and stale(int(m[1])):
@@ -156,16 +163,6 @@ def _links() -> list[str]:
 
 def _link_exists(name: str) -> bool:
     return _ip("link", "show", name, check=False).returncode == 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -29,7 +29,7 @@ import attrs
 import psycopg
 import pytest
 from clitool import TESTS, cli_env
-from netns import Host, sweep_stale, two_hosts, unavailable
+from netns import NS_PREFIX, Host, sweep_stale, two_hosts, unavailable
 from pgcluster import copy_cluster, create_database, scratch_dir, template_cluster
 from psycopg.conninfo import make_conninfo
 
@@ -196,13 +196,34 @@ def test_two_hosts_lose_nothing_when_one_is_killed(
 
 
 def test_namespaces_are_swept_and_unique(hosts: tuple[Host, Host]) -> None:
-    """Names carry the pid (and a live run's are never swept); addresses differ per host."""
+    """Names carry the pid (and a live run's are never swept); addresses differ per host;
+    a leftover of a dead process is swept."""
     assert all(str(os.getpid()) in h.namespace for h in hosts)
     assert hosts[0].gateway != hosts[1].gateway
-    assert not any(h.namespace in sweep_stale() for h in hosts)  # we are alive: kept
-    ip = ["ip", "netns", "list"]
-    listed = subprocess.run(ip, capture_output=True, text=True, check=False).stdout
-    assert all(h.namespace in listed for h in hosts)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    leftover = f"{NS_PREFIX}9-{dead.stdout.strip()}"
+    subprocess.run(["ip", "netns", "add", leftover], check=True)
+    swept = sweep_stale()
+    assert leftover in swept and not any(h.namespace in swept for h in hosts)
+    assert leftover not in _namespaces() and {h.namespace for h in hosts} <= set(_namespaces())
+
+
+def test_a_failure_inside_still_deletes_everything(hosts: tuple[Host, Host]) -> None:
+    """A second pair beside the first (h3, h4), deleted though the block raised."""
+    with pytest.raises(RuntimeError, match="planted"), two_hosts() as pair:
+        assert {h.namespace for h in pair} <= set(_namespaces())
+        assert "-h3-" in pair[0].namespace and pair[0].gateway not in {h.gateway for h in hosts}
+        raise RuntimeError("planted")
+    assert not {h.namespace for h in pair} & set(_namespaces())
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    assert f"tqh3r{os.getpid()}" not in links.stdout
+    assert {h.namespace for h in hosts} <= set(_namespaces())  # the first pair is untouched
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
 
 
 def _worker_addresses_while(proc: subprocess.Popen[str], dsn: str) -> set[tuple[str, str]]:
