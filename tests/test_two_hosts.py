@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 import psycopg
 import pytest
-from clitool import TESTS, cli_env
+from clitool import TESTS, cli_env, trioq_cli
 from netns import NS_PREFIX, Host, sweep_stale, two_hosts, unavailable
 from pgcluster import copy_cluster, create_database, scratch_dir, template_cluster
 from psycopg.conninfo import make_conninfo
@@ -40,6 +40,7 @@ SKIP_VAR = "TRIOQ_SKIP_NETNS_TESTS"
 JOBS = 3000
 RUN_TIMEOUT = 120.0
 LEASE = 30.0
+SECRET = "s3cret-of-the-two-hosts"
 _POLL = 0.05
 # Connections of the stress workers (application_name trioq-stress-<pid>-w<slot>).
 _WORKER_CONNECTIONS = """
@@ -101,7 +102,9 @@ def tcp_cluster(hosts: tuple[Host, Host]) -> Iterator[TcpCluster]:
         with cluster.running() as status:
             dsn = create_database(status.dsn, "trioq_two_hosts")
             host_dsns = tuple(
-                make_conninfo(dsn, host=h.gateway, port=str(status.port)) for h in hosts
+                # trust ignores the password; the report must not show it
+                make_conninfo(dsn, host=h.gateway, port=str(status.port), password=SECRET)
+                for h in hosts
             )
             yield TcpCluster(dsn=dsn, host_dsns=host_dsns)
     finally:
@@ -150,6 +153,7 @@ def test_two_hosts_lose_nothing_when_one_is_killed(
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, stdout + stderr
+    assert SECRET not in path.read_text() + stdout + stderr
     report: dict[str, Any] = json.loads(path.read_text())
 
     # Every worker connection came through its own host's link: slot i runs on host i % 2.
@@ -257,6 +261,8 @@ def test_host_options_are_checked() -> None:
         ({"launchers": two[:1], "kill_host_at": 1}, "--kill-host-at needs two or more"),
         ({"kill_host_at": 1}, "--kill-host-at needs two or more"),
         ({"launchers": two, "kill_host_at": -1}, "--kill-host-at must not be negative"),
+        ({"launchers": ("ip\x00x",), "processes": 1}, "--launcher must not hold a NUL"),
+        ({"launchers": ("ip \udcff",), "processes": 1}, "is not valid UTF-8 text"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -267,3 +273,11 @@ def test_host_options_are_checked() -> None:
         ("h2", ("ip", "netns", "exec", "b"), "host=b"),
     ]
     assert StressOptions(launchers=two, kill_host_at=0).chaos
+
+
+def test_host_dsns_do_not_go_with_a_pooler() -> None:
+    out = trioq_cli(
+        "stress", "--dsn", "host=/nonexistent dbname=x", "--pooler-dsn", "host=/nowhere",
+        "--launcher", "env", "--host-dsn", "host=/elsewhere", "--processes", "1",
+    )  # fmt: skip
+    assert out.returncode == 1 and "--pooler-dsn and --host-dsn together" in out.stderr

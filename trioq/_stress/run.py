@@ -332,8 +332,10 @@ async def _report(
     if host_failures := host_kill_failures(faults):
         verification = attrs.evolve(verification, failures=verification.failures + host_failures)
     assert run.cpu is not None
+    options = attrs.asdict(run.options)
+    options["host_dsns"] = [redact_dsn(dsn) for dsn in run.options.host_dsns]  # passwords
     return StressReport(
-        options=attrs.asdict(run.options),
+        options=options,
         database=database,
         enqueue=_enqueue_rate(run),
         steady=_steady_stats(run),

@@ -68,6 +68,12 @@ class Host:
     @classmethod
     def parse(cls, index: int, launcher: str, dsn: str | None = None) -> Host:
         """Host ``h<index+1>`` from a ``--launcher`` string (split as a shell would)."""
+        if "\x00" in launcher:
+            raise ValueError("--launcher must not hold a NUL character")
+        try:
+            launcher.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"--launcher {launcher!r} is not valid UTF-8 text") from None
         try:
             prefix = tuple(shlex.split(launcher))
         except ValueError as ex:
