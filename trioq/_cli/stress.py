@@ -30,6 +30,8 @@ examples:
   trioq stress --dsn postgresql://app@db/app --terminate-every 2 --quiet --json -
   trioq stress --mode steady --rate 300 --duration 30 --work-ms 200 --kill-at 10
   trioq stress --mode steady --rate 300 --duration 30 --pin-xmin-at 5 --pin-xmin-for 20
+  trioq stress --dsn postgresql://app@10.0.0.1/app --processes 4 --kill-host-at 3 \\
+      --launcher 'ip netns exec h1' --launcher 'ip netns exec h2'
 
 The run uses its own schema (--schema, default trioq_stress), emptied at the start:
 never the application's jobs. With no DSN (--dsn, $TRIOQ_DSN, $DATABASE_URL) it runs on
@@ -70,12 +72,32 @@ def add_stress_parser(
         "database); their LISTEN and liveness lock, and this driver, stay on --dsn",
     )  # fmt: skip
     sub.add_argument("--schema", default="trioq_stress", help="the run's own schema (emptied)")
+    _host_flags(sub)
     _workload_flags(sub)
     _chaos_flags(sub)
     sub.add_argument("--timeout", type=float, default=600.0, help="drain timeout, s (600)")
     sub.add_argument("--json", metavar="FILE", help="write the JSON report to FILE (- = stdout)")
     sub.add_argument("--quiet", action="store_true", help="no live progress line on stderr")
     sub.set_defaults(handler=_stress, parser=sub)
+
+
+def _host_flags(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--launcher", action="append", default=[], metavar="CMD",
+        help="run workers on a host of their own: each --launcher is one host, a command "
+        "prefix that execs the worker command on this machine (e.g. 'ip netns exec h1'); "
+        "--processes are spread round-robin over them (default: plain children of this one)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--host-dsn", action="append", default=[], metavar="URL",
+        help="the DSN the workers of each --launcher connect with (once per --launcher, in "
+        "order; default --dsn): how that host reaches the database",
+    )  # fmt: skip
+    sub.add_argument(
+        "--kill-host-at", type=float, metavar="S",
+        help="S s in, SIGKILL every worker of one --launcher host that holds running jobs; "
+        "none is started there again (a lost host: the others must finish its jobs)",
+    )  # fmt: skip
 
 
 def _workload_flags(sub: argparse.ArgumentParser) -> None:
@@ -155,6 +177,7 @@ def _options(args: argparse.Namespace) -> StressOptions:
             kill_at=args.kill_at, starve_at=args.starve_at, starve_for=args.starve_for,
             starve_leave=args.starve_leave, pin_xmin_at=args.pin_xmin_at,
             pin_xmin_for=args.pin_xmin_for, sigterm_at=args.sigterm_at, grace=args.grace,
+            launchers=args.launcher, host_dsns=args.host_dsn, kill_host_at=args.kill_host_at,
         )  # fmt: skip
     except ValueError as ex:
         args.parser.error(str(ex))  # exits with 2
@@ -179,6 +202,11 @@ def _stress(args: argparse.Namespace) -> int:
 
 def _run(options: StressOptions, cli_dsn: str | None, pooler: str | None) -> StressReport:
     dsn = configured_dsn(cli_dsn)
+    for host_dsn in options.host_dsns:
+        check_dsn(host_dsn, what="--host-dsn")
+    if pooler is not None and options.host_dsns:
+        raise StressError("--pooler-dsn and --host-dsn together are not supported: the pooler "
+                          "would be reached from every host at one address")  # fmt: skip
     if pooler is not None:
         check_dsn(pooler, what="--pooler-dsn")
         if dsn is None:

@@ -3,8 +3,10 @@
 Each loop runs until cancelled (the driver cancels them once the queue has drained) and
 counts what it did in `ChaosLog`, with a `Fault` per act for the recovery report. None of
 them touches the driver's own connections. A kill picks a worker that holds running jobs
-(a kill mid-batch), and records which jobs it held. One-shot faults (``--kill-at``, the
-restart, and those of `trioq._stress.faults`) register an event the run waits for.
+(a kill mid-batch), and records which jobs it held. A host kill (``--kill-host-at``) is
+the same for every worker process of one host at once, and nothing restarts there.
+One-shot faults (``--kill-at``, the restart, and those of `trioq._stress.faults`)
+register an event the run waits for.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import psycopg
 import trio
 
 from .faults import Fault, HeldJobs, like_prefix
-from .workers import Worker, WorkerGroup
+from .workers import Host, Worker, WorkerGroup
 
-__all__ = ["ChaosLog", "kill_at", "kill_loop", "restart_at", "terminate_loop"]
+__all__ = ["ChaosLog", "kill_at", "kill_host_at", "kill_loop", "restart_at", "terminate_loop"]
 
 logger = logging.getLogger("trioq.stress")
 
@@ -33,6 +35,8 @@ MAX_FAULTS = 1000
 #: ``--kill-at`` waits up to this long for a worker that holds running jobs.
 KILL_WAIT = 30.0
 _HELD_POLL = 0.05
+#: A host kill waits up to this long for the dead host's running jobs to be released.
+RELEASE_WAIT = 120.0
 
 # Every backend of our workers in this database: their pool and LISTEN connections.
 _TERMINATE = """
@@ -46,6 +50,7 @@ SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
 @attrs.define
 class ChaosLog:
     kills: int = 0
+    host_kills: int = 0
     terminate_rounds: int = 0
     terminated_connections: int = 0
     postgres_restarts: int = 0
@@ -74,7 +79,11 @@ class ChaosLog:
     @property
     def any(self) -> bool:
         return bool(
-            self.kills or self.terminated_connections or self.postgres_restarts or self.faults
+            self.kills
+            or self.host_kills
+            or self.terminated_connections
+            or self.postgres_restarts
+            or self.faults
         )
 
 
@@ -123,6 +132,61 @@ async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: f
     log.note(f"SIGKILL worker pid {victim.pid} (slot {victim.slot}) holding {len(jobs)} jobs")
     detail = f"SIGKILL pid {victim.pid} holding {len(jobs)} running jobs"
     log.fault(Fault(kind="kill", started=at, ended=at, detail=detail, held=jobs))
+
+
+async def kill_host_at(
+    at: float, group: WorkerGroup, held: HeldJobs, log: ChaosLog, done: trio.Event
+) -> None:
+    """Once, ``at`` seconds in: SIGKILL every worker of one host whose workers hold running
+    jobs (waiting up to `KILL_WAIT` for one), and start nothing there again."""
+    await trio.sleep(at)
+    deadline = trio.current_time() + KILL_WAIT
+    while True:
+        holding = await held.by_pid()
+        holders = _hosts_holding(group, holding)
+        if holders or trio.current_time() >= deadline:
+            break
+        await trio.sleep(_HELD_POLL)
+    alive = {w.host for w in group.live()}
+    if len(alive) < 2:  # the last host standing: nobody would be left to finish the work
+        log.note("host kill skipped: fewer than two hosts have live workers")
+        done.set()
+        return
+    victim = random.choice(sorted(holders or alive, key=lambda h: h.name))
+    at_wall = time.time()
+    workers = group.kill_host(victim)
+    pids = [w.pid for w in workers]
+    # As in kill_one: the rows stay running until a sweeper of another host takes the
+    # processes for dead, so this read, milliseconds after, sees all they held.
+    if (after := await held.read()) is not None:
+        holding = after
+    jobs = sorted(j for pid in pids for j in holding.get(pid, []))
+    log.host_kills += 1
+    log.kills += len(workers)
+    what = f"host {victim.name}: SIGKILL {len(workers)} workers {pids} holding {len(jobs)} jobs"
+    log.note(what)
+    fault = Fault(kind="host kill", started=at_wall, ended=at_wall, detail=what, held=jobs,
+                  pids=pids)  # fmt: skip
+    log.fault(fault)
+    fault.released = await _released(held, pids, at_wall)
+    log.note(f"host {victim.name}: its running jobs released after {fault.released} s")
+    done.set()
+
+
+async def _released(held: HeldJobs, pids: list[int], since: float) -> float | None:
+    """Wall-clock seconds from ``since`` until no job runs under any of ``pids`` (a sweeper
+    of another host took them for dead, or their lease expired); None after `RELEASE_WAIT`."""
+    with trio.move_on_after(RELEASE_WAIT):
+        while True:
+            holding = await held.read()
+            if holding is not None and not any(holding.get(pid) for pid in pids):
+                return round(time.time() - since, 3)
+            await trio.sleep(_HELD_POLL)
+    return None
+
+
+def _hosts_holding(group: WorkerGroup, holding: dict[int, list[int]]) -> set[Host]:
+    return {w.host for w in group.live() if holding.get(w.pid)}
 
 
 async def terminate_loop(

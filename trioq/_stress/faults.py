@@ -10,6 +10,9 @@ starvation or a pin: its release; a graceful stop: the new workers spawned):
 - ``caught_up_s``: until every job enqueued before the end had completed: the backlog the
   fault caused is gone (steady mode; in a burn-down it is the rest of the drain);
 - ``held_recovered_s`` (a kill): until the last job the victim held was completed elsewhere;
+- ``held_released_s`` (a host kill): until none of the jobs the dead host held was running
+  any more (another host's sweeper took its processes for dead, or the leases expired:
+  the jobs are back in the queue, behind what was due before them);
 - ``completed_during``, ``rate_during`` and ``pickup_p95_during`` for a window (starvation,
   a pinned xmin): the queue kept working, how fast, and how late jobs were picked up.
 
@@ -40,6 +43,7 @@ __all__ = [
     "Fault",
     "HeldJobs",
     "graceful_stop",
+    "host_kill_failures",
     "pin_xmin",
     "recovery",
     "recovery_summary",
@@ -65,6 +69,9 @@ class Fault:
     ended: float
     detail: str
     held: list[int] = attrs.field(factory=list)  # a kill: the victim's running jobs
+    pids: list[int] = attrs.field(factory=list)  # a host kill: the processes it killed
+    #: A host kill: seconds until none of its jobs was running any more (taken back).
+    released: float | None = None
 
 
 # -- the jobs each worker holds ---------------------------------------------------------------
@@ -434,7 +441,9 @@ SELECT
      FROM {ledger} WHERE started_at BETWEEN to_timestamp(%(s)s) AND to_timestamp(%(e)s)),
   (SELECT extract(epoch FROM max(finished_at)) FROM {ledger} WHERE job_id = ANY(%(held)s::int8[]))
     - %(s)s,
-  (SELECT count(*) FROM {ledger} WHERE job_id = ANY(%(held)s::int8[]))
+  (SELECT count(*) FROM {ledger} WHERE job_id = ANY(%(held)s::int8[])),
+  (SELECT count(*) FROM {ledger}
+    WHERE job_id = ANY(%(held)s::int8[]) AND worker_pid = ANY(%(pids)s::int4[]))
 """
 
 # Per enqueue time, when everything enqueued up to then had completed (a running maximum).
@@ -464,14 +473,15 @@ async def recovery(
         query = sql.SQL(_RECOVERY.strip()).format(ledger=ledger, caught=caught)
         for fault in faults:
             s, e = fault.started + offset, fault.ended + offset
-            cur = await conn.execute(query, {"s": s, "e": e, "held": fault.held})
+            params = {"s": s, "e": e, "held": fault.held, "pids": fault.pids}
+            cur = await conn.execute(query, params)
             row = await cur.fetchone()
             results.append(_recovered(fault, row))
     return results
 
 
 def _recovered(fault: Fault, row: Any) -> dict[str, Any]:
-    first, caught_up, during, pickup_p95, held_done, held_completed = row
+    first, caught_up, during, pickup_p95, held_done, held_completed, by_victim = row
     window = fault.ended - fault.started
     out: dict[str, Any] = {
         "kind": fault.kind,
@@ -487,11 +497,37 @@ def _recovered(fault: Fault, row: Any) -> dict[str, Any]:
         out["completed_during"] = int(during)
         out["rate_during"] = round(during / window, 1)
         out["pickup_p95_during_s"] = _r(pickup_p95)
-    if fault.kind == "kill":
+    if fault.kind in ("kill", "host kill"):
         out["held"] = len(fault.held)
         out["held_completed"] = int(held_completed)
         out["held_recovered_s"] = _r(held_done) if fault.held else None
+    if fault.kind == "host kill":
+        out["pids"] = list(fault.pids)
+        out["held_ids"] = list(fault.held)  # at most the host's job slots
+        out["held_released_s"] = fault.released
+        # Completions of the held jobs by the killed processes: a SIGKILLed process cannot
+        # complete anything, so anything but 0 means the held jobs were misread.
+        out["held_completed_by_victim"] = int(by_victim)
     return out
+
+
+def host_kill_failures(faults: list[dict[str, Any]]) -> list[str]:
+    """A host kill whose held jobs were not all completed, once, by the other hosts."""
+    problems = []
+    for fault in faults:
+        if fault["kind"] != "host kill":
+            continue
+        held, done, by_victim = (
+            fault["held"],
+            fault["held_completed"],
+            fault["held_completed_by_victim"],
+        )
+        if done != held or by_victim:
+            problems.append(
+                f"host kill: of {held} jobs the killed host held, {done - by_victim} were "
+                f"completed by the other hosts ({by_victim} by the killed processes)"
+            )
+    return problems
 
 
 def _r(value: Any) -> float | None:
@@ -506,11 +542,11 @@ def recovery_summary(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     summary: dict[str, dict[str, Any]] = {}
     for kind, items in kinds.items():
         entry: dict[str, Any] = {"count": len(items)}
-        for key in ("first_completion_s", "caught_up_s", "held_recovered_s"):
+        for key in ("first_completion_s", "caught_up_s", "held_recovered_s", "held_released_s"):
             values = [x[key] for x in items if x.get(key) is not None]
             if values:
                 entry[key] = {"median": round(statistics.median(values), 3), "max": max(values)}
-        if kind == "kill":
+        if kind in ("kill", "host kill"):
             entry["held"] = [x["held"] for x in items][:20]
         summary[kind] = entry
     return summary

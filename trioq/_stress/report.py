@@ -162,9 +162,19 @@ def render(report: StressReport) -> str:
         f"exited on their own, log: {report.workers['log_warnings']} warnings "
         f"({report.workers['log_lease_lost']} 'lost its lease'), "
         f"{report.workers['log_errors']} errors",
+        *_host_lines(report.workers.get("hosts", [])),
         *_verify_lines(report),
     ]
     return "\n".join(lines)
+
+
+def _host_lines(hosts: list[dict[str, Any]]) -> list[str]:
+    """One line per --launcher host: what it ran and completed, and whether it was lost."""
+    return [
+        f"  host {h['name']}:   {h['launcher']}: {len(h['pids'])} processes, "
+        f"{h['completed']:,} completions" + (" (killed by --kill-host-at)" if h["lost"] else "")
+        for h in hosts
+    ]
 
 
 def _load_lines(report: StressReport) -> list[str]:
@@ -197,7 +207,8 @@ def _cpu_lines(cpu: CpuStats, jobs: int) -> list[str]:
 
 def _chaos_line(chaos: dict[str, Any]) -> str:
     parts = [
-        f"{chaos['kills']} workers killed",
+        f"{chaos['kills']} workers killed"
+        + (f" (of {chaos['host_kills']} lost host(s))" if chaos.get("host_kills") else ""),
         f"{chaos['terminated_connections']} connections terminated "
         f"({chaos['terminate_rounds']} rounds)",
         f"{chaos['postgres_restarts']} Postgres restarts",
@@ -224,6 +235,8 @@ def _fault_lines(chaos: dict[str, Any]) -> list[str]:
         if (held := _spread(entry, "held_recovered_s")) is not None:
             counts = ", ".join(str(n) for n in entry["held"][:5])
             parts.append(f"victim's running jobs ({counts}) all completed after {held};")
+        if (released := _spread(entry, "held_released_s")) is not None:
+            parts.append(f"released by the other hosts after {released};")
         first, caught = _spread(entry, "first_completion_s"), _spread(entry, "caught_up_s")
         parts.append(f"after it, next completion {first or 'n/a'}, caught up {caught or 'n/a'}")
         lines.append("  recovery:  " + " ".join(parts))

@@ -24,21 +24,23 @@ import contextlib
 import functools
 import os
 import resource
+import shlex
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TextIO
 
 import attrs
 import trio
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from .._embedded import EmbeddedPostgres
 from .._pg import connect as pg_connect
 from .._pg_errors import redact_dsn
 from .._queue import Queue
-from .._sql import validate_schema_name
-from .chaos import ChaosLog, kill_at, kill_loop, restart_at, terminate_loop
+from .._sql import qualified, validate_schema_name
+from .chaos import ChaosLog, kill_at, kill_host_at, kill_loop, restart_at, terminate_loop
 from .cpu import ServerMeter, machine_busy, postmaster_of
 from .faults import (
     GracefulStop,
@@ -46,6 +48,7 @@ from .faults import (
     Starvation,
     XminPin,
     graceful_stop,
+    host_kill_failures,
     pin_xmin,
     recovery,
     recovery_summary,
@@ -58,7 +61,7 @@ from .monitor import Monitor
 from .progress import Progress, ProgressLine
 from .report import CpuStats, Rate, StressReport
 from .verify import verify
-from .workers import StressError, WorkerGroup, open_workers
+from .workers import LOCAL, Host, StressError, WorkerGroup, open_workers
 
 __all__ = ["StressError", "StressOptions", "Target", "run_stress"]
 
@@ -86,6 +89,10 @@ def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float | Non
 def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and value < 0:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must not be negative, got {value}")
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -121,6 +128,11 @@ class StressOptions:
     #: Where each job's ledger row commits: ``own`` (a transaction per job) or ``shared``
     #: (job.transaction(shared=True)). Exactly once either way.
     transactions: str = attrs.field(default="own", validator=attrs.validators.in_(TRANSACTIONS))
+    #: ``--launcher``: one command prefix per host the workers run on (none: this host).
+    launchers: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    #: ``--host-dsn``: per launcher, the DSN its workers connect with (none: the run's).
+    host_dsns: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    kill_host_at: float | None = attrs.field(default=None, validator=_non_negative)
     quiet: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -137,6 +149,33 @@ class StressOptions:
             raise ValueError("--starve-for and --starve-leave need --starve-at")
         if self.pin_xmin_at is None and self.pin_xmin_for is not None:
             raise ValueError("--pin-xmin-for needs --pin-xmin-at")
+        self._check_hosts()
+
+    def _check_hosts(self) -> None:
+        if self.host_dsns and len(self.host_dsns) != len(self.launchers):
+            raise ValueError(
+                f"--host-dsn is given {len(self.host_dsns)} times but --launcher "
+                f"{len(self.launchers)} times: one DSN per launcher, in the same order"
+            )
+        hosts = self.hosts  # parses each --launcher
+        if self.processes < len(hosts):
+            raise ValueError(
+                f"--processes ({self.processes}) must be at least the number of hosts "
+                f"({len(hosts)}): every --launcher gets a worker"
+            )
+        if self.kill_host_at is not None and len(hosts) < 2:
+            raise ValueError("--kill-host-at needs two or more --launcher hosts")
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        """The hosts the workers run on: one per ``--launcher``, else this one."""
+        if not self.launchers:
+            return (LOCAL,)
+        dsns: tuple[str | None, ...] = self.host_dsns or (None,) * len(self.launchers)
+        return tuple(
+            Host.parse(i, launcher, dsn)
+            for i, (launcher, dsn) in enumerate(zip(self.launchers, dsns, strict=True))
+        )
 
     @property
     def chaos(self) -> bool:
@@ -144,7 +183,7 @@ class StressOptions:
             x is not None
             for x in (
                 self.kill_every, self.terminate_every, self.restart_postgres_at, self.kill_at,
-                self.starve_at, self.pin_xmin_at, self.sigterm_at,
+                self.starve_at, self.pin_xmin_at, self.sigterm_at, self.kill_host_at,
             )
         )  # fmt: skip
 
@@ -262,20 +301,24 @@ async def _run(run: _Run) -> StressReport:
         run.meter, run.meter_source = _server_meter(conn)
         async with open_workers(
             dsn=run.target.dsn, env=options.worker_env(), count=options.processes,
-            grace=WORKER_GRACE, pooler_dsn=run.target.pooler_dsn,
+            grace=WORKER_GRACE, pooler_dsn=run.target.pooler_dsn, hosts=options.hosts,
         ) as group:  # fmt: skip
             group.start_all()
             await _wait_ready(conn, group)
             await _workload(run, conn, group)
         workers = _worker_stats(group)
-    return await _report(run, database, workers)
+    return await _report(run, database, workers, group)
 
 
-async def _report(run: _Run, database: dict[str, Any], workers: dict[str, Any]) -> StressReport:
+async def _report(
+    run: _Run, database: dict[str, Any], workers: dict[str, Any], group: WorkerGroup
+) -> StressReport:
     """Timings and verification, on a fresh connection (the first may not survive chaos)."""
     schema = run.options.schema
     async with await run.connect() as conn:
         timing = await timings(conn, schema)
+        if run.options.launchers:
+            workers["hosts"] = await _host_stats(conn, schema, group)
         producer_errors = run.producer.errors if run.producer else 0
         verification = await verify(
             conn, schema, run.ids, chaos=run.chaos.any, enqueue_errors=producer_errors
@@ -286,9 +329,13 @@ async def _report(run: _Run, database: dict[str, Any], workers: dict[str, Any]) 
     if run.graceful is not None and run.graceful.failures():
         failures = verification.failures + run.graceful.failures()
         verification = attrs.evolve(verification, failures=failures)
+    if host_failures := host_kill_failures(faults):
+        verification = attrs.evolve(verification, failures=verification.failures + host_failures)
     assert run.cpu is not None
+    options = attrs.asdict(run.options)
+    options["host_dsns"] = [redact_dsn(dsn) for dsn in run.options.host_dsns]  # passwords
     return StressReport(
-        options=attrs.asdict(run.options),
+        options=options,
         database=database,
         enqueue=_enqueue_rate(run),
         steady=_steady_stats(run),
@@ -364,6 +411,9 @@ def _start_chaos(run: _Run, nursery: trio.Nursery, group: WorkerGroup) -> None:
         nursery.start_soon(kill_loop, group, held, options.kill_every, chaos)
     if options.kill_at is not None:
         nursery.start_soon(kill_at, options.kill_at, group, held, chaos, chaos.one_shot())
+    if options.kill_host_at is not None:
+        at = options.kill_host_at
+        nursery.start_soon(kill_host_at, at, group, held, chaos, chaos.one_shot())
     if options.terminate_every is not None:
         nursery.start_soon(
             terminate_loop, run.connect, group.prefix, options.terminate_every, chaos
@@ -602,6 +652,7 @@ def _chaos_stats(run: _Run, faults: list[dict[str, Any]]) -> dict[str, Any]:
     chaos = run.chaos
     return {
         "kills": chaos.kills,
+        "host_kills": chaos.host_kills,
         "terminate_rounds": chaos.terminate_rounds,
         "terminated_connections": chaos.terminated_connections,
         "postgres_restarts": chaos.postgres_restarts,
@@ -617,6 +668,26 @@ def _chaos_stats(run: _Run, faults: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _asdict(value: Any) -> dict[str, Any] | None:
     return None if value is None else attrs.asdict(value)
+
+
+_BY_PID = sql.SQL("SELECT worker_pid, count(*) FROM {} GROUP BY 1")
+
+
+async def _host_stats(conn: Any, schema: str, group: WorkerGroup) -> list[dict[str, Any]]:
+    """Per host: its launcher, the pids it ran, the completions they wrote to the ledger."""
+    cur = await conn.execute(_BY_PID.format(qualified(schema, LEDGER_TABLE)))
+    by_pid = {int(pid): int(n) for pid, n in await cur.fetchall()}
+    return [
+        {
+            "name": host.name,
+            "launcher": shlex.join(host.prefix),
+            "dsn": None if host.dsn is None else redact_dsn(host.dsn),
+            "pids": group.pids[host.name],
+            "completed": sum(by_pid.get(pid, 0) for pid in group.pids[host.name]),
+            "lost": host.name in group.lost_hosts,
+        }
+        for host in group.hosts
+    ]
 
 
 def _worker_stats(group: WorkerGroup) -> dict[str, Any]:

@@ -9,6 +9,14 @@ Workers are spawned on the trio thread (a fork+exec of a few ms) with ``PR_SET_P
 so they receive SIGTERM when the driver dies, even by SIGKILL. Their output goes through a
 pipe into a bounded `LogTail`; their CPU time comes from ``os.wait4`` when they exit
 (killed ones included) and from ``/proc`` while they run.
+
+Hosts (``--launcher``): each `Host` is a command prefix the worker command is run under
+(``ip netns exec trioq-h1``, ``nsenter --net=/run/netns/h1``), with an optional DSN of its
+own (how that host reaches the database). The prefix must exec the worker in this PID
+namespace, so the process the driver spawned is the worker: its SIGKILL is the worker's,
+and its pid is the one in the jobs' ``lease_owner``. Slots are spread round-robin over the
+hosts (slot ``i`` on host ``i % hosts``). `WorkerGroup.kill_host` SIGKILLs every process
+of one host and starts none again: a host lost for good, whose jobs the others recover.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -31,7 +40,7 @@ from psycopg.conninfo import make_conninfo
 from .._pooling import SESSION_DSN_VAR
 from .cpu import process_cpu
 
-__all__ = ["LogTail", "StressError", "Worker", "WorkerGroup", "open_workers"]
+__all__ = ["LOCAL", "Host", "LogTail", "StressError", "Worker", "WorkerGroup", "open_workers"]
 
 APP = "trioq._stress.app:config"
 #: Workers that exit on their own (not killed by the chaos) before the run gives up.
@@ -45,6 +54,37 @@ _REAP_POLL = 0.05
 
 class StressError(RuntimeError):
     """The stress run could not go on (workers keep dying, a worker never got ready)."""
+
+
+@attrs.frozen(kw_only=True)
+class Host:
+    """Where a worker runs: under the command ``prefix``, connecting with ``dsn`` if given
+    (else the run's DSN)."""
+
+    name: str
+    prefix: tuple[str, ...] = ()
+    dsn: str | None = None
+
+    @classmethod
+    def parse(cls, index: int, launcher: str, dsn: str | None = None) -> Host:
+        """Host ``h<index+1>`` from a ``--launcher`` string (split as a shell would)."""
+        if "\x00" in launcher:
+            raise ValueError("--launcher must not hold a NUL character")
+        try:
+            launcher.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"--launcher {launcher!r} is not valid UTF-8 text") from None
+        try:
+            prefix = tuple(shlex.split(launcher))
+        except ValueError as ex:
+            raise ValueError(f"--launcher {launcher!r}: {ex}") from None
+        if not prefix:
+            raise ValueError("--launcher must not be empty")
+        return cls(name=f"h{index + 1}", prefix=prefix, dsn=dsn)
+
+
+#: The default single host: workers run as plain children of the driver.
+LOCAL = Host(name="local")
 
 
 @attrs.define
@@ -70,6 +110,7 @@ class Worker:
     slot: int
     app_name: str
     popen: subprocess.Popen[bytes]
+    host: Host = LOCAL
     killed: bool = False  # SIGKILLed by the chaos
     stopping: bool = False  # asked to stop by the driver
     returncode: int | None = None
@@ -92,9 +133,12 @@ class WorkerGroup:
 
     def __init__(
         self, nursery: trio.Nursery, *, dsn: str, env: Mapping[str, str], count: int,
-        pooler_dsn: str | None = None,
+        pooler_dsn: str | None = None, hosts: tuple[Host, ...] = (LOCAL,),
     ) -> None:  # fmt: skip
         self._nursery = nursery
+        self.hosts = hosts
+        self.lost_hosts: set[str] = set()  # killed by kill_host: nothing starts there again
+        self.pids: dict[str, list[int]] = {h.name: [] for h in hosts}  # every pid started
         self._dsn = dsn
         self._pooler_dsn = pooler_dsn  # the pools go through it; LISTEN and liveness: dsn
         self._env = dict(env)
@@ -111,31 +155,38 @@ class WorkerGroup:
     # -- starting and stopping ----------------------------------------------------------------
 
     def start_all(self) -> None:
+        """Start every slot, but those of a host `kill_host` took down."""
         for slot in range(self.count):
-            self.start(slot)
+            if self.host_of(slot).name not in self.lost_hosts:
+                self.start(slot)
 
     def start(self, slot: int) -> Worker:
         """Spawn a worker into ``slot`` (replacing whatever ran there)."""
         app_name = f"{self.prefix}{slot}"
+        host = self.host_of(slot)
         read_fd, write_fd = os.pipe()
         try:
-            popen = _spawn(self._command(), self._worker_env(app_name), write_fd)
+            popen = _spawn(self._command(host), self._worker_env(app_name, host), write_fd)
         finally:
             os.close(write_fd)
-        worker = Worker(slot=slot, app_name=app_name, popen=popen)
+        worker = Worker(slot=slot, app_name=app_name, popen=popen, host=host)
         self.slots[slot] = worker
+        self.pids[host.name].append(popen.pid)
         self.started += 1
         self._nursery.start_soon(self._watch, worker, read_fd)
         return worker
 
-    def _command(self) -> list[str]:
-        return [sys.executable, "-m", "trioq._cli", "serve", "--app", APP]
+    def host_of(self, slot: int) -> Host:
+        return self.hosts[slot % len(self.hosts)]
 
-    def _worker_env(self, app_name: str) -> dict[str, str]:
+    def _command(self, host: Host) -> list[str]:
+        return [*host.prefix, sys.executable, "-m", "trioq._cli", "serve", "--app", APP]
+
+    def _worker_env(self, app_name: str, host: Host) -> dict[str, str]:
         ours = ("TRIOQ_DSN", "DATABASE_URL", SESSION_DSN_VAR)
         env = {k: v for k, v in os.environ.items() if k not in ours}
         env.update(self._env)
-        direct = make_conninfo(self._dsn, application_name=app_name)
+        direct = make_conninfo(host.dsn or self._dsn, application_name=app_name)
         if self._pooler_dsn is None:
             env["TRIOQ_DSN"] = direct
         else:
@@ -162,6 +213,15 @@ class WorkerGroup:
         _signal(victim.popen, signal.SIGKILL)
         self.start(victim.slot)
         return victim
+
+    def kill_host(self, host: Host) -> list[Worker]:
+        """SIGKILL every live worker on ``host``, and start none there again."""
+        self.lost_hosts.add(host.name)
+        victims = [w for w in self.live() if w.host == host]
+        for victim in victims:
+            victim.killed = True
+            _signal(victim.popen, signal.SIGKILL)
+        return victims
 
     def signal(self, worker: Worker, sig: int) -> None:
         """Send ``sig`` to ``worker`` if it is still running."""
@@ -207,7 +267,8 @@ class WorkerGroup:
             self._fail(f"{self.unexpected_exits} workers exited on their own")
             return
         await trio.sleep(RESTART_DELAY)
-        if self.slots.get(worker.slot) is worker and not self.failed.is_set():
+        lost = worker.host.name in self.lost_hosts
+        if self.slots.get(worker.slot) is worker and not (self.failed.is_set() or lost):
             self.start(worker.slot)
 
     def _fail(self, why: str) -> None:
@@ -220,11 +281,13 @@ class WorkerGroup:
 @contextlib.asynccontextmanager
 async def open_workers(
     *, dsn: str, env: Mapping[str, str], count: int, grace: float,
-    pooler_dsn: str | None = None,
+    pooler_dsn: str | None = None, hosts: tuple[Host, ...] = (LOCAL,),
 ) -> AsyncIterator[WorkerGroup]:  # fmt: skip
     """A `WorkerGroup` whose processes are all stopped (bounded, shielded) when the block ends."""
     async with trio.open_nursery() as nursery:
-        group = WorkerGroup(nursery, dsn=dsn, env=env, count=count, pooler_dsn=pooler_dsn)
+        group = WorkerGroup(
+            nursery, dsn=dsn, env=env, count=count, pooler_dsn=pooler_dsn, hosts=hosts
+        )
         try:
             yield group
         finally:
