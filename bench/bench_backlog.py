@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import trio
 from _common import (
     Table,
@@ -74,7 +75,7 @@ FILL_BATCH = 20_000
 FEED_BELOW = 50_000  # the serve phase's feeder keeps sizes below this topped up
 APP_NAME = "bench_backlog_serve"
 HERE = Path(__file__).resolve().parent
-TRIOQ = Path(sys.executable).with_name("trioq")
+TRIOQ = (sys.executable, "-m", "trioq._cli")  # the real command line, of this interpreter
 SERVER_SETTINGS = ("server_version", "fsync", "synchronous_commit", "shared_buffers",
                    "autovacuum", "autovacuum_vacuum_scale_factor")  # fmt: skip
 
@@ -147,12 +148,30 @@ async def claim_latency(conn: Conn, q: Queue, batch: int, repeat: int) -> dict[s
             "complete_ms": percentiles(completes)}  # fmt: skip
 
 
+async def claim_plan(conn: Conn, q: Queue, batch: int, runs: int) -> dict[str, Any]:
+    """The claim under ``EXPLAIN (ANALYZE, BUFFERS)``, rolled back: the server's execution
+    time (median of ``runs``) and the buffers it touched, which no neighbour's load changes."""
+    params = {"queue": QUEUE, "owner": "bench-explain", "limit": batch, "lease": LEASE}
+    statement = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + q.sql.claim
+    times, plan = [], {}
+    for _ in range(runs):
+        async with conn.transaction(force_rollback=True):
+            cur = psycopg.AsyncClientCursor(conn)
+            await cur.execute(statement, params)
+            row = await cur.fetchone()
+        assert row is not None
+        times.append(row[0][0]["Execution Time"])
+        plan = row[0][0]["Plan"]
+    return {"batch": batch, "execution_ms": statistics.median(times),
+            "buffers": plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]}  # fmt: skip
+
+
 # -- (b) the operator's view --------------------------------------------------------------------
 
 
 def cli_wall(args: Sequence[str], dsn: str, schema: str, runs: int) -> dict[str, Any]:
     """Median wall time of ``trioq <args>`` as a subprocess; fails loudly if it fails."""
-    cmd = [str(TRIOQ), *args, "--dsn", dsn, "--schema", schema]
+    cmd = [*TRIOQ, *args, "--dsn", dsn, "--schema", schema] if dsn else [*TRIOQ, *args]
     walls = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -182,7 +201,10 @@ async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
 async def operator_view(conn: Conn, dsn: str, schema: str, runs: int) -> dict[str, Any]:
     commands = (["status"], ["status", "--json"], ["jobs", "list"])
     cli = [await trio.to_thread.run_sync(cli_wall, c, dsn, schema, runs) for c in commands]
-    return {"cli": cli, "depth_ms": await depth_sample(conn, schema, max(runs, 5))}
+    # What any trioq command costs before it queries: Python's start and trioq's imports.
+    start = await trio.to_thread.run_sync(cli_wall, ["--version"], "", schema, runs)
+    return {"cli": cli, "cli_start_s": start["median_s"],
+            "depth_ms": await depth_sample(conn, schema, max(runs, 5))}  # fmt: skip
 
 
 # -- (c) a real serve process -------------------------------------------------------------------
@@ -238,11 +260,20 @@ async def feeder(conn: Conn, q: Queue, size: int, fed: list[int]) -> None:
 
 
 async def serve_drain(
-    conn: Conn, feed_conn: Conn, q: Queue, *, dsn: str, size: int, seconds: float
+    conn: Conn,
+    feed_conn: Conn,
+    q: Queue,
+    *,
+    dsn: str,
+    size: int,
+    seconds: float,
+    concurrency: int | None = None,
 ) -> dict[str, Any]:
     """Run ``trioq serve`` for ``seconds`` after it is ready; RSS, jobs/s, backend CPU."""
     env = {**os.environ, "PGAPPNAME": APP_NAME, "PYTHONPATH": str(HERE)}
-    cmd = [str(TRIOQ), "serve", "--app", "backlog_app:tasks", "--dsn", dsn, "--schema", q.schema]
+    cmd = [*TRIOQ, "serve", "--app", "backlog_app:tasks", "--dsn", dsn, "--schema", q.schema]
+    if concurrency:
+        cmd += ["--concurrency", str(concurrency)]
     rss: list[int] = []
     fed = [0]
     with tempfile.TemporaryFile() as log:
@@ -313,6 +344,16 @@ async def table_sizes(conn: Conn, schema: str) -> dict[str, int]:
     return out
 
 
+async def dead_tuples(conn: Conn, schema: str) -> int | None:
+    """The jobs table's dead tuples as the statistics say (updated within a second or so)."""
+    cur = await conn.execute(
+        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'jobs'",
+        (schema,),
+    )
+    row = await cur.fetchone()
+    return None if row is None else int(row[0])
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -324,12 +365,16 @@ async def one_size(
     print(f"  {size:>9,} jobs: filled in {row['fill']['fill_s']:.1f} s", flush=True)
     row["others_cores"] = await quiet()
     row["claims"] = [await claim_latency(conn, q, b, opts.repeat) for b in opts.batches]
+    row["available_after_claims"] = await available(conn, q.schema)  # still ``size``
+    row["dead_tuples_after_claims"] = await dead_tuples(conn, q.schema)
+    row["claim_plans"] = [await claim_plan(conn, q, b, 5) for b in opts.batches]
     row["operator"] = await operator_view(conn, opts.dsn, q.schema, opts.status_runs)
     row["sizes_bytes"] = await table_sizes(conn, q.schema)
     await fill_to(conn, q, size)
     row["serve"] = await serve_drain(
-        conn, feed_conn, q, dsn=opts.dsn, size=size, seconds=opts.serve_seconds
-    )
+        conn, feed_conn, q, dsn=opts.dsn, size=size, seconds=opts.serve_seconds,
+        concurrency=opts.serve_concurrency,
+    )  # fmt: skip
     return row
 
 
@@ -373,8 +418,12 @@ def metrics(row: dict[str, Any]) -> dict[str, float | None]:
         out[f"claim b{c['batch']} median ms"] = c["claim_ms"]["median"]
         out[f"claim b{c['batch']} p99 ms"] = c["claim_ms"]["p99"]
         out[f"complete b{c['batch']} median ms"] = c["complete_ms"]["median"]
+    for c in row["claim_plans"]:
+        out[f"claim b{c['batch']} server ms"] = c["execution_ms"]
+        out[f"claim b{c['batch']} buffers"] = c["buffers"]
     for c in row["operator"]["cli"]:
         out[f"{c['command']} s"] = c["median_s"]
+        out[f"{c['command']} s beyond start"] = c["median_s"] - row["operator"]["cli_start_s"]
     for name, ms in row["operator"]["depth_ms"].items():
         out[f"{name} ms"] = ms
     serve = row["serve"]
@@ -419,6 +468,11 @@ def size_cells(row: dict[str, Any]) -> list[list[str]]:
             p = c[f"{kind}_ms"]
             cells.append([f"{kind} batch {c['batch']} ms (median)", fmt(p["median"], ".2f"),
                           fmt(p["p95"], ".2f"), fmt(p["p99"], ".2f")])  # fmt: skip
+    for c in row["claim_plans"]:
+        cells.append([f"claim batch {c['batch']} server ms / buffers",
+                      f"{c['execution_ms']:.2f} / {c['buffers']}", "", ""])  # fmt: skip
+    cells.append(["trioq --version s (Python start)", fmt(row["operator"]["cli_start_s"], ".2f"),
+                  "", ""])  # fmt: skip
     for c in row["operator"]["cli"]:
         cells.append([f"{c['command']} s", fmt(c["median_s"], ".2f"), "", ""])
     for name, ms in row["operator"]["depth_ms"].items():
@@ -432,6 +486,7 @@ def size_cells(row: dict[str, Any]) -> list[list[str]]:
         [f"serve PG backends ({s['pg_backends']}) cores", fmt(s["pg_cores"], ".2f"), "", ""],
         ["serve jobs/s per PG core", fmt(s["jobs_s_per_pg_core"]), "", ""],
     ]  # fmt: skip
+    cells.append(["dead tuples after the claims", fmt(row["dead_tuples_after_claims"]), "", ""])
     cells += [
         [f"size {k} MiB", fmt(v / 2**20, ".1f"), "", ""] for k, v in row["sizes_bytes"].items()
     ]
@@ -465,6 +520,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int_list, default=[1, 10, 100])
     p.add_argument("--status-runs", type=int, default=5, help="runs of each CLI command")
     p.add_argument("--serve-seconds", type=float, default=5.0)
+    p.add_argument(
+        "--serve-concurrency", type=int, help="slots of the serve process (default: trioq's, 10)"
+    )
     opts = p.parse_args(argv)
     if not opts.sizes or min(opts.sizes) < max(opts.batches):
         p.error("every --sizes value must be at least the largest --batches value")
