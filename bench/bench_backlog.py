@@ -56,6 +56,8 @@ from _common import (
     cpu_model,
     fmt,
     int_list,
+    machine_busy,
+    median_or_none,
     process_cpu,
     scalar,
     show_settings,
@@ -67,6 +69,7 @@ from psycopg import sql
 import trioq
 from trioq import Lease, Queue
 from trioq._obs_sql import DEPTH_CAP, MAX_QUEUES, obs_statements
+from trioq._sql import statements
 
 QUEUE = "backlog"
 TASK = "bench.noop"
@@ -148,39 +151,66 @@ async def claim_latency(conn: Conn, q: Queue, batch: int, repeat: int) -> dict[s
             "complete_ms": percentiles(completes)}  # fmt: skip
 
 
-async def claim_plan(conn: Conn, q: Queue, batch: int, runs: int) -> dict[str, Any]:
-    """The claim under ``EXPLAIN (ANALYZE, BUFFERS)``, rolled back: the server's execution
+async def explain_analyze(
+    conn: Conn, statement: sql.Composed, params: dict[str, Any], runs: int
+) -> dict[str, Any]:
+    """``statement`` under ``EXPLAIN (ANALYZE, BUFFERS)``, rolled back: the server's execution
     time (median of ``runs``) and the buffers it touched, which no neighbour's load changes."""
-    params = {"queue": QUEUE, "owner": "bench-explain", "limit": batch, "lease": LEASE}
-    statement = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + q.sql.claim
+    explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + statement
     times, plan = [], {}
     for _ in range(runs):
         async with conn.transaction(force_rollback=True):
-            cur = psycopg.AsyncClientCursor(conn)
-            await cur.execute(statement, params)
+            cur = psycopg.AsyncClientCursor(conn)  # values bound as literals: a custom plan
+            await cur.execute(explain, params)
             row = await cur.fetchone()
         assert row is not None
         times.append(row[0][0]["Execution Time"])
         plan = row[0][0]["Plan"]
-    return {"batch": batch, "execution_ms": statistics.median(times),
-            "buffers": plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]}  # fmt: skip
+    buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    return {"execution_ms": statistics.median(times), "buffers": buffers}
+
+
+async def claim_plan(conn: Conn, q: Queue, batch: int, runs: int) -> dict[str, Any]:
+    """The claim's server time and buffers at ``batch`` (`explain_analyze`)."""
+    params = {"queue": QUEUE, "owner": "bench-explain", "limit": batch, "lease": LEASE}
+    return {"batch": batch, **await explain_analyze(conn, q.sql.claim, params, runs)}
 
 
 # -- (b) the operator's view --------------------------------------------------------------------
 
 
-def cli_wall(args: Sequence[str], dsn: str, schema: str, runs: int) -> dict[str, Any]:
-    """Median wall time of ``trioq <args>`` as a subprocess; fails loudly if it fails."""
-    cmd = [*TRIOQ, *args, "--dsn", dsn, "--schema", schema] if dsn else [*TRIOQ, *args]
-    walls = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        walls.append(time.perf_counter() - t0)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)} exited {done.returncode}: {done.stderr}")
-    return {"command": f"trioq {' '.join(args)}", "median_s": statistics.median(walls),
-            "runs": runs, "output_bytes": len(done.stdout)}  # fmt: skip
+#: The commands of (b); ``--version`` is what any command costs before it queries (Python's
+#: start and trioq's imports), run in the same rounds so each round's difference is the query.
+CLI_COMMANDS = (["--version"], ["status"], ["status", "--json"], ["jobs", "list"])
+
+
+def cli_once(args: Sequence[str], dsn: str, schema: str) -> tuple[float, int]:
+    """Wall seconds of ``trioq <args>`` as a subprocess, and its output's length."""
+    cmd = [*TRIOQ, *args] if args == ["--version"] else [*TRIOQ, *args, "--dsn", dsn,
+                                                          "--schema", schema]  # fmt: skip
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"trioq {' '.join(args)} exited {done.returncode}: {done.stderr}")
+    return wall, len(done.stdout)
+
+
+def cli_rounds(dsn: str, schema: str, runs: int) -> list[dict[str, Any]]:
+    """`CLI_COMMANDS` in ``runs`` rounds: each one's median wall time, and its median excess
+    over ``--version`` in the same round."""
+    rounds = [[cli_once(args, dsn, schema) for args in CLI_COMMANDS] for _ in range(runs)]
+    out = []
+    for i, args in enumerate(CLI_COMMANDS):
+        walls = [r[i][0] for r in rounds]
+        out.append({
+            "command": f"trioq {' '.join(args)}",
+            "median_s": statistics.median(walls),
+            "beyond_start_s": statistics.median(r[i][0] - r[0][0] for r in rounds),
+            "runs": runs,
+            "output_bytes": rounds[-1][i][1],
+        })  # fmt: skip
+    return out
 
 
 async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
@@ -199,11 +229,14 @@ async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
 
 
 async def operator_view(conn: Conn, dsn: str, schema: str, runs: int) -> dict[str, Any]:
-    commands = (["status"], ["status", "--json"], ["jobs", "list"])
-    cli = [await trio.to_thread.run_sync(cli_wall, c, dsn, schema, runs) for c in commands]
-    # What any trioq command costs before it queries: Python's start and trioq's imports.
-    start = await trio.to_thread.run_sync(cli_wall, ["--version"], "", schema, runs)
-    return {"cli": cli, "cli_start_s": start["median_s"],
+    start, *cli = await trio.to_thread.run_sync(cli_rounds, dsn, schema, runs)
+    stmts = statements(schema)
+    # What `trioq status` runs (trioq/_cli/ops.py -> Queue.status), on the server.
+    server = {
+        name: await explain_analyze(conn, getattr(stmts, name), {}, max(runs, 3))
+        for name in ("status_queues", "status_leases")
+    }
+    return {"cli": cli, "cli_start_s": start["median_s"], "status_server": server,
             "depth_ms": await depth_sample(conn, schema, max(runs, 5))}  # fmt: skip
 
 
@@ -287,9 +320,11 @@ async def serve_drain(
             nursery.start_soon(feeder, feed_conn, q, size, fed)
             before, t0 = await available(conn, q.schema), time.perf_counter()
             pids = await serve_pids(conn)
-            cpu0 = backends_cpu(pids)
+            cpu0, own0 = backends_cpu(pids), process_cpu(proc.pid) or 0.0
+            m0, me0 = machine_busy(), time.process_time()
             await trio.sleep(seconds)
-            cpu1 = backends_cpu(pids)
+            cpu1, own1 = backends_cpu(pids), process_cpu(proc.pid) or 0.0
+            machine, me = machine_busy() - m0, time.process_time() - me0
             end_rss = rss[-1] if rss else None
             proc.send_signal(signal.SIGTERM)
             with trio.fail_after(60):
@@ -302,7 +337,10 @@ async def serve_drain(
     after = await available(conn, q.schema)
     drained = before - after + fed[0]
     pg_cpu = sum(cpu1[p] - cpu0[p] for p in cpu1 if p in cpu0) if cpu0 else None
+    others = (machine - me - (own1 - own0) - (pg_cpu or 0.0)) / seconds
     return {
+        "others_cores": max(0.0, others),  # the rest of the box (our feeder's backend too)
+        "serve_cores": (own1 - own0) / seconds,
         "seconds": wall,
         "jobs": drained,
         "jobs_s": drained / wall,
@@ -370,12 +408,28 @@ async def one_size(
     row["claim_plans"] = [await claim_plan(conn, q, b, 5) for b in opts.batches]
     row["operator"] = await operator_view(conn, opts.dsn, q.schema, opts.status_runs)
     row["sizes_bytes"] = await table_sizes(conn, q.schema)
-    await fill_to(conn, q, size)
-    row["serve"] = await serve_drain(
-        conn, feed_conn, q, dsn=opts.dsn, size=size, seconds=opts.serve_seconds,
-        concurrency=opts.serve_concurrency,
-    )  # fmt: skip
+    runs = []
+    for _ in range(opts.serve_runs):
+        await fill_to(conn, q, size)
+        runs.append(await serve_drain(
+            conn, feed_conn, q, dsn=opts.dsn, size=size, seconds=opts.serve_seconds,
+            concurrency=opts.serve_concurrency,
+        ))  # fmt: skip
+    row["serve_runs"], row["serve"] = runs, serve_summary(runs)
     return row
+
+
+def serve_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of the rates over the serve runs; the largest RSS; the sums of jobs and fed."""
+    out: dict[str, Any] = {"n": len(runs)}
+    for key in ("jobs_s", "jobs_s_per_pg_core", "pg_cores", "serve_cores", "others_cores",
+                "seconds"):  # fmt: skip
+        out[key] = median_or_none(r[key] for r in runs)
+    for key in ("rss_ready_kib", "rss_peak_kib", "rss_end_kib", "pg_backends", "exit"):
+        out[key] = max((r[key] for r in runs if r[key] is not None), default=None)
+    for key in ("jobs", "fed"):
+        out[key] = sum(r[key] for r in runs)
+    return out
 
 
 async def bench(opts: argparse.Namespace) -> dict[str, Any]:
@@ -423,7 +477,10 @@ def metrics(row: dict[str, Any]) -> dict[str, float | None]:
         out[f"claim b{c['batch']} buffers"] = c["buffers"]
     for c in row["operator"]["cli"]:
         out[f"{c['command']} s"] = c["median_s"]
-        out[f"{c['command']} s beyond start"] = c["median_s"] - row["operator"]["cli_start_s"]
+        out[f"{c['command']} s beyond start"] = c["beyond_start_s"]
+    for name, plan in row["operator"]["status_server"].items():
+        out[f"{name} server ms"] = plan["execution_ms"]
+        out[f"{name} buffers"] = plan["buffers"]
     for name, ms in row["operator"]["depth_ms"].items():
         out[f"{name} ms"] = ms
     serve = row["serve"]
@@ -448,7 +505,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for name, lo in first.items():
         hi = last.get(name)
         ratio = None if lo is None or hi is None or lo == 0 else hi / lo
-        grows = name.startswith(("claim", "complete", "trioq", "depth", "serve rss"))
+        grows = name.startswith(("claim", "complete", "trioq", "depth", "status", "serve rss"))
         verdict = "-" if ratio is None or not grows else ("flat" if ratio <= FLAT else "GROWS")
         out.append({"metric": name, "small": lo, "large": hi, "ratio": ratio, "verdict": verdict})
     return out
@@ -474,7 +531,11 @@ def size_cells(row: dict[str, Any]) -> list[list[str]]:
     cells.append(["trioq --version s (Python start)", fmt(row["operator"]["cli_start_s"], ".2f"),
                   "", ""])  # fmt: skip
     for c in row["operator"]["cli"]:
-        cells.append([f"{c['command']} s", fmt(c["median_s"], ".2f"), "", ""])
+        cells.append([f"{c['command']} s (beyond start)",
+                      f"{c['median_s']:.2f} ({c['beyond_start_s']:.2f})", "", ""])  # fmt: skip
+    for name, plan in row["operator"]["status_server"].items():
+        cells.append([f"{name} server ms / buffers",
+                      f"{plan['execution_ms']:.2f} / {plan['buffers']}", "", ""])  # fmt: skip
     for name, ms in row["operator"]["depth_ms"].items():
         cells.append([f"metrics {name} ms", fmt(ms, ".2f"), "", ""])
     s = row["serve"]
@@ -482,8 +543,12 @@ def size_cells(row: dict[str, Any]) -> list[list[str]]:
         ["serve RSS ready / peak / end MiB",
          "/".join(fmt(mib(v), ".0f")
                   for v in (s["rss_ready_kib"], s["rss_peak_kib"], s["rss_end_kib"])), "", ""],
-        [f"serve jobs/s ({s['seconds']:.1f} s, fed {s['fed']:,})", fmt(s["jobs_s"]), "", ""],
-        [f"serve PG backends ({s['pg_backends']}) cores", fmt(s["pg_cores"], ".2f"), "", ""],
+        [f"serve jobs/s ({s['n']} x {s['seconds']:.1f} s, fed {s['fed']:,})", fmt(s["jobs_s"]),
+         "", ""],
+        ["serve cores / its PG backends' cores",
+         f"{fmt(s['serve_cores'], '.2f')} / {fmt(s['pg_cores'], '.2f')}", "", ""],
+        [f"  ({s['pg_backends']} backends; others busy meanwhile)",
+         fmt(s["others_cores"], ".2f"), "", ""],
         ["serve jobs/s per PG core", fmt(s["jobs_s_per_pg_core"]), "", ""],
     ]  # fmt: skip
     cells.append(["dead tuples after the claims", fmt(row["dead_tuples_after_claims"]), "", ""])
@@ -519,15 +584,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int_list, default=[10_000, 100_000, 1_000_000])
     p.add_argument("--batches", type=int_list, default=[1, 10, 100])
     p.add_argument("--status-runs", type=int, default=5, help="runs of each CLI command")
-    p.add_argument("--serve-seconds", type=float, default=5.0)
+    p.add_argument("--serve-seconds", type=float, default=5.0, help="of each serve run")
+    p.add_argument("--serve-runs", type=int, default=3, help="serve runs per size")
     p.add_argument(
         "--serve-concurrency", type=int, help="slots of the serve process (default: trioq's, 10)"
     )
     opts = p.parse_args(argv)
     if not opts.sizes or min(opts.sizes) < max(opts.batches):
         p.error("every --sizes value must be at least the largest --batches value")
-    if opts.repeat < 1 or opts.status_runs < 1 or opts.serve_seconds <= 0:
-        p.error("--repeat, --status-runs and --serve-seconds must be positive")
+    if min(opts.repeat, opts.status_runs, opts.serve_runs) < 1 or opts.serve_seconds <= 0:
+        p.error("--repeat, --status-runs, --serve-runs and --serve-seconds must be positive")
     opts.sizes = sorted(opts.sizes)
     return opts
 

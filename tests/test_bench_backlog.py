@@ -19,7 +19,7 @@ SIZES = (200, 500)
 def test_bench_backlog_smoke(dsn: str, tmp_path: Path) -> None:
     out = tmp_path / "backlog.json"
     args = ["--dsn", dsn, "--sizes", ",".join(map(str, SIZES)), "--batches", "1,10",
-            "--repeat", "5", "--status-runs", "1", "--serve-seconds", "0.5",
+            "--repeat", "5", "--status-runs", "1", "--serve-seconds", "0.5", "--serve-runs", "1",
             "--quiet-wait", "0", "--json", str(out)]  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(BENCH), *args],
@@ -43,12 +43,15 @@ def test_bench_backlog_smoke(dsn: str, tmp_path: Path) -> None:
         commands = [c["command"] for c in row["operator"]["cli"]]
         assert commands == ["trioq status", "trioq status --json", "trioq jobs list"]
         assert all(c["output_bytes"] > 0 for c in row["operator"]["cli"])
+        assert all(c["median_s"] > c["beyond_start_s"] for c in row["operator"]["cli"])
+        assert [p["batch"] for p in row["claim_plans"]] == [1, 10]
+        assert all(p["buffers"] > 0 for p in row["claim_plans"])
         assert set(row["operator"]["depth_ms"]) == {
             "depth_available", "depth_dead", "depth_scheduled_running"
         }  # fmt: skip
         serve = row["serve"]
         assert serve["exit"] == 0 and serve["jobs"] > 0 and serve["rss_peak_kib"] > 10_000
-        assert serve["pg_backends"] >= 1
+        assert serve["pg_backends"] >= 1 and serve["n"] == len(row["serve_runs"]) == 1
         assert row["sizes_bytes"]["total"] >= row["sizes_bytes"]["heap"] > 0
         assert "index jobs_claim_idx" in row["sizes_bytes"]
     assert {s["metric"] for s in report["summary"]} >= {"claim b1 median ms", "serve rss peak MiB"}
