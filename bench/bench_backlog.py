@@ -11,24 +11,30 @@ a. claim latency: trioq's claim (`Queue.claim`, the statement the runtime's fetc
    the runtime's completion: a fenced DELETE, also timed) and as many new jobs are enqueued
    (not timed), so the backlog keeps its size;
 b. the operator's view: ``trioq status``, ``trioq status --json`` and ``trioq jobs list``
-   run as real subprocesses (``--status-runs`` times each, median wall time), and the
-   metrics' depth sample (`trioq._obs_sql`: available, dead, scheduled/running), timed in
+   run as real subprocesses, ``--status-runs`` rounds each with ``trioq --version`` (Python's
+   start) in the same round: median wall time and median excess over ``--version``; the two
+   statements ``trioq status`` runs (``status_queues``, ``status_leases``) under EXPLAIN; and
+   the metrics' depth sample (`trioq._obs_sql`: available, dead, scheduled/running), timed in
    this process;
 c. a real ``trioq serve --app backlog_app:tasks`` (a no-op task, trioq's defaults) draining
-   for ``--serve-seconds`` from that backlog while a feeder tops the backlog back up (only
+   for ``--serve-seconds`` (``--serve-runs`` times) from that backlog while a feeder tops the backlog back up (only
    where the size is below 50,000; a larger one loses at most what the drain takes): the
    process's RSS (``VmRSS`` of /proc/<pid>/status every 50 ms: at ready, peak, end), its
    jobs/s, and the CPU its Postgres backends used (``PGAPPNAME`` marks them; /proc/<pid>/stat)
-   so jobs/s per Postgres core;
+   so jobs/s per Postgres core, and the cores the rest of the box used meanwhile;
 d. the jobs table's size: heap, each index, total (``pg_total_relation_size``).
 
-Then one table per size and a summary: each metric's ratio largest/smallest size.
+Then one table per size and a summary: each metric's ratio largest/smallest size. On a busy
+box the wall times move by tens of percent with the neighbours' load (reported as "others");
+the claim's and ``trioq status``'s server time and buffers (``EXPLAIN (ANALYZE, BUFFERS)``,
+rolled back) do not, so they are what says whether a statement's cost grows with the backlog.
 Local server only for (c)'s backend CPU (it reads /proc); without it those cells are ``-``.
 
 Usage::
 
     python bench/bench_backlog.py --dsn "$(trioq db url)" --json backlog.json
     python bench/bench_backlog.py --dsn "$(trioq db url)" --sizes 1000,10000   # smoke run
+    python bench/bench_backlog.py --throwaway-cluster --json backlog-fsync-off.json
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ import trioq
 from trioq import Lease, Queue
 from trioq._obs_sql import DEPTH_CAP, MAX_QUEUES, obs_statements
 from trioq._sql import statements
+from trioq.testing._postgres import session_cluster
 
 QUEUE = "backlog"
 TASK = "bench.noop"
@@ -584,6 +591,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int_list, default=[10_000, 100_000, 1_000_000])
     p.add_argument("--batches", type=int_list, default=[1, 10, 100])
     p.add_argument("--status-runs", type=int, default=5, help="runs of each CLI command")
+    p.add_argument(
+        "--throwaway-cluster",
+        action="store_true",
+        help="instead of --dsn, a cluster of trioq.testing's (not durable: fsync off, on tmpfs), "
+        "started and removed by this script",
+    )
     p.add_argument("--serve-seconds", type=float, default=5.0, help="of each serve run")
     p.add_argument("--serve-runs", type=int, default=3, help="serve runs per size")
     p.add_argument(
@@ -602,7 +615,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     print(f"trioq backlog benchmark: sizes {', '.join(f'{s:,}' for s in opts.sizes)} "
           f"in schema {opts.schema} (created and dropped)", flush=True)  # fmt: skip
-    report = trio.run(bench, opts)
+    if opts.throwaway_cluster:
+        os.environ.pop("TRIOQ_TEST_DSN", None)  # session_cluster would use it instead
+        with session_cluster() as opts.dsn:
+            print("on a throwaway cluster (fsync, synchronous_commit, full_page_writes off, "
+                  "on tmpfs)", flush=True)  # fmt: skip
+            report = trio.run(bench, opts)
+    else:
+        report = trio.run(bench, opts)
     report["options"] = {k: v for k, v in vars(opts).items() if k != "dsn"}
     print_report(report)
     if opts.json:
