@@ -17,8 +17,9 @@ b. the operator's view: ``trioq status``, ``trioq status --json`` and ``trioq jo
    the metrics' depth sample (`trioq._obs_sql`: available, dead, scheduled/running), timed in
    this process;
 c. a real ``trioq serve --app backlog_app:tasks`` (a no-op task, trioq's defaults) draining
-   for ``--serve-seconds`` (``--serve-runs`` times) from that backlog while a feeder tops the backlog back up (only
-   where the size is below 50,000; a larger one loses at most what the drain takes): the
+   for ``--serve-seconds`` (``--serve-runs`` times) from that backlog while a feeder tops
+   the backlog back up (only where the size is below 50,000; a larger one loses at most what
+   the drain takes): the
    process's RSS (``VmRSS`` of /proc/<pid>/status every 50 ms: at ready, peak, end), its
    jobs/s, and the CPU its Postgres backends used (``PGAPPNAME`` marks them; /proc/<pid>/stat)
    so jobs/s per Postgres core, and the cores the rest of the box used meanwhile;
