@@ -160,7 +160,7 @@ async def claim_latency(conn: Conn, q: Queue, batch: int, repeat: int) -> dict[s
 
 
 async def explain_analyze(
-    conn: Conn, statement: sql.Composed, params: dict[str, Any], runs: int
+    conn: Conn, statement: sql.Composable, params: dict[str, Any], runs: int
 ) -> dict[str, Any]:
     """``statement`` under ``EXPLAIN (ANALYZE, BUFFERS)``, rolled back: the server's execution
     time (median of ``runs``) and the buffers it touched, which no neighbour's load changes."""
@@ -236,13 +236,30 @@ async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
     return out
 
 
+def leases_with_index_predicate(statement: sql.Composed) -> sql.SQL:
+    """A prototype, measured beside the real one: ``status_leases`` with the lease index's
+    predicate (``lease_expires_at IS NOT NULL``, which 'running' implies by a CHECK), so the
+    planner can read ``jobs_lease_idx`` instead of the whole table (docs/scaling.md)."""
+    text = statement.as_string(None)
+    fixed = text.replace(
+        "WHERE state = 'running'", "WHERE lease_expires_at IS NOT NULL AND state = 'running'"
+    )
+    if fixed == text:
+        raise RuntimeError(f"status_leases changed shape, the prototype no longer applies:\n{text}")
+    return sql.SQL(fixed)
+
+
 async def operator_view(conn: Conn, dsn: str, schema: str, runs: int) -> dict[str, Any]:
     start, *cli = await trio.to_thread.run_sync(cli_rounds, dsn, schema, runs)
     stmts = statements(schema)
     # What `trioq status` runs (trioq/_cli/ops.py -> Queue.status), on the server.
     server = {
-        name: await explain_analyze(conn, getattr(stmts, name), {}, max(runs, 3))
-        for name in ("status_queues", "status_leases")
+        name: await explain_analyze(conn, statement, {}, max(runs, 3))
+        for name, statement in (
+            ("status_queues", stmts.status_queues),
+            ("status_leases", stmts.status_leases),
+            ("status_leases_indexed", leases_with_index_predicate(stmts.status_leases)),
+        )
     }
     return {"cli": cli, "cli_start_s": start["median_s"], "status_server": server,
             "depth_ms": await depth_sample(conn, schema, max(runs, 5))}  # fmt: skip
