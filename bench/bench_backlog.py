@@ -76,7 +76,7 @@ from psycopg import sql
 import trioq
 from trioq import Lease, Queue
 from trioq._obs_sql import DEPTH_CAP, MAX_QUEUES, obs_statements
-from trioq._sql import statements
+from trioq._sql import statements, validate_schema_name
 from trioq.testing._postgres import session_cluster
 
 QUEUE = "backlog"
@@ -605,7 +605,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add_common_options(p, creates="the schema --schema", repeat=200, quiet_cores=0.5,
                        quiet_wait=10.0, pgbench=False)  # fmt: skip
-    p.add_argument("--schema", default="bench_backlog", help="scratch schema (%(default)s)")
+    p.add_argument(
+        "--schema",
+        default="bench_backlog",
+        help="scratch schema, named bench_*, dropped first and at the end (%(default)s)",
+    )
     p.add_argument("--sizes", type=int_list, default=[10_000, 100_000, 1_000_000])
     p.add_argument("--batches", type=int_list, default=[1, 10, 100])
     p.add_argument("--status-runs", type=int, default=5, help="runs of each CLI command")
@@ -625,6 +629,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("every --sizes value must be at least the largest --batches value")
     if min(opts.repeat, opts.status_runs, opts.serve_runs) < 1 or opts.serve_seconds <= 0:
         p.error("--repeat, --status-runs, --serve-runs and --serve-seconds must be positive")
+    try:
+        validate_schema_name(opts.schema, "--schema")
+    except ValueError as ex:
+        p.error(str(ex))
+    if not opts.schema.startswith("bench_"):  # it is dropped: never an application's schema
+        p.error(f"--schema {opts.schema!r} must start with 'bench_' (the script drops it)")
     opts.sizes = sorted(opts.sizes)
     return opts
 
