@@ -113,6 +113,48 @@ def test_status_counts_jobs_waiting_for_their_dependencies(dsn: str) -> None:
     assert "waiting for their dependencies: 1 in next" in text, text
 
 
+def test_status_stops_counting_at_the_cap_unless_exact(dsn: str) -> None:
+    """A backlog past the cap: `trioq status` shows it as 10000+ (and the JSON names the
+    count in ``at_cap``) at a cost that does not grow with it; --exact counts everything.
+    Both agree on every count below the cap."""
+    from trioq._cli.ops import STATUS_CAP
+
+    assert trioq("migrate", "--dsn", dsn).returncode == 0
+
+    async def fill() -> None:
+        async with await trioq_lib.connect(dsn, autocommit=True) as conn:
+            await trioq_lib.enqueue_bulk(conn, "t", [{}] * (STATUS_CAP + 5), queue="big")
+            await trioq_lib.enqueue_bulk(conn, "t", [{}] * 3, queue="small", delay=600)
+            first = await trioq_lib.enqueue(conn, "t", queue="small")
+            await trioq_lib.enqueue(conn, "t", queue="small", after=[first.job_id])
+
+    trio.run(fill)
+    capped = json.loads(trioq("status", "--dsn", dsn, "--json").stdout)["queues"]
+    exact = json.loads(trioq("status", "--dsn", dsn, "--json", "--exact").stdout)["queues"]
+    rows = {q["queue"]: q for q in capped}
+    assert rows["big"]["available"] == STATUS_CAP and rows["big"]["at_cap"] == ["available"]
+    assert {q["queue"]: q["available"] for q in exact} == {"big": STATUS_CAP + 5, "small": 1}
+    assert all(q["at_cap"] == [] for q in exact)
+    keys = ("available", "scheduled", "running", "dead", "waiting")
+    assert {k: rows["small"][k] for k in keys} == {k: exact[1][k] for k in keys} == {
+        "available": 1, "scheduled": 3, "running": 0, "dead": 0, "waiting": 1,
+    }  # fmt: skip
+    text = trioq("status", "--dsn", dsn).stdout
+    assert f"big {STATUS_CAP}+".replace(" ", "") in text.replace(" ", ""), text
+    assert f"{STATUS_CAP + 5}" in trioq("status", "--dsn", dsn, "--exact").stdout
+
+
+@pytest.mark.parametrize(
+    ("cap", "error", "says"),
+    [(0, ValueError, "between 1 and"), (-1, ValueError, "between 1 and"),
+     (10**7, ValueError, "between 1 and"), (True, TypeError, "an int or None"),
+     ("10", TypeError, "an int or None"), (1.5, TypeError, "an int or None")],
+)  # fmt: skip
+def test_a_bad_status_cap_is_refused_before_any_query(cap: object, error: type, says: str) -> None:
+    with pytest.raises(error, match=f"cap must be {says}"):
+        trio.run(lambda: trioq_lib.Queue().status(None, cap=cap))  # type: ignore[arg-type]
+
+
 def test_enqueue_bad_input_is_one_line(dsn: str) -> None:
     assert trioq("migrate", "--dsn", dsn).returncode == 0
     for args, message in [

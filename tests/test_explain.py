@@ -388,7 +388,8 @@ async def _observability_statements(conn: Any) -> None:
     the depth sample's cost on this table (printed: docs/observability.md quotes it)."""
     st = obs_statements("trioq")
     depth = {"depth_available": st.depth_available, "depth_dead": st.depth_dead,
-             "depth_scheduled_running": st.depth_scheduled_running}  # fmt: skip
+             "depth_scheduled_running": st.depth_scheduled_running,
+             "depth_waiting": st.depth_waiting}  # fmt: skip
     for cap in (DEPTH_CAP, 10 * DEPTH_CAP):  # the default, and ten times it
         total = 0.0
         for name, statement in depth.items():
@@ -401,7 +402,10 @@ async def _observability_statements(conn: Any) -> None:
             if name != "depth_scheduled_running":  # the counts stop at the cap: no sort, no
                 kinds = {n["Node Type"] for n in _nodes(plan)}  # bitmap of a whole queue
                 assert not kinds & {"Sort", "Bitmap Heap Scan"}, _render(plan)
-        print(f"\nthe depth sample (3 statements, cap {cap}): {total:.1f} ms")
+        print(f"\nthe depth sample (4 statements, cap {cap}): {total:.1f} ms")
+    # `trioq status`'s leases: through the lease index, not the whole table.
+    leases = await _analyzed(conn, statements("trioq").status_leases, {})
+    _assert_no_seq_scan(leases["Plan"])
     filters: list[dict[str, str | None]] = [
         {"queue": None, "task": None}, {"queue": TARGET, "task": None},
         {"queue": None, "task": "task_3"},

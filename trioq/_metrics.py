@@ -25,9 +25,10 @@ from collections.abc import Mapping
 import attrs
 import trio
 
+from ._depth import read_depths
 from ._history import Cell
 from ._job import Job
-from ._obs_sql import MAX_QUEUES, obs_statements
+from ._obs_sql import obs_statements
 from ._pool import Pool, PoolStatistics
 
 __all__ = ["CLAIM_BUCKETS", "ClaimMeter", "DepthSample", "DepthSampler", "QueueGauges", "Sample"]
@@ -141,19 +142,6 @@ class DepthSampler:
 
     async def run_once(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
         """One sample: (queue, state) -> count, and queue -> the head job's wait in seconds."""
-        params = {"cap": self.cap, "max_queues": MAX_QUEUES}
-        counts: dict[tuple[str, str], int] = {}
-        heads: dict[str, float] = {}
         async with self._pool.connection() as conn:
-            cur = await conn.execute(self._sql.depth_available, params)
-            for queue, n, wait in await cur.fetchall():
-                counts[queue, "available"] = int(n)
-                if wait is not None:
-                    heads[queue] = max(0.0, float(wait))
-            cur = await conn.execute(self._sql.depth_dead, params)
-            counts.update(((queue, "dead"), int(n)) for queue, n in await cur.fetchall())
-            cur = await conn.execute(self._sql.depth_scheduled_running, params)
-            counts.update(((queue, state), int(n)) for state, queue, n in await cur.fetchall())
-        return counts, heads
-
-
+            depths = await read_depths(conn, self._sql, self.cap)
+        return depths.counts, depths.head_wait

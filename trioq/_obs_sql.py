@@ -8,7 +8,8 @@ and the operator CLI run them, and because they follow the dashboard's rule
 - the depth sample (`DEPTH_CAP`): per queue and state, a count that is exact up to the cap
   (a ``LIMIT`` inside an index scan), probing each queue once through the indexes that lead
   with it (the claim index, ``dead_jobs_queue_idx``), the scheduled jobs through their own
-  index up to the cap, the running ones through the lease index;
+  index up to the cap, the running ones through the lease index, the waiting ones through
+  their partial index (`read_depths` runs them: the metrics and ``trioq status``);
 - the details of jobs a sweep killed or cancelled, by id (primary keys);
 - the CLI's job list: at most `LIST_WINDOW` rows of one index, in its order, then filtered.
 """
@@ -90,6 +91,14 @@ SELECT 'running', queue, pg_catalog.count(*) FROM (
      WHERE lease_expires_at IS NOT NULL AND state = 'running'
      ORDER BY lease_expires_at LIMIT %(cap)s
 ) AS r GROUP BY queue
+"""
+
+# Jobs waiting for their dependencies, per queue, among the first `cap` of them (the partial
+# index of migration 10: it holds waiting jobs only, so with none the count reads nothing).
+_DEPTH_WAITING = """
+SELECT queue, pg_catalog.count(*) FROM (
+    SELECT queue FROM {jobs} WHERE state = 'waiting' ORDER BY queue LIMIT %(cap)s
+) AS w GROUP BY queue
 """
 
 # `trioq status --watch`: per queue, the outcomes of the last `minutes` minutes (the job
@@ -189,6 +198,7 @@ class ObsStatements:
     depth_available: sql.Composed
     depth_dead: sql.Composed
     depth_scheduled_running: sql.Composed
+    depth_waiting: sql.Composed
     swept_details: sql.Composed
     recent_rates: sql.Composed
     cron_last: sql.Composed
@@ -216,6 +226,7 @@ def obs_statements(schema: str) -> ObsStatements:
         depth_available=compose(_DEPTH_AVAILABLE),
         depth_dead=compose(_DEPTH_DEAD),
         depth_scheduled_running=compose(_DEPTH_SCHEDULED_RUNNING),
+        depth_waiting=compose(_DEPTH_WAITING),
         swept_details=compose(_SWEPT_DETAILS),
         recent_rates=compose(_RECENT_RATES),
         cron_last=compose(_CRON_LAST),

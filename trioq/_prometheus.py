@@ -268,7 +268,7 @@ def _hooks(sample: Sample) -> Iterator[Metric]:
     )  # fmt: skip
 
 
-_STATES = ("scheduled", "available", "running", "dead")
+_STATES = ("waiting", "scheduled", "available", "running", "dead")
 
 
 def _depth(depth: DepthSample, served: list[str], cap: int) -> Iterator[Metric]:

@@ -22,6 +22,7 @@ from psycopg.pq import TransactionStatus
 from ._carrier import carrier
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, GraphJob, insert_graph, read_dependencies
+from ._depth import read_depths
 from ._exceptions import SchemaMissingError
 from ._flow import (
     UNSET,
@@ -50,6 +51,7 @@ from ._job import (
     rule,
 )
 from ._migrate import latest_version
+from ._obs_sql import obs_statements
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._schema import check_schema, schema_version
@@ -115,6 +117,9 @@ class QueueStatus:
     dead: int
     oldest_wait_seconds: float | None  # how long the oldest due job has waited
     waiting: int = 0  # waiting for their dependencies
+    #: The states whose count stopped at the cap of `Queue.status` (there are at least
+    #: that many); empty when every count is exact.
+    at_cap: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -737,27 +742,49 @@ class Queue:
 
     # -- status --------------------------------------------------------------------------------
 
-    async def status(self, conn: Conn) -> tuple[list[QueueStatus], list[WorkerLeases]]:
-        """Per queue counts and the oldest wait; live leases per worker."""
-        cur = await conn.execute(self.sql.status_queues)
-        queues = [
-            QueueStatus(
-                queue=q,
-                available=a,
-                scheduled=s,
-                running=r,
-                dead=d,
-                oldest_wait_seconds=None if w is None else float(w),
-                waiting=waiting,
-            )
-            for q, a, s, r, d, w, waiting in await cur.fetchall()
-        ]
+    async def status(
+        self, conn: Conn, *, cap: int | None = None
+    ) -> tuple[list[QueueStatus], list[WorkerLeases]]:
+        """Per queue counts and the oldest wait; live leases per worker.
+
+        ``cap=None`` counts every job (a read of the whole jobs table: it grows with the
+        backlog). With a ``cap``, each count per queue and state is exact up to ``cap`` and
+        stops there (`QueueStatus.at_cap` names those), read through the indexes at a
+        bounded cost whatever the backlog (`trioq._depth`, as the metrics do); the oldest
+        wait is then that of the queue's next job to be claimed.
+        """
+        if cap is None:
+            cur = await conn.execute(self.sql.status_queues)
+            queues = [
+                QueueStatus(queue=q, available=a, scheduled=s, running=r, dead=d,
+                            oldest_wait_seconds=None if w is None else float(w), waiting=waiting)
+                for q, a, s, r, d, w, waiting in await cur.fetchall()
+            ]  # fmt: skip
+        else:
+            queues = await self._capped_status(conn, _check_cap(cap))
         cur = await conn.execute(self.sql.status_leases)
         leases = [
             WorkerLeases(worker=w, running=n, next_expiry_seconds=e.total_seconds())
             for w, n, e in await cur.fetchall()
         ]
         return queues, leases
+
+    async def _capped_status(self, conn: Conn, cap: int) -> list[QueueStatus]:
+        depths = await read_depths(conn, obs_statements(self.schema), cap)
+        names = sorted({queue for queue, _ in depths.counts})
+
+        def count(queue: str, state: str) -> int:
+            return depths.counts.get((queue, state), 0)
+
+        return [
+            QueueStatus(
+                queue=q, available=count(q, "available"), scheduled=count(q, "scheduled"),
+                running=count(q, "running"), dead=count(q, "dead"),
+                oldest_wait_seconds=depths.head_wait.get(q), waiting=count(q, "waiting"),
+                at_cap=tuple(s for s in _STATUS_STATES if count(q, s) >= cap),
+            )
+            for q in names
+        ]  # fmt: skip
 
     # -- results (trioq._result) ----------------------------------------------------------------
 
@@ -877,6 +904,20 @@ def _swept(rows: Sequence[tuple[Any, ...]]) -> SweepResult:
         cancelled=frozenset(by_kind["cancelled"]),
         queues=frozenset(queue for _id, kind, queue in rows if kind == "available"),
     )
+
+
+#: The counted states of `QueueStatus`, in its order (the names `QueueStatus.at_cap` uses).
+_STATUS_STATES = ("available", "scheduled", "running", "dead", "waiting")
+#: The largest cap `Queue.status` takes (above it a capped count costs what an exact one does).
+MAX_STATUS_CAP = 1_000_000
+
+
+def _check_cap(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"cap must be an int or None, got {value!r}")
+    if not 1 <= value <= MAX_STATUS_CAP:
+        raise ValueError(f"cap must be between 1 and {MAX_STATUS_CAP:,}, got {value}")
+    return value
 
 
 def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:

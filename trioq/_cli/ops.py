@@ -50,6 +50,12 @@ def add_ops_parsers(
         "failures per minute (the last 5 minutes of the job history); with --json, one object "
         "per line",
     )  # fmt: skip
+    status.add_argument(
+        "--exact", action="store_true",
+        help=f"count every job (reads the whole jobs table); by default each count per queue "
+        f"and state is exact up to {STATUS_CAP:,} and shown as {STATUS_CAP}+ above, at a cost "
+        "that does not grow with the backlog",
+    )  # fmt: skip
     status.add_argument("--interval", type=_interval, default=2.0, help="seconds (default 2)")
     status.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)  # tests
     cancel = _command(
@@ -222,7 +228,7 @@ async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
     if args.watch:
         await _watch(conn, queue, args)
         return EXIT_OK, None, None
-    payload, text = await _status_once(conn, queue, rates=None)
+    payload, text = await _status_once(conn, queue, rates=None, exact=args.exact)
     return EXIT_OK, payload, text
 
 
@@ -235,7 +241,7 @@ async def _watch(conn: Any, queue: Queue, args: argparse.Namespace) -> None:
     while True:
         cur = await conn.execute(st.recent_rates, {"minutes": RATE_MINUTES})
         rates = {q: (done, retried, dead) for q, done, retried, dead in await cur.fetchall()}
-        payload, text = await _status_once(conn, queue, rates=rates)
+        payload, text = await _status_once(conn, queue, rates=rates, exact=args.exact)
         now = dt.datetime.now(dt.UTC).replace(microsecond=0)
         if args.json:
             print(to_json({"time": now.isoformat(), **payload}), flush=True)
@@ -251,15 +257,18 @@ async def _watch(conn: Any, queue: Queue, args: argparse.Namespace) -> None:
 
 #: `status --watch` shows rates over this many minutes of the job history.
 RATE_MINUTES = 5
+#: `trioq status` counts up to this per queue and state, unless --exact.
+STATUS_CAP = 10_000
 
 
 async def _status_once(
-    conn: Any, queue: Queue, *, rates: dict[str, tuple[int, int, int]] | None
+    conn: Any, queue: Queue, *, rates: dict[str, tuple[int, int, int]] | None, exact: bool
 ) -> tuple[dict[str, Any], str]:
     """The status as JSON and text; with ``rates`` ((completed, retried, dead) per queue in
     the last `RATE_MINUTES`), each queue's completions and failures per minute too, and the
-    queues that drained but were busy a moment ago."""
-    queues, leases = await queue.status(conn)
+    queues that drained but were busy a moment ago. Counts stop at `STATUS_CAP` unless
+    ``exact`` (the JSON's ``at_cap`` names them; the text shows them as ``10000+``)."""
+    queues, leases = await queue.status(conn, cap=None if exact else STATUS_CAP)
     paused = sorted(s.name for s in await queue.queue_settings(conn) if s.paused)
     rows = [{**attrs.asdict(q), "paused": q.queue in paused} for q in queues]
     head = f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"
@@ -283,8 +292,9 @@ async def _status_once(
     for row in rows:
         wait = row["oldest_wait_seconds"]
         oldest = "-" if wait is None else f"{wait:.1f}s"
-        line = (f"{row['queue']:<20} {row['available']:>9} {row['scheduled']:>9} "
-                f"{row['running']:>7} {row['dead']:>6}  {oldest}")  # fmt: skip
+        n = _counts(row)
+        line = (f"{row['queue']:<20} {n['available']:>9} {n['scheduled']:>9} "
+                f"{n['running']:>7} {n['dead']:>6}  {oldest}")  # fmt: skip
         if rates is not None:
             line = (f"{line:<63}  {row['completed_per_minute']:>9} "
                     f"{row['failed_per_minute']:>10}")  # fmt: skip
@@ -293,7 +303,8 @@ async def _status_once(
         lines.append("(no jobs)")
     if paused:
         lines.append(f"paused (trioq queue resume NAME): {', '.join(paused)}")
-    if waiting := [f"{row['waiting']} in {row['queue']}" for row in rows if row["waiting"]]:
+    if waiting := [f"{_counts(row)['waiting']} in {row['queue']}" for row in rows
+                   if row["waiting"]]:  # fmt: skip
         lines.append(f"waiting for their dependencies: {', '.join(waiting)}")
     lines.append("")
     lines.append(f"{'worker':<40} {'running':>7}  next lease expiry")
@@ -303,6 +314,13 @@ async def _status_once(
     if not leases:
         lines.append("(no live leases)")
     return payload, "\n".join(lines)
+
+
+def _counts(row: dict[str, Any]) -> dict[str, str]:
+    """A status row's counts as text: ``10000+`` for one that stopped at the cap."""
+    capped = set(row.get("at_cap", ()))
+    states = ("available", "scheduled", "running", "dead", "waiting")
+    return {s: f"{row[s]}+" if s in capped else str(row[s]) for s in states}
 
 
 async def _cancel(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
