@@ -10,12 +10,13 @@ a. claim latency: trioq's claim (`Queue.claim`, the statement the runtime's fetc
    of the call as the client sees it; each claimed batch is completed (`Queue.complete_many`,
    the runtime's completion: a fenced DELETE, also timed) and as many new jobs are enqueued
    (not timed), so the backlog keeps its size;
-b. the operator's view: ``trioq status``, ``trioq status --json`` and ``trioq jobs list``
-   run as real subprocesses, ``--status-runs`` rounds each with ``trioq --version`` (Python's
-   start) in the same round: median wall time and median excess over ``--version``; the two
-   statements ``trioq status`` runs (``status_queues``, ``status_leases``) under EXPLAIN; and
-   the metrics' depth sample (`trioq._obs_sql`: available, dead, scheduled/running), timed in
-   this process;
+b. the operator's view: ``trioq status``, ``status --json``, ``status --exact`` and
+   ``trioq jobs list`` run as real subprocesses, ``--status-runs`` rounds each with
+   ``trioq --version`` (Python's start) in the same round: median wall time and median
+   excess over ``--version``; the
+   statements ``trioq status`` runs (the depth statements at its cap, ``status_leases``; and
+   ``status_queues``, what ``--exact`` runs instead) under EXPLAIN; and the metrics' depth
+   sample (`trioq._depth`: available, dead, scheduled/running, waiting), timed here;
 c. a real ``trioq serve --app backlog_app:tasks`` (a no-op task, trioq's defaults) draining
    for ``--serve-seconds`` (``--serve-runs`` times) from that backlog while a feeder tops
    the backlog back up (only where the size is below 50,000; a larger one loses at most what
@@ -75,6 +76,7 @@ from psycopg import sql
 
 import trioq
 from trioq import Lease, Queue
+from trioq._cli.ops import STATUS_CAP
 from trioq._obs_sql import DEPTH_CAP, MAX_QUEUES, obs_statements
 from trioq._sql import statements, validate_schema_name
 from trioq.testing._postgres import session_cluster
@@ -189,7 +191,11 @@ async def claim_plan(conn: Conn, q: Queue, batch: int, runs: int) -> dict[str, A
 
 #: The commands of (b); ``--version`` is what any command costs before it queries (Python's
 #: start and trioq's imports), run in the same rounds so each round's difference is the query.
-CLI_COMMANDS = (["--version"], ["status"], ["status", "--json"], ["jobs", "list"])
+CLI_COMMANDS = (
+    ["--version"], ["status"], ["status", "--json"], ["status", "--exact"], ["jobs", "list"],
+)
+#: The depth statements (trioq._depth): the metrics' sample, and `trioq status` at its cap.
+DEPTH_STATEMENTS = ("depth_available", "depth_dead", "depth_scheduled_running", "depth_waiting")
 
 
 def cli_once(args: Sequence[str], dsn: str, schema: str) -> tuple[float, int]:
@@ -226,7 +232,7 @@ async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
     obs = obs_statements(schema)
     params = {"cap": DEPTH_CAP, "max_queues": MAX_QUEUES}
     out = {}
-    for name in ("depth_available", "depth_dead", "depth_scheduled_running"):
+    for name in DEPTH_STATEMENTS:
         walls = []
         for _ in range(runs):
             t0 = time.perf_counter()
@@ -236,29 +242,18 @@ async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
     return out
 
 
-def leases_with_index_predicate(statement: sql.Composed) -> sql.SQL:
-    """A prototype, measured beside the real one: ``status_leases`` with the lease index's
-    predicate (``lease_expires_at IS NOT NULL``, which 'running' implies by a CHECK), so the
-    planner can read ``jobs_lease_idx`` instead of the whole table (docs/scaling.md)."""
-    text = statement.as_string(None)
-    fixed = text.replace(
-        "WHERE state = 'running'", "WHERE lease_expires_at IS NOT NULL AND state = 'running'"
-    )
-    if fixed == text:
-        raise RuntimeError(f"status_leases changed shape, the prototype no longer applies:\n{text}")
-    return sql.SQL(fixed)
-
-
 async def operator_view(conn: Conn, dsn: str, schema: str, runs: int) -> dict[str, Any]:
     start, *cli = await trio.to_thread.run_sync(cli_rounds, dsn, schema, runs)
-    stmts = statements(schema)
-    # What `trioq status` runs (trioq/_cli/ops.py -> Queue.status), on the server.
+    stmts, obs = statements(schema), obs_statements(schema)
+    capped = {"cap": STATUS_CAP, "max_queues": MAX_QUEUES}
+    # What `trioq status` runs (trioq/_cli/ops.py -> Queue.status), on the server: the depth
+    # statements at its cap and the leases; `--exact` runs status_queues instead of the first.
     server = {
-        name: await explain_analyze(conn, statement, {}, max(runs, 3))
-        for name, statement in (
-            ("status_queues", stmts.status_queues),
-            ("status_leases", stmts.status_leases),
-            ("status_leases_indexed", leases_with_index_predicate(stmts.status_leases)),
+        name: await explain_analyze(conn, statement, params, max(runs, 3))
+        for name, statement, params in (
+            *((f"status {d}", getattr(obs, d), capped) for d in DEPTH_STATEMENTS),
+            ("status_leases", stmts.status_leases, {}),
+            ("status --exact: status_queues", stmts.status_queues, {}),
         )
     }
     return {"cli": cli, "cli_start_s": start["median_s"], "status_server": server,

@@ -41,13 +41,14 @@ def test_bench_backlog_smoke(dsn: str, tmp_path: Path) -> None:
             assert c["n"] == 5
             assert 0 < c["claim_ms"]["median"] <= c["claim_ms"]["p99"] <= c["claim_ms"]["max"]
         commands = [c["command"] for c in row["operator"]["cli"]]
-        assert commands == ["trioq status", "trioq status --json", "trioq jobs list"]
+        assert commands == ["trioq status", "trioq status --json", "trioq status --exact",
+                            "trioq jobs list"]  # fmt: skip
         assert all(c["output_bytes"] > 0 for c in row["operator"]["cli"])
         assert all(c["median_s"] > c["beyond_start_s"] for c in row["operator"]["cli"])
         assert [p["batch"] for p in row["claim_plans"]] == [1, 10]
         assert all(p["buffers"] > 0 for p in row["claim_plans"])
         assert set(row["operator"]["depth_ms"]) == {
-            "depth_available", "depth_dead", "depth_scheduled_running"
+            "depth_available", "depth_dead", "depth_scheduled_running", "depth_waiting"
         }  # fmt: skip
         serve = row["serve"]
         assert serve["exit"] == 0 and serve["jobs"] > 0 and serve["rss_peak_kib"] > 10_000
