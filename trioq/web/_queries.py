@@ -45,7 +45,7 @@ __all__ = [
 Conn = psycopg.AsyncConnection[Any]
 
 #: The states a job list can show (dead is the dead_jobs table).
-STATES = ("running", "available", "scheduled", "dead", "cancelled", "done")
+STATES = ("running", "available", "scheduled", "waiting", "dead", "cancelled", "done")
 
 
 @attrs.frozen

@@ -141,6 +141,14 @@ SELECT {job_row} FROM (
 ) AS w WHERE true {filters}
  ORDER BY lease_expires_at, id LIMIT %(limit)s OFFSET %(offset)s
 """,
+    "waiting": """
+SELECT {job_row} FROM (
+    SELECT * FROM {jobs}
+     WHERE state = 'waiting' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+     ORDER BY queue, id LIMIT %(window)s
+) AS w WHERE true {filters}
+ ORDER BY queue, id LIMIT %(limit)s OFFSET %(offset)s
+""",
     "done": """
 SELECT {job_row} FROM (
     SELECT * FROM {jobs} WHERE state = 'done' ORDER BY finished_at DESC LIMIT %(window)s
