@@ -70,6 +70,48 @@ def test_the_buffer_stays_within_twice_the_slots() -> None:
                     assert active + buffered + s.wanted() <= 2 * concurrency
 
 
+def test_short_jobs_that_starve_the_slots_start_the_prefetch() -> None:
+    """Jobs shorter than a claim's round trip: the slots finish everything before the
+    fetcher claims again (none finished *during* the claim, the buffer was empty), so the
+    next claim must go out at once, ahead of the slots. Before, the prefetch stayed 0 and
+    the fetcher and the slots took turns (round 3 of issue 15)."""
+    s = state(100)
+    s.claimed(sent=0.0, now=0.003, got=100, finished_before=0, starved=False, bound=False)
+    assert s.prefetch == 0  # the first claim knows nothing yet
+    s.finished = 100  # the slots ran all 100 within a millisecond of the claim's return
+    assert s.starved(0.004)
+    s.claimed(sent=0.004, now=0.007, got=100, finished_before=100, starved=True, bound=False)
+    assert s.prefetch == 100
+    s.buffer.extend(held(i) for i in range(100))  # put: the next claim goes out at once
+    assert s.wanted() == 100
+
+
+def test_long_jobs_do_not_start_a_prefetch() -> None:
+    """Jobs longer than two round trips: a worker whose slots all finished claims for its
+    idle slots only (the rest stays for other workers), as before."""
+    s = state(100)
+    s.claimed(sent=0.0, now=0.003, got=100, finished_before=0, starved=False, bound=False)
+    s.finished = 100  # a second later
+    assert not s.starved(1.0)
+    s.claimed(sent=1.0, now=1.003, got=100, finished_before=100, starved=False, bound=False)
+    assert s.prefetch == 0
+    assert not state(100, active=1).starved(0.004)  # a job still running: not starved
+    busy = state(100, buffered=1)
+    busy.claimed(sent=0.0, now=0.003, got=1, finished_before=0, starved=False, bound=False)
+    assert not busy.starved(0.004)  # jobs still buffered: not starved
+
+
+def test_no_prefetch_while_a_concurrency_limit_decides() -> None:
+    s = state(100)
+    s.claimed(sent=0.0, now=0.003, got=100, finished_before=0, starved=True, bound=True)
+    assert s.prefetch == 0
+    s.finished = 50
+    s.claimed(sent=0.004, now=0.007, got=100, finished_before=0, starved=False, bound=False)
+    assert s.prefetch == 50  # what finished during the round trip, as before
+    s.claimed(sent=0.008, now=0.011, got=300, finished_before=0, starved=True, bound=False)
+    assert s.prefetch == 100  # never above the slots
+
+
 def test_slots_take_buffered_jobs_then_end_once_closed() -> None:
     async def main() -> list[int | None]:
         s = state(2)

@@ -110,6 +110,9 @@ class _QueueState:
     prefetch: int = 0
     #: Below this, the fetcher does not claim while every slot has work (no tiny claims).
     refill: int = attrs.field(init=False)
+    #: When the last claim came back (trio's clock), and how long its round trip took.
+    last_return: float = float("-inf")
+    last_round_trip: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         self.refill = max(1, self.config.concurrency // 2)
@@ -129,6 +132,33 @@ class _QueueState:
         if idle <= 0 and wanted < self.refill:
             return 0
         return wanted
+
+    def starved(self, now: float) -> bool:
+        """Before a claim: everything the last one brought is done, and less than two of
+        its round trips after it came back. The jobs are shorter than a round trip, and
+        the slots have been waiting for this claim: the next one should be in flight while
+        they run this one's jobs (`claimed` sets the prefetch for it).
+
+        Without this the prefetch never started for such jobs: it counts the jobs that
+        finish *during* a claim, and with the buffer empty during it none did, so the
+        fetcher and the slots took turns (docs/benchmarks.md, round 3)."""
+        return (not self.buffer and self.active == 0
+                and now - self.last_return < 2 * self.last_round_trip)  # fmt: skip
+
+    def claimed(
+        self, *, sent: float, now: float, got: int, finished_before: int, starved: bool,
+        bound: bool,
+    ) -> None:  # fmt: skip
+        """After a claim sent at ``sent`` came back at ``now`` with ``got`` jobs: the
+        prefetch for the next one. As many jobs as finished during this round trip (short
+        jobs), or, when the slots were `starved`, as many as this claim brought; none while
+        a concurrency limit decides (``bound``: buffered jobs would hold slots of the whole
+        cluster idle). Long jobs finish neither during a round trip nor within two of one,
+        so their worker still claims only for idle slots, leaving the rest to others."""
+        self.last_return, self.last_round_trip = now, now - sent
+        finished = self.finished - finished_before
+        ahead = max(finished, got if starved else 0)
+        self.prefetch = 0 if bound else min(self.config.concurrency, ahead)
 
     def put(self, jobs: list[HeldJob]) -> None:
         self.buffer.extend(jobs)
@@ -427,7 +457,8 @@ class Runtime:
                 if wanted <= 0:
                     await state.wait_for_room()
                     continue
-                finished_before = state.finished
+                finished_before, sent = state.finished, trio.current_time()
+                starved = state.starved(sent)
                 try:
                     got, written = await self._claim(state, wanted)
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
@@ -441,15 +472,10 @@ class Runtime:
                     backoff = min(backoff * 2, CLAIM_BACKOFF_MAX)
                     continue
                 backoff = CLAIM_BACKOFF_MIN
-                concurrency = state.config.concurrency
-                # No prefetch while a concurrency limit decides: buffered jobs would hold
-                # slots of the whole cluster idle.
-                state.prefetch = (
-                    0
-                    if got.concurrency_bound
-                    else min(concurrency, state.finished - finished_before)
-                )
                 claimed = got.jobs
+                state.claimed(sent=sent, now=trio.current_time(), got=len(claimed),
+                              finished_before=finished_before, starved=starved,
+                              bound=got.concurrency_bound)  # fmt: skip
                 batch = [HeldJob(job, Lease(job.id, job.attempt)) for job in claimed]
                 self._held.add(batch)
                 state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
