@@ -123,7 +123,7 @@ def _cells(args: argparse.Namespace, shape: Shape, pgbench: str | None) -> dict[
     for spec in args.trioq or [f"trioq={sys.executable}"]:
         label, _, python = spec.partition("=")
         cells[label] = lambda dsn, p=python: _child(p, "trioq_enqueue.py", dsn, jobs, shape)
-    if args.pgqueuer_python and Path(args.pgqueuer_python).exists():
+    if args.pgqueuer_python:  # run_with_peer dropped one that does not exist
         py = args.pgqueuer_python
         cells["pgqueuer"] = lambda dsn: _child(py, "pgqueuer_enqueue.py", dsn, jobs, shape)
     if pgbench and shape.batch == 1:

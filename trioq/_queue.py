@@ -781,7 +781,7 @@ class Queue:
                 queue=q, available=count(q, "available"), scheduled=count(q, "scheduled"),
                 running=count(q, "running"), dead=count(q, "dead"),
                 oldest_wait_seconds=depths.head_wait.get(q), waiting=count(q, "waiting"),
-                at_cap=tuple(s for s in _STATUS_STATES if count(q, s) >= cap),
+                at_cap=tuple(s for s in STATUS_STATES if count(q, s) >= cap),
             )
             for q in names
         ]  # fmt: skip
@@ -907,7 +907,7 @@ def _swept(rows: Sequence[tuple[Any, ...]]) -> SweepResult:
 
 
 #: The counted states of `QueueStatus`, in its order (the names `QueueStatus.at_cap` uses).
-_STATUS_STATES = ("available", "scheduled", "running", "dead", "waiting")
+STATUS_STATES = ("available", "scheduled", "running", "dead", "waiting")
 #: The largest cap `Queue.status` takes (above it a capped count costs what an exact one does).
 MAX_STATUS_CAP = 1_000_000
 

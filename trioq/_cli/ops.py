@@ -23,7 +23,7 @@ from .._dsn import database
 from .._migrate import check_current
 from .._obs_sql import obs_statements
 from .._pg import connect
-from .._queue import Queue, QueueStatus
+from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
 from .options import database_options
 
@@ -319,8 +319,7 @@ async def _status_once(
 def _counts(row: dict[str, Any]) -> dict[str, str]:
     """A status row's counts as text: ``10000+`` for one that stopped at the cap."""
     capped = set(row.get("at_cap", ()))
-    states = ("available", "scheduled", "running", "dead", "waiting")
-    return {s: f"{row[s]}+" if s in capped else str(row[s]) for s in states}
+    return {s: f"{row[s]}+" if s in capped else str(row[s]) for s in STATUS_STATES}
 
 
 async def _cancel(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
