@@ -92,8 +92,9 @@ async def test_a_result_that_was_not_kept_is_a_clear_error(dsn: str) -> None:
             errors.hit(str(ex))
 
     async with serving(dsn, tasks) as (conn, _runtime):
-        a = await step.enqueue(conn)
-        b = await trioq.enqueue(conn, "reader", after=[a.job_id])
+        async with conn.transaction():  # the running worker could finish `a` in between
+            a = await step.enqueue(conn)
+            b = await trioq.enqueue(conn, "reader", after=[a.job_id])
         await errors.wait_for(1)
     assert errors.calls == [
         f"dependency {a.job_id} (task 'step') of job {b.job_id} completed, but its result was "
@@ -190,8 +191,9 @@ async def test_job_transaction_frees_the_dependant_with_the_handlers_writes(dsn:
 
     async with serving(dsn, tasks) as (conn, _runtime):
         await conn.execute("CREATE TABLE ledger (id bigint)")
-        a = await write.enqueue(conn)
-        await trioq.enqueue(conn, "check", {"dep": a.job_id}, after=[a.job_id])
+        async with conn.transaction():  # the running worker could finish `a` in between
+            a = await write.enqueue(conn)
+            await trioq.enqueue(conn, "check", {"dep": a.job_id}, after=[a.job_id])
 
         async def checked() -> bool:
             return bool(await scalar(conn, "SELECT count(*) FROM ledger WHERE id < 0"))
