@@ -224,44 +224,59 @@ RETURNING j.id
 """
 
 # A job's completion inside its handler's transaction (`trioq._job_transaction`): the fenced
-# delete of _COMPLETE, raising SQLSTATE TQ001 when a lease was lost (migration transactions), so
-# that the COMMIT sent in the same round trip does not run.
-_COMPLETE_IN_TRANSACTION = """
-SELECT {complete_fn}(%(ids)s::int8[], %(attempts)s::int4[], %(owner)s::text)
-"""
+# delete of _COMPLETE, raising SQLSTATE TQ001 (migration 11's `lease_lost`, called only when
+# fewer rows were deleted than asked for) when a lease was lost, so that the COMMIT sent in
+# the same query string does not run.
 
-#: SQLSTATE of `complete_in_transaction` when a lease was lost (its DETAIL: the job ids).
+#: SQLSTATE of `lease_lost` when a lease was lost (its DETAIL: the job ids).
 LEASE_LOST_SQLSTATE = "TQ001"
 
 
 @functools.cache
-def _complete_and_commit_parts(schema: str, owner: str) -> tuple[bytes, bytes, bytes]:
-    fn = qualified(schema, "complete_in_transaction").as_bytes(None)
+def _complete_and_commit_parts(schema: str, owner: str) -> tuple[bytes, ...]:
+    jobs = qualified(schema, "jobs").as_bytes(None)
+    lost = qualified(schema, "lease_lost").as_bytes(None)
     owner_literal = sql.Literal(owner).as_bytes(None)
     return (
-        b"SELECT " + fn + b"(ARRAY[",
+        b"WITH done AS (DELETE FROM " + jobs + b" j USING unnest(ARRAY[",
+        # ids
         b"]::int8[], ARRAY[",
-        b"]::int4[], " + owner_literal + b"::text); COMMIT",
+        # attempts
+        b"]::int4[]) AS f(id, attempt) WHERE j.id = f.id AND j.attempt = f.attempt"
+        b" AND j.lease_owner = " + owner_literal + b"::text AND j.state = 'running'"
+        b" RETURNING j.id) SELECT CASE WHEN count(*) < ",
+        # how many
+        b" THEN " + lost + b"(ARRAY[",
+        # ids
+        b"]::int8[], array_agg(done.id)) END FROM done; COMMIT",
     )
 
 
 def complete_and_commit(schema: str, owner: str, leases: Iterable[tuple[int, int]]) -> bytes:
-    """`complete_in_transaction` of ``leases`` (job id, attempt) and ``COMMIT`` as one
-    simple query: one write, one round trip, and when the completion raises (a lease was
-    lost), Postgres skips the ``COMMIT`` that follows it in the same query string.
+    """The fenced completion of ``leases`` (job id, attempt) and ``COMMIT`` as one simple
+    query: one write, one round trip. The completion deletes the jobs under their leases,
+    and calls `lease_lost` (which raises) when it deleted fewer than asked for: Postgres
+    then skips the ``COMMIT`` that follows it in the same query string.
+
+    Plain SQL, not migration 9's PL/pgSQL `complete_in_transaction`: the function call cost
+    the server about 50 us per job (docs/transactions.md).
 
     The one statement trioq does not send with parameters: a simple query takes none, and
     pipeline mode, which would carry them, costs more client CPU than the round trip it
     saves (docs/transactions.md). Nothing in it comes from a job: the schema and the owner
     (configuration) are an identifier and a literal rendered by psycopg once per worker;
     the ids and attempts are Python ints written as digits (anything else raises here)."""
-    head, middle, tail = _complete_and_commit_parts(schema, owner)
+    head, middle, fence, count, tail = _complete_and_commit_parts(schema, owner)
     ids: list[bytes] = []
     attempts: list[bytes] = []
     for job_id, attempt in leases:
         ids.append(b"%d" % _int(job_id))
         attempts.append(b"%d" % _int(attempt))
-    return b"".join((head, b",".join(ids), middle, b",".join(attempts), tail))
+    id_list = b",".join(ids)
+    return b"".join(
+        (head, id_list, middle, b",".join(attempts), fence, b"%d" % len(ids), count, id_list,
+         tail)
+    )  # fmt: skip
 
 
 def _int(value: object) -> int:
@@ -1000,7 +1015,6 @@ class Statements:
     heartbeat: sql.Composed
     complete: sql.Composed
     complete_keep: sql.Composed
-    complete_in_transaction: sql.Composed
     fail: sql.Composed
     release: sql.Composed
     cancel_running: sql.Composed
@@ -1149,9 +1163,6 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         heartbeat=compose(_HEARTBEAT),
         complete=compose(_COMPLETE),
         complete_keep=compose(_COMPLETE_KEEP),
-        complete_in_transaction=compose(
-            _COMPLETE_IN_TRANSACTION, complete_fn=qualified(schema, "complete_in_transaction")
-        ),
         fail=compose(_FAIL),
         release=compose(_RELEASE),
         cancel_running=compose(_CANCEL_RUNNING),
