@@ -46,6 +46,7 @@ from psycopg.rows import AsyncRowFactory, Row
 
 from ._exceptions import ConnectError
 from ._pg_errors import check_dsn, describe_target
+from ._pg_pipeline import execute_pipelined
 from ._pg_wait import readable_now as _readable_now
 from ._pg_wait import wait_conn_gen, wait_gen
 
@@ -65,6 +66,7 @@ CANCEL_DRAIN_TIMEOUT = 5.0
 CLOSE_CANCEL_TIMEOUT = 1.0
 
 _ACTIVE = TransactionStatus.ACTIVE
+_IDLE = TransactionStatus.IDLE
 _PIPELINE_OFF = PipelineStatus.OFF
 _FATAL_ERROR = ExecStatus.FATAL_ERROR
 
@@ -245,6 +247,9 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         """Execute ``(query, params)`` pairs in one round trip and one write (pipeline
         mode), after any deferred commands; a cursor for each. The first error is raised
         once all have been sent: statements after a failing one do not run."""
+        if self.autocommit or self.pgconn.transaction_status != _IDLE:
+            return await execute_pipelined(self, statements, prepare=prepare)
+        # psycopg would open its own transaction first (not autocommit): its pipeline does.
         async with self.pipeline() as pipeline:
             pipeline.command_queue = queue = _OneWrite()
             curs = [
