@@ -19,7 +19,7 @@ It uses these psycopg internals, which ``tests/test_pg_audit.py`` checks: a curs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import psycopg
@@ -29,8 +29,8 @@ from psycopg._preparing import Prepare
 from psycopg.abc import PQGen
 from psycopg.waiting import Ready, Wait
 
-if TYPE_CHECKING:
-    from ._pg import TrioConnection
+#: A `trioq.pg.TrioConnection` (``_pg`` imports this module, so not imported back here).
+TrioConnection = Any
 
 __all__ = ["execute_pipelined"]
 
@@ -71,7 +71,7 @@ def _raise_first_error(groups: list[list[pq.abc.PGresult]], encoding: str) -> No
 
 
 async def execute_pipelined(
-    conn: TrioConnection[Any],
+    conn: TrioConnection,
     statements: Sequence[tuple[Any, Any]],
     *,
     prepare: bool | None = None,
@@ -86,7 +86,7 @@ async def execute_pipelined(
 
 
 async def _execute(
-    conn: TrioConnection[Any],
+    conn: TrioConnection,
     statements: Sequence[tuple[Any, Any]],
     *,
     prepare: bool | None,
@@ -132,7 +132,7 @@ class _Sent:
 
 
 def _send(
-    conn: TrioConnection[Any], query: Any, params: Any, prepare: bool | None, binary: bool
+    conn: TrioConnection, query: Any, params: Any, prepare: bool | None, binary: bool
 ) -> _Sent:
     """Queue one statement (prepared as ``execute()`` would) on a fresh cursor."""
     pgconn = conn.pgconn
@@ -159,7 +159,7 @@ def _send(
     return _Sent(cursor, key, prep, name, parsed)
 
 
-def _leave_pipeline(conn: TrioConnection[Any]) -> None:
+def _leave_pipeline(conn: TrioConnection) -> None:
     """Back to normal mode; a connection left with results pending (a cancellation that
     could not drain them) is closed rather than handed on half-read."""
     pgconn = conn.pgconn
