@@ -38,13 +38,14 @@ import attrs
 import psycopg
 import trio
 from psycopg.pq import TransactionStatus
+from psycopg.types.numeric import Int4, Int8
 
 from ._exceptions import LeaseLostError, SharedTransactionError
 from ._job import Lease
 from ._pg import TrioConnection
 from ._pool import Pool
 from ._queue import Queue
-from ._sql import LEASE_LOST_SQLSTATE, complete_and_commit
+from ._sql import LEASE_LOST_SQLSTATE, complete_and_commit, rendered
 
 __all__ = ["SharedTransactions", "own_transaction"]
 
@@ -85,6 +86,16 @@ async def _complete_and_commit(
     await conn.execute(b"; ".join([*conn.discard_deferred(), query]), prepare=False)
 
 
+async def _complete_one_and_commit(
+    conn: TrioConnection[Any], queue: Queue, owner: str, lease: Lease
+) -> None:
+    """The fenced completion of one job and COMMIT in one round trip (pipeline mode): the
+    completion with parameters, so it is prepared (its plan costs the server more than its
+    run), and an error in it leaves the COMMIT unrun."""
+    params = {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": owner}
+    await conn.execute_together([(rendered(queue.schema, "complete_one"), params), (_COMMIT, None)])
+
+
 @asynccontextmanager
 async def own_transaction(
     pool: Pool, queue: Queue, owner: str, lease: Lease, forget: Forget
@@ -110,7 +121,7 @@ async def own_transaction(
             # the failure, fenced; if the lease was lost, nothing.)
             forget(lease)
             try:
-                await _complete_and_commit(conn, queue, owner, [lease])
+                await _complete_one_and_commit(conn, queue, owner, lease)
             except psycopg.Error as ex:
                 if _lost_ids(ex) is not None:
                     raise _lost(lease) from None
