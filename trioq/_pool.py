@@ -126,6 +126,10 @@ class Pool:
     async def putconn(self, conn: TrioConnection[Any]) -> None:
         """Return a connection: reset it (shielded, bounded) or close it."""
         self._in_use -= 1
+        if self._clean(conn):  # the common case: nothing to reset, no await
+            self._idle.append(conn)
+            self._slots.release()
+            return
         try:
             with trio.move_on_after(RESET_TIMEOUT, shield=True):
                 if await self._reset(conn):
@@ -181,6 +185,16 @@ class Pool:
             await self._discard(conn)
         return None
 
+    def _clean(self, conn: TrioConnection[Any]) -> bool:
+        """Fit for its next user as it is: open, idle, in the pool's autocommit mode."""
+        return (
+            not self._closed
+            and not conn.closed
+            and conn.pgconn.status == ConnStatus.OK
+            and conn.pgconn.transaction_status == _IDLE
+            and conn.autocommit == self._autocommit
+        )
+
     async def _reset(self, conn: TrioConnection[Any]) -> bool:
         """Make ``conn`` fit for its next user; False if it must be closed."""
         if self._closed or conn.closed or conn.pgconn.status != ConnStatus.OK:
@@ -210,8 +224,7 @@ async def _is_alive(conn: TrioConnection[Any]) -> bool:
         return False
     verdict = _looks_alive(conn)
     if verdict is not None:
-        await trio.lowlevel.checkpoint()
-        return verdict
+        return verdict  # no checkpoint of its own: getconn has taken one
     # Something arrived while idle: a notification, a parameter change, or the
     # FATAL message of a terminated backend whose EOF is still on its way. Ask.
     with trio.move_on_after(RESET_TIMEOUT, shield=True):
