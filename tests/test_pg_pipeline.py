@@ -127,3 +127,35 @@ def test_the_psycopg_internals_this_path_uses_are_still_there() -> None:
     assert list(inspect.signature(PrepareManager.validate).parameters) == [
         "self", "key", "prep", "name", "results"
     ]  # fmt: skip
+
+
+async def test_commands_after_the_statements_run_and_their_errors_are_raised(dsn: str) -> None:
+    async with await _conn(dsn) as conn:
+        conn.defer(b"BEGIN")
+        (cur,) = await execute_pipelined(
+            conn, [("INSERT INTO t VALUES (%s, 'a') RETURNING id", (1,))], then=[b"COMMIT"]
+        )
+        assert await cur.fetchall() == [(1,)]
+        assert conn.pgconn.transaction_status == _IDLE  # committed in the same round trip
+        conn.defer(b"BEGIN")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await execute_pipelined(
+                conn, [("INSERT INTO t VALUES (%s, 'b')", (2,))], then=[b"SELECT 1/0", b"COMMIT"]
+            )
+        await conn.execute("ROLLBACK")
+        cur = await conn.execute("SELECT id FROM t ORDER BY id")
+        assert await cur.fetchall() == [(1,)]  # the failed command kept the COMMIT from running
+
+
+async def test_an_error_in_a_statement_keeps_the_commands_after_it_from_running(dsn: str) -> None:
+    async with await _conn(dsn) as conn:
+        conn.defer(b"BEGIN")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await execute_pipelined(
+                conn,
+                [("INSERT INTO t VALUES (%s, 'a')", (1,)), ("SELECT 1/%s", (0,))],
+                then=[b"COMMIT"],
+            )
+        await conn.execute("ROLLBACK")
+        cur = await conn.execute("SELECT count(*) FROM t")
+        assert await cur.fetchone() == (0,)

@@ -43,6 +43,7 @@ from psycopg.types.numeric import Int4, Int8
 from ._exceptions import LeaseLostError, SharedTransactionError
 from ._job import Lease
 from ._pg import TrioConnection
+from ._pg_pipeline import execute_pipelined
 from ._pool import Pool
 from ._queue import Queue
 from ._sql import LEASE_LOST_SQLSTATE, complete_and_commit, rendered
@@ -93,7 +94,8 @@ async def _complete_one_and_commit(
     completion with parameters, so it is prepared (its plan costs the server more than its
     run), and an error in it leaves the COMMIT unrun."""
     params = {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": owner}
-    await conn.execute_together([(rendered(queue.schema, "complete_one"), params), (_COMMIT, None)])
+    statement = rendered(queue.schema, "complete_one")
+    await execute_pipelined(conn, [(statement, params)], then=[_COMMIT])
 
 
 @asynccontextmanager

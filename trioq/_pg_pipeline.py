@@ -76,13 +76,15 @@ async def execute_pipelined(
     *,
     prepare: bool | None = None,
     binary: bool = False,
+    then: Sequence[bytes] = (),
 ) -> list[psycopg.AsyncCursor[Any]]:
-    """The deferred commands, then ``statements`` (query, params), in one round trip;
-    a cursor for each. The first error is raised once every result is in: what follows a
-    failing command does not run. Holds the connection's lock."""
+    """The deferred commands, then ``statements`` (query, params), then the commands
+    ``then`` (SQL without parameters, e.g. ``COMMIT``: no cursor for them), in one round
+    trip; a cursor for each statement. The first error is raised once every result is in:
+    what follows a failing command does not run. Holds the connection's lock."""
     async with conn.lock:
         conn._check_connection_ok()
-        return await _execute(conn, statements, prepare=prepare, binary=binary)
+        return await _execute(conn, statements, prepare=prepare, binary=binary, then=then)
 
 
 async def _execute(
@@ -91,6 +93,7 @@ async def _execute(
     *,
     prepare: bool | None,
     binary: bool,
+    then: Sequence[bytes],
 ) -> list[psycopg.AsyncCursor[Any]]:
     pgconn = conn.pgconn
     commands = conn.discard_deferred()
@@ -99,6 +102,8 @@ async def _execute(
         for command in commands:
             pgconn.send_query_params(command, None)
         sent = [_send(conn, query, params, prepare, binary) for query, params in statements]
+        for command in then:
+            pgconn.send_query_params(command, None)
         pgconn.pipeline_sync()
         groups = await conn._wait(_results(pgconn), None)
     finally:
@@ -118,6 +123,7 @@ async def _execute(
         one.cursor._check_results(mine)
         one.cursor._set_results(mine)
         cursors.append(one.cursor)
+    _raise_first_error(groups[position:], encoding)
     await conn._wait(conn._prepared.maintain_gen(conn), None)
     return cursors
 
