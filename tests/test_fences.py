@@ -137,6 +137,26 @@ async def test_a_zombie_attempts_cancel_and_unknown_task_change_nothing(dsn: str
         assert await row(conn, zombie.job_id) == before
 
 
+async def test_a_zombie_in_a_batch_is_not_paired_with_another_jobs_attempt(dsn: str) -> None:
+    """The zombie (attempt 1) shares a batch with another job at attempt 2, the zombie's
+    current attempt: each lease is checked as the pair it is, never id against any attempt
+    of the batch."""
+    async with migrated(dsn) as conn:
+        zombie, _live, before = await zombie_and_live(conn)
+        other = await trioq.enqueue(conn, "t", max_attempts=5)
+        (first,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
+        await conn.execute(
+            "UPDATE trioq.jobs SET attempt = 2 WHERE id = %s", (other.job_id,)
+        )  # fmt: skip
+        assert first.id == other.job_id
+        batch = [zombie, Lease(other.job_id, 2)]
+        beat = await Q.heartbeat(conn, owner="w", leases=batch, lease=dt.timedelta(hours=1))
+        assert beat.extended == {Lease(other.job_id, 2)} and beat.lost == {zombie}
+        assert await Q.cancel_running_many(conn, owner="w", leases=[zombie]) == frozenset()
+        assert await Q.complete_many(conn, owner="w", leases=batch) == {other.job_id}
+        assert await row(conn, zombie.job_id) == before
+
+
 # -- job.transaction() when the lease is taken mid-transaction -------------------------------------
 
 
