@@ -159,3 +159,33 @@ async def test_an_error_in_a_statement_keeps_the_commands_after_it_from_running(
         await conn.execute("ROLLBACK")
         cur = await conn.execute("SELECT count(*) FROM t")
         assert await cur.fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    "bad", ["nul\x00inside", "\ud800 lone surrogate", object()], ids=["nul", "surrogate", "object"]
+)
+async def test_a_parameter_that_cannot_be_sent_raises_before_anything_goes_out(
+    dsn: str, bad: object
+) -> None:
+    async with await _conn(dsn) as conn:
+        conn.defer(b"BEGIN")
+        with pytest.raises((psycopg.Error, UnicodeEncodeError)):  # what execute() raises
+            await conn.execute("INSERT INTO t VALUES (%s, %s)", (1, bad))
+        assert not conn.closed
+        assert conn.pgconn.pipeline_status == _OFF
+        assert conn.deferred == (b"BEGIN",)  # nothing was sent: still deferred
+        assert conn.pgconn.transaction_status == _IDLE
+        cur = await conn.execute("INSERT INTO t VALUES (%s, %s) RETURNING v", (2, "fine"))
+        assert await cur.fetchone() == ("fine",)  # the BEGIN went with it
+        await conn.execute("COMMIT")
+
+
+async def test_a_huge_parameter_goes_through(dsn: str) -> None:
+    """8 MiB in one parameter: more than libpq's output buffer, so the flush has to wait
+    for the socket while the server reads."""
+    async with await _conn(dsn) as conn:
+        conn.defer(b"BEGIN")
+        big = "x" * (8 << 20)
+        cur = await conn.execute("INSERT INTO t VALUES (%s, %s) RETURNING length(v)", (1, big))
+        assert await cur.fetchone() == (len(big),)
+        await conn.execute("COMMIT")

@@ -3,13 +3,13 @@
 `TrioConnection.execute_together` sends what `TrioConnection.defer` holds (``BEGIN``,
 ``SAVEPOINT``, ``RELEASE``) and then its statements, with parameters, in one write and one
 ``Sync``. psycopg's own pipeline (``conn.pipeline()``) does the same, but its general
-machinery (a pipeline object, command and result queues, a flush per command) cost about
-35 µs of client CPU per call more than this path: a third of the CPU of a one-row
-``job.transaction()`` (docs/transactions.md). This module drives libpq's pipeline mode for
+machinery (a pipeline object, command and result queues, a flush per command) cost 40-60 µs
+of client CPU per call more than this path, on a one-row ``job.transaction()`` of about
+300 µs (docs/transactions.md). This module drives libpq's pipeline mode for
 exactly this shape and hands each statement's results to a psycopg cursor, so the caller
 gets the same cursor (rows, ``rowcount``, errors) as from ``execute()``.
 
-It uses these psycopg internals, which ``tests/test_pg_audit.py`` checks: a cursor's
+It uses these psycopg internals, which ``tests/test_pg_pipeline.py`` checks: a cursor's
 ``_reset``, ``_tx``, ``_convert_query``, ``_check_results``, ``_set_results``,
 ``_last_query`` and ``format``, and the connection's ``_prepared`` (``get``,
 ``maybe_add_to_cache``, ``validate``, ``maintain_gen``), so prepared statements work as in
@@ -96,12 +96,15 @@ async def _execute(
     then: Sequence[bytes],
 ) -> list[psycopg.AsyncCursor[Any]]:
     pgconn = conn.pgconn
+    # Parameters are adapted first: one that cannot be (NUL in a string, an unknown type)
+    # raises here, with nothing sent and the deferred commands still deferred.
+    converted = [_convert(conn, query, params) for query, params in statements]
     commands = conn.discard_deferred()
     pgconn.enter_pipeline_mode()
     try:
         for command in commands:
             pgconn.send_query_params(command, None)
-        sent = [_send(conn, query, params, prepare, binary) for query, params in statements]
+        sent = [_send(conn, cursor, pgq, prepare, binary) for cursor, pgq in converted]
         for command in then:
             pgconn.send_query_params(command, None)
         pgconn.pipeline_sync()
@@ -137,17 +140,28 @@ class _Sent:
     parsed: bool  # a Parse went out ahead of it (prepared now)
 
 
-def _send(
-    conn: TrioConnection, query: Any, params: Any, prepare: bool | None, binary: bool
-) -> _Sent:
-    """Queue one statement (prepared as ``execute()`` would) on a fresh cursor."""
-    pgconn = conn.pgconn
+def _convert(
+    conn: TrioConnection, query: Any, params: Any
+) -> tuple[psycopg.AsyncCursor[Any], Any]:
+    """A fresh cursor for one statement, and the statement with its parameters adapted."""
     cursor = conn.cursor()
     cursor._reset()
     cursor._tx = psycopg.adapt.Transformer(cursor)
     pgq = cursor._convert_query(query, params)
     cursor._query = pgq
     cursor._last_query = query
+    return cursor, pgq
+
+
+def _send(
+    conn: TrioConnection,
+    cursor: psycopg.AsyncCursor[Any],
+    pgq: Any,
+    prepare: bool | None,
+    binary: bool,
+) -> _Sent:
+    """Queue one statement, prepared as ``execute()`` would."""
+    pgconn = conn.pgconn
     fmt = _BINARY if binary else cursor.format
     prep, name = conn._prepared.get(pgq, prepare)
     parsed = False
