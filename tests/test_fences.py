@@ -8,12 +8,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 from helpers import rows
 
 import trioq
 from trioq import Failure, Lease, Queue
+from trioq._sql import LEASE_LOST_SQLSTATE, complete_and_commit
 
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()
@@ -153,6 +155,14 @@ async def test_a_zombie_in_a_batch_is_not_paired_with_another_jobs_attempt(dsn: 
         beat = await Q.heartbeat(conn, owner="w", leases=batch, lease=dt.timedelta(hours=1))
         assert beat.extended == {Lease(other.job_id, 2)} and beat.lost == {zombie}
         assert await Q.cancel_running_many(conn, owner="w", leases=[zombie]) == frozenset()
+        await conn.execute("BEGIN")
+        pairs = [(lease.job_id, lease.attempt) for lease in batch]
+        shared = complete_and_commit("trioq", "w", pairs)
+        with pytest.raises(psycopg.Error) as lost:  # job.transaction(shared=True)'s
+            await conn.execute(shared)
+        assert lost.value.sqlstate == LEASE_LOST_SQLSTATE
+        assert lost.value.diag.message_detail == str(zombie.job_id)
+        await conn.execute("ROLLBACK")
         assert await Q.complete_many(conn, owner="w", leases=batch) == {other.job_id}
         assert await row(conn, zombie.job_id) == before
 

@@ -266,20 +266,18 @@ LEASE_LOST_SQLSTATE = "TQ001"
 
 @functools.cache
 def _complete_and_commit_parts(schema: str, owner: str) -> tuple[bytes, ...]:
+    """The fixed pieces of `complete_and_commit`, between which go: the ids, the attempts,
+    the ids, how many, the ids (the fence of `_FENCE_BY_ID`, with literals)."""
     jobs = qualified(schema, "jobs").as_bytes(None)
     lost = qualified(schema, "lease_lost").as_bytes(None)
     owner_literal = sql.Literal(owner).as_bytes(None)
     return (
-        b"WITH done AS (DELETE FROM " + jobs + b" j USING unnest(ARRAY[",
-        # ids
-        b"]::int8[], ARRAY[",
-        # attempts
-        b"]::int4[]) AS f(id, attempt) WHERE j.id = f.id AND j.attempt = f.attempt"
-        b" AND j.lease_owner = " + owner_literal + b"::text AND j.state = 'running'"
-        b" RETURNING j.id) SELECT CASE WHEN count(*) < ",
-        # how many
+        b"WITH done AS (DELETE FROM " + jobs + b" j WHERE j.id = ANY (ARRAY[",
+        b"]::int8[]) AND j.attempt = (ARRAY[",
+        b"]::int4[])[pg_catalog.array_position(ARRAY[",
+        b"]::int8[], j.id)] AND j.lease_owner = " + owner_literal + b"::text"
+        b" AND j.state = 'running' RETURNING j.id) SELECT CASE WHEN count(*) < ",
         b" THEN " + lost + b"(ARRAY[",
-        # ids
         b"]::int8[], array_agg(done.id)) END FROM done; COMMIT",
     )
 
@@ -298,7 +296,9 @@ def complete_and_commit(schema: str, owner: str, leases: Iterable[tuple[int, int
     saves (docs/transactions.md). Nothing in it comes from a job: the schema and the owner
     (configuration) are an identifier and a literal rendered by psycopg once per worker;
     the ids and attempts are Python ints written as digits (anything else raises here)."""
-    head, middle, fence, count, tail = _complete_and_commit_parts(schema, owner)
+    ids_at, attempts_at, position_at, count_at, lost_at, tail = _complete_and_commit_parts(
+        schema, owner
+    )
     ids: list[bytes] = []
     attempts: list[bytes] = []
     for job_id, attempt in leases:
@@ -306,8 +306,8 @@ def complete_and_commit(schema: str, owner: str, leases: Iterable[tuple[int, int
         attempts.append(b"%d" % _int(attempt))
     id_list = b",".join(ids)
     return b"".join(
-        (head, id_list, middle, b",".join(attempts), fence, b"%d" % len(ids), count, id_list,
-         tail)
+        (ids_at, id_list, attempts_at, b",".join(attempts), position_at, id_list, count_at,
+         b"%d" % len(ids), lost_at, id_list, tail)
     )  # fmt: skip
 
 
