@@ -105,6 +105,10 @@ async def kill_at(
     done.set()
 
 
+#: Bound on reading what a killed worker held (shielded: see `kill_one`).
+_RECORD_TIMEOUT = 5.0
+
+
 async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: float) -> None:
     """SIGKILL a live worker that holds running jobs (polling up to ``wait`` s for one; then
     any), start its replacement, and record the jobs it held."""
@@ -125,8 +129,13 @@ async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: f
     # What it held when it died: it may have claimed (or finished) jobs since `holding` was
     # read. Its rows stay running until a sweeper takes it for dead, which waits out the
     # liveness grace (a second by default), so this read, milliseconds after, sees them all.
-    # (When the database cannot be asked, the read before the kill stands.)
-    if (after := await held.read()) is not None:
+    # (When the database cannot be asked, the read before the kill stands.) Shielded and
+    # bounded: the kill has happened (and its replacement started) even if the run ends now,
+    # so it must be recorded; a cancelled read here left the kill uncounted.
+    after = None
+    with trio.move_on_after(_RECORD_TIMEOUT, shield=True):
+        after = await held.read()
+    if after is not None:
         jobs = after.get(victim.pid, [])
     log.kills += 1
     log.note(f"SIGKILL worker pid {victim.pid} (slot {victim.slot}) holding {len(jobs)} jobs")
