@@ -280,3 +280,30 @@ def test_children_stop_when_the_supervisor_is_sigkilled(dsn: str) -> None:
         if parent.poll() is None:
             parent.kill()
             parent.communicate(timeout=30)
+
+
+def test_sigterm_while_connecting_stops_the_worker_gracefully() -> None:
+    """The server accepts the connection and never answers: the worker is stuck in its
+    start-up. SIGTERM there stops it (exit 0, "received SIGTERM"), instead of killing it
+    with the signal's default action (-15), which a supervisor reported as exit 241."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        dsn = f"postgresql://nobody@127.0.0.1:{port}/app?connect_timeout=60"
+        proc = subprocess.Popen(  # no --migrate: the runtime's own start-up connects
+            [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config"],
+            env=_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            with server.accept()[0]:  # the worker is connecting now, and waits for an answer
+                proc.send_signal(signal.SIGTERM)
+                output, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, output
+    assert "received SIGTERM" in output, output

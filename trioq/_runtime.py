@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import trio
@@ -218,6 +218,9 @@ class Runtime:
         self._holding: set[HeldJob] = set()  # stopped, but their sync handler's thread runs on
         self._stop_requested = trio.Event()
         self._grace_scope = trio.CancelScope()
+        #: Cancelled by a stop during the start-up (`run`); `_started` once the slots run.
+        self._starting = trio.CancelScope()
+        self._started = False
         self._job_finished = Wakeup()
         self._claimed = 0
         self._schema_version = 0  # checked at start
@@ -290,10 +293,14 @@ class Runtime:
     # -- public ---------------------------------------------------------------------------------
 
     def stop(self, *, grace: bool = True) -> None:
-        """Ask for a graceful stop; a second call (or ``grace=False``) skips the grace period."""
+        """Ask for a graceful stop; a second call (or ``grace=False``) skips the grace period.
+        Before the slots run (still connecting, migrating the check, starting services),
+        it ends the start-up: nothing has been claimed yet."""
         if self._stop_requested.is_set() or not grace:
             self._grace_scope.cancel()
         self._stop_requested.set()
+        if not self._started:
+            self._starting.cancel()
 
     def statistics(self) -> RuntimeStatistics:
         return RuntimeStatistics(
@@ -309,6 +316,23 @@ class Runtime:
     async def run(
         self, *, task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        if not self.config.handle_signals:
+            await self._run(task_status)
+            return
+        # SIGINT/SIGTERM are handled from the first moment: one that arrives while the
+        # worker connects stops it then (`stop` ends the start-up), rather than killing it
+        # with the signal's default action (a supervisor saw its worker exit with -15).
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._signal_loop, signals)
+                await self._run(task_status)
+                nursery.cancel_scope.cancel()
+
+    async def _run(self, task_status: trio.TaskStatus[Runtime]) -> None:
+        with self._starting:  # cancelled by a stop before the slots run: nothing was claimed
+            await self._start_and_run(task_status)
+
+    async def _start_and_run(self, task_status: trio.TaskStatus[Runtime]) -> None:
         async with self.pool, self.app_pool:
             await self._check_schema()
             async with trio.open_nursery() as services:
@@ -325,9 +349,7 @@ class Runtime:
                 services.start_soon(self._lifecycle.run)
                 if self._pruner is not None:
                     services.start_soon(self._pruner.run)
-                if self.config.handle_signals:
-                    services.start_soon(self._signal_loop)
-                if self.config.metrics is not None:  # after the signals: binding takes a moment
+                if self.config.metrics is not None:
                     self.metrics_url = await services.start(self._serve_metrics)
                 await self._run_jobs(task_status)
                 await self._flush()
@@ -360,6 +382,7 @@ class Runtime:
                         jobs.start_soon(self._slot, state)
                     fetchers.start_soon(self._fetch_loop, state)
                 self._log_banner()
+                self._started = True  # from here a stop is graceful
                 task_status.started(self)
                 await self._stop_requested.wait()
                 fetchers.cancel_scope.cancel()
@@ -435,11 +458,10 @@ class Runtime:
             hooks=attrs.asdict(self._events.statistics()),
         )  # fmt: skip
 
-    async def _signal_loop(self) -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                logger.info("received %s", signal.Signals(signum).name)
-                self.stop()
+    async def _signal_loop(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            logger.info("received %s", signal.Signals(signum).name)
+            self.stop()
 
     # -- fetching and running jobs --------------------------------------------------------------
 
