@@ -15,7 +15,7 @@ from helpers import rows
 
 import trioq
 from trioq import Failure, Lease, Queue
-from trioq._sql import LEASE_LOST_SQLSTATE, complete_and_commit
+from trioq._sql import LEASE_LOST_SQLSTATE, statements
 
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()
@@ -156,10 +156,11 @@ async def test_a_zombie_in_a_batch_is_not_paired_with_another_jobs_attempt(dsn: 
         assert beat.extended == {Lease(other.job_id, 2)} and beat.lost == {zombie}
         assert await Q.cancel_running_many(conn, owner="w", leases=[zombie]) == frozenset()
         await conn.execute("BEGIN")
-        pairs = [(lease.job_id, lease.attempt) for lease in batch]
-        shared = complete_and_commit("trioq", "w", pairs)
-        with pytest.raises(psycopg.Error) as lost:  # job.transaction(shared=True)'s
-            await conn.execute(shared)
+        shared = statements("trioq").complete_in_transaction  # job.transaction(shared=True)'s
+        params = {"ids": [lease.job_id for lease in batch],
+                  "attempts": [lease.attempt for lease in batch], "owner": "w"}  # fmt: skip
+        with pytest.raises(psycopg.Error) as lost:
+            await conn.execute(shared, params)
         assert lost.value.sqlstate == LEASE_LOST_SQLSTATE
         assert lost.value.diag.message_detail == str(zombie.job_id)
         await conn.execute("ROLLBACK")

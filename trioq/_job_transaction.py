@@ -4,11 +4,12 @@ one.
 
 **Own transaction** (the default). A connection of the app pool, with ``BEGIN`` deferred
 (`TrioConnection.defer`): it travels with the handler's first statement. When the block
-ends, the fenced completion (``complete_in_transaction``, migration 9, which raises
-SQLSTATE ``TQ001`` when the lease was lost) and ``COMMIT`` go in one round trip (pipeline
-mode): the error aborts the transaction before the ``COMMIT`` runs, so the writes of a run
-whose lease was lost roll back. A handler that writes one row costs two round trips; it
-used to cost four (``BEGIN``, the write, the ``DELETE``, ``COMMIT``).
+ends, the fenced completion (``complete_one`` of `trioq._sql`, prepared, which raises
+SQLSTATE ``TQ001`` through migration 11's ``lease_lost`` when the lease was lost) and
+``COMMIT`` go in one round trip (pipeline mode): the error aborts the transaction before
+the ``COMMIT`` runs, so the writes of a run whose lease was lost roll back. A handler that
+writes one row costs two round trips; it used to cost four (``BEGIN``, the write, the
+``DELETE``, ``COMMIT``).
 
 **Shared transactions** (``job.transaction(shared=True)``). Short blocks of several jobs
 run one after another in one transaction, each under its own savepoint, and commit
@@ -45,8 +46,8 @@ from ._job import Lease
 from ._pg import TrioConnection
 from ._pg_pipeline import execute_pipelined
 from ._pool import Pool
-from ._queue import Queue
-from ._sql import LEASE_LOST_SQLSTATE, complete_and_commit, rendered
+from ._queue import Queue, _fence
+from ._sql import LEASE_LOST_SQLSTATE, rendered
 
 __all__ = ["SharedTransactions", "own_transaction"]
 
@@ -68,7 +69,7 @@ def _lost(lease: Lease) -> LeaseLostError:
 
 
 def _lost_ids(error: BaseException) -> frozenset[int] | None:
-    """The job ids a ``complete_in_transaction`` error names as lost; None: another error."""
+    """The job ids a ``lease_lost`` error names as lost; None: another error."""
     if not isinstance(error, psycopg.Error) or error.sqlstate != LEASE_LOST_SQLSTATE:
         return None
     detail = error.diag.message_detail or ""
@@ -78,13 +79,11 @@ def _lost_ids(error: BaseException) -> frozenset[int] | None:
 async def _complete_and_commit(
     conn: TrioConnection[Any], queue: Queue, owner: str, leases: Sequence[Lease]
 ) -> None:
-    """The fenced completion of ``leases`` and COMMIT, in one simple query (one write, one
-    round trip), after whatever commands are still deferred (a shared transaction's
-    RELEASE) in the same query string."""
-    query = complete_and_commit(
-        queue.schema, owner, [(lease.job_id, lease.attempt) for lease in leases]
-    )
-    await conn.execute(b"; ".join([*conn.discard_deferred(), query]), prepare=False)
+    """The fenced completion of ``leases`` and COMMIT in one round trip (pipeline mode),
+    after whatever commands are still deferred (a shared transaction's RELEASE)."""
+    params = {**_fence(leases), "owner": owner}
+    statement = rendered(queue.schema, "complete_in_transaction")
+    await execute_pipelined(conn, [(statement, params)], then=[_COMMIT])
 
 
 async def _complete_one_and_commit(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
 
 import attrs
 from psycopg import sql
@@ -39,7 +38,6 @@ __all__ = [
     "SCHEMA_NAME_RE",
     "WRITABLE",
     "Statements",
-    "complete_and_commit",
     "qualified",
     "rendered",
     "statements",
@@ -241,15 +239,24 @@ RETURNING j.id
 """
 
 # A job's completion inside its handler's transaction (`trioq._job_transaction`): the fenced
-# delete of _COMPLETE, raising SQLSTATE TQ001 (migration 11's `lease_lost`, called only when
-# fewer rows were deleted than asked for) when a lease was lost, so that the COMMIT sent in
-# the same query string does not run.
+# delete of _COMPLETE, then a call of migration 11's `lease_lost` (which raises SQLSTATE
+# TQ001) only when fewer rows were deleted than asked for; sent with COMMIT in one pipeline
+# (`execute_pipelined`), whose rest the error keeps from running. This form, for the jobs of
+# a shared transaction, takes arrays of any length: Postgres plans it each time (custom
+# plans), once per transaction of up to `Config.shared_transaction_jobs` jobs.
+_COMPLETE_IN_TRANSACTION = """
+WITH done AS (
+    DELETE FROM {jobs} j WHERE {fence_by_id} RETURNING j.id
+)
+SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
+            THEN {lease_lost}(%(ids)s::int8[], pg_catalog.array_agg(done.id)) END
+  FROM done
+"""
 
-# The same for one job (`job.transaction()`'s own transaction), with parameters: sent with
-# COMMIT in one pipelined round trip and prepared after a few runs. Planning the statement
-# costs the server more than running it (about 130 us against 60 on the jobs table and its
-# indexes); the many-jobs form of `complete_and_commit` has an array of unknown length,
-# whose generic plan Postgres would not choose, so only this one is prepared.
+# The same for one job (`job.transaction()`'s own transaction), by its id, so that the
+# prepared statement's generic plan is the custom one and Postgres keeps it: planning the
+# statement costs the server more than running it (about 130 us against 60 on the jobs
+# table and its indexes).
 _COMPLETE_ONE = """
 WITH done AS (
     DELETE FROM {jobs}
@@ -262,59 +269,6 @@ SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END F
 
 #: SQLSTATE of `lease_lost` when a lease was lost (its DETAIL: the job ids).
 LEASE_LOST_SQLSTATE = "TQ001"
-
-
-@functools.cache
-def _complete_and_commit_parts(schema: str, owner: str) -> tuple[bytes, ...]:
-    """The fixed pieces of `complete_and_commit`, between which go: the ids, the attempts,
-    the ids, how many, the ids (the fence of `_FENCE_BY_ID`, with literals)."""
-    jobs = qualified(schema, "jobs").as_bytes(None)
-    lost = qualified(schema, "lease_lost").as_bytes(None)
-    owner_literal = sql.Literal(owner).as_bytes(None)
-    return (
-        b"WITH done AS (DELETE FROM " + jobs + b" j WHERE j.id = ANY (ARRAY[",
-        b"]::int8[]) AND j.attempt = (ARRAY[",
-        b"]::int4[])[pg_catalog.array_position(ARRAY[",
-        b"]::int8[], j.id)] AND j.lease_owner = " + owner_literal + b"::text"
-        b" AND j.state = 'running' RETURNING j.id) SELECT CASE WHEN count(*) < ",
-        b" THEN " + lost + b"(ARRAY[",
-        b"]::int8[], array_agg(done.id)) END FROM done; COMMIT",
-    )
-
-
-def complete_and_commit(schema: str, owner: str, leases: Iterable[tuple[int, int]]) -> bytes:
-    """The fenced completion of ``leases`` (job id, attempt) and ``COMMIT`` as one simple
-    query: one write, one round trip. The completion deletes the jobs under their leases,
-    and calls `lease_lost` (which raises) when it deleted fewer than asked for: Postgres
-    then skips the ``COMMIT`` that follows it in the same query string.
-
-    Plain SQL, not migration 9's PL/pgSQL `complete_in_transaction`: the function call cost
-    the server about 50 us per job (docs/transactions.md).
-
-    The one statement trioq does not send with parameters: a simple query takes none, and
-    pipeline mode, which would carry them, costs more client CPU than the round trip it
-    saves (docs/transactions.md). Nothing in it comes from a job: the schema and the owner
-    (configuration) are an identifier and a literal rendered by psycopg once per worker;
-    the ids and attempts are Python ints written as digits (anything else raises here)."""
-    ids_at, attempts_at, position_at, count_at, lost_at, tail = _complete_and_commit_parts(
-        schema, owner
-    )
-    ids: list[bytes] = []
-    attempts: list[bytes] = []
-    for job_id, attempt in leases:
-        ids.append(b"%d" % _int(job_id))
-        attempts.append(b"%d" % _int(attempt))
-    id_list = b",".join(ids)
-    return b"".join(
-        (ids_at, id_list, attempts_at, b",".join(attempts), position_at, id_list, count_at,
-         b"%d" % len(ids), lost_at, id_list, tail)
-    )  # fmt: skip
-
-
-def _int(value: object) -> int:
-    if type(value) is not int:
-        raise TypeError(f"a job id or attempt must be an int, got {value!r}")
-    return value
 
 
 _COMPLETE_KEEP = """
@@ -1047,6 +1001,7 @@ class Statements:
     complete: sql.Composed
     complete_keep: sql.Composed
     complete_one: sql.Composed
+    complete_in_transaction: sql.Composed
     fail: sql.Composed
     release: sql.Composed
     cancel_running: sql.Composed
@@ -1197,6 +1152,7 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         heartbeat=compose(_HEARTBEAT),
         complete=compose(_COMPLETE),
         complete_one=compose(_COMPLETE_ONE),
+        complete_in_transaction=compose(_COMPLETE_IN_TRANSACTION),
         complete_keep=compose(_COMPLETE_KEEP),
         fail=compose(_FAIL),
         release=compose(_RELEASE),
