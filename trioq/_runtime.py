@@ -294,8 +294,8 @@ class Runtime:
 
     def stop(self, *, grace: bool = True) -> None:
         """Ask for a graceful stop; a second call (or ``grace=False``) skips the grace period.
-        Before the slots run (still connecting, migrating the check, starting services),
-        it ends the start-up: nothing has been claimed yet."""
+        Before the slots run (still connecting, checking the schema, starting services), it
+        ends the start-up: nothing has been claimed yet."""
         if self._stop_requested.is_set() or not grace:
             self._grace_scope.cancel()
         self._stop_requested.set()
