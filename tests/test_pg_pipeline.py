@@ -189,3 +189,19 @@ async def test_a_huge_parameter_goes_through(dsn: str) -> None:
         cur = await conn.execute("INSERT INTO t VALUES (%s, %s) RETURNING length(v)", (1, big))
         assert await cur.fetchone() == (len(big),)
         await conn.execute("COMMIT")
+
+
+async def test_on_a_connection_that_is_not_autocommit_the_statement_opens_psycopgs_transaction(
+    dsn: str,
+) -> None:
+    async with await _conn(dsn):
+        pass  # the table
+    async with await trioq.connect(dsn) as conn:  # not autocommit
+        conn.defer(b"SAVEPOINT s")
+        cur = await conn.execute("INSERT INTO t VALUES (%s, %s) RETURNING id", (1, "a"))
+        assert await cur.fetchall() == [(1,)]
+        assert conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        await conn.execute("ROLLBACK TO SAVEPOINT s")  # the savepoint is inside it
+        await conn.rollback()
+        cur = await conn.execute("SELECT count(*) FROM t")
+        assert await cur.fetchone() == (0,)

@@ -26,7 +26,6 @@ so that its ``BEGIN`` costs no round trip of its own.
 
 from __future__ import annotations
 
-import collections
 import ipaddress
 import logging
 import math
@@ -97,39 +96,6 @@ class ConnectionLock:
 
     def locked(self) -> bool:
         return self._lock.locked()
-
-
-class _OneWrite(collections.deque[Any]):
-    """A pipeline's command queue that sends its commands in one write.
-
-    psycopg's pipeline flushes the socket before each command it takes from the queue,
-    so three commands cost three writes (and three wake-ups of the server). While
-    ``holding``, taking a command takes every queued one and sends none; the first take
-    after that sends them all, so the deferred commands, the statement and the Sync go
-    out together.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.holding = True
-        self._held: list[Any] = []
-
-    def popleft(self) -> Any:
-        self._held += self
-        self.clear()
-        if self.holding:
-            return _nothing
-        held, self._held = self._held, []
-        return partial(_call_each, held)
-
-
-def _nothing() -> None:
-    pass
-
-
-def _call_each(commands: list[Any]) -> None:
-    for command in commands:
-        command()
 
 
 class TrioConnection(psycopg.AsyncConnection[Row]):
@@ -237,27 +203,23 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
     ) -> psycopg.AsyncCursor[Row]:  # fmt: skip
         """psycopg's ``execute``; deferred commands (`defer`) travel in its round trip."""
         if params and self._deferred and self._pipeline is None:
-            (cur,) = await self.execute_together([(query, params)], prepare=prepare)
+            (cur,) = await self.execute_together([(query, params)], prepare=prepare,
+                                                 binary=binary)  # fmt: skip
             return cur
         return await super().execute(query, params, prepare=prepare, binary=binary)
 
     async def execute_together(
-        self, statements: Sequence[tuple[Any, Any]], *, prepare: bool | None = None
-    ) -> list[psycopg.AsyncCursor[Row]]:
+        self, statements: Sequence[tuple[Any, Any]], *, prepare: bool | None = None,
+        binary: bool = False,
+    ) -> list[psycopg.AsyncCursor[Row]]:  # fmt: skip
         """Execute ``(query, params)`` pairs in one round trip and one write (pipeline
         mode), after any deferred commands; a cursor for each. The first error is raised
-        once all have been sent: statements after a failing one do not run."""
-        if self.autocommit or self.pgconn.transaction_status != _IDLE:
-            return await execute_pipelined(self, statements, prepare=prepare)
-        # psycopg would open its own transaction first (not autocommit): its pipeline does.
-        async with self.pipeline() as pipeline:
-            pipeline.command_queue = queue = _OneWrite()
-            curs = [
-                await super(TrioConnection, self).execute(query, params, prepare=prepare)
-                for query, params in statements
-            ]
-            queue.holding = False  # the Sync that ends the pipeline takes them all
-        return curs
+        once all have been sent: statements after a failing one do not run. On a
+        connection that is not autocommit, the transaction psycopg would open first opens
+        in the same round trip (its ``BEGIN`` goes ahead of the deferred commands)."""
+        if not self.autocommit and self.pgconn.transaction_status == _IDLE:
+            self._deferred.insert(0, self._get_tx_start_command())
+        return await execute_pipelined(self, statements, prepare=prepare, binary=binary)
 
     async def commit(self) -> None:
         self._check_not_owned("commit()")
