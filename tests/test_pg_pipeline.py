@@ -124,6 +124,7 @@ def test_the_psycopg_internals_this_path_uses_are_still_there() -> None:
         assert callable(getattr(psycopg.AsyncCursor, name)), name
     for name in ("get", "maybe_add_to_cache", "validate", "maintain_gen"):
         assert callable(getattr(PrepareManager, name)), name
+    assert callable(psycopg.AsyncConnection._get_tx_start_command)  # TrioConnection's BEGIN
     assert list(inspect.signature(PrepareManager.validate).parameters) == [
         "self", "key", "prep", "name", "results"
     ]  # fmt: skip

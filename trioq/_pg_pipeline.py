@@ -13,7 +13,8 @@ It uses these psycopg internals, which ``tests/test_pg_pipeline.py`` checks: a c
 ``_reset``, ``_tx``, ``_convert_query``, ``_check_results``, ``_set_results``,
 ``_last_query`` and ``format``, and the connection's ``_prepared`` (``get``,
 ``maybe_add_to_cache``, ``validate``, ``maintain_gen``), so prepared statements work as in
-``execute()``.
+``execute()``; and `TrioConnection.execute_together` takes the ``BEGIN`` of a connection
+that is not autocommit from ``_get_tx_start_command``.
 """
 
 from __future__ import annotations
