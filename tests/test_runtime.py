@@ -525,3 +525,28 @@ async def test_a_claimed_job_carries_the_rows_values(dsn: str) -> None:
         assert job == trioq.Job.from_row(
             (job.id, "q", "t", args, -3, run_at, 1, 7, enqueued_at, expires)
         )
+
+
+async def test_a_stop_during_the_start_up_still_hands_the_runtime_to_nursery_start() -> None:
+    """The server accepts the worker's connection and never answers; the stop comes then.
+    ``nursery.start`` gets the runtime, already stopped, rather than "child exited without
+    calling task_status.started()" (which failed a `serve --processes` worker)."""
+    from trioq._runtime import Runtime
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    dsn = f"postgresql://nobody@127.0.0.1:{port}/app?connect_timeout=60"
+    runtime = Runtime(trioq.Config(registry=trioq.Registry(), dsn=dsn), dsn)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def stop_once_connecting() -> None:
+                stream = await listeners[0].accept()
+                runtime.stop()
+                await stream.aclose()
+
+            nursery.start_soon(stop_once_connecting)
+            started = await nursery.start(runtime.run)
+    assert started is runtime
+    assert runtime.statistics().stopping
+    await listeners[0].aclose()

@@ -331,6 +331,10 @@ class Runtime:
     async def _run(self, task_status: trio.TaskStatus[Runtime]) -> None:
         with self._starting:  # cancelled by a stop before the slots run: nothing was claimed
             await self._start_and_run(task_status)
+        if not self._started:
+            # Stopped during the start-up: `nursery.start` still gets the runtime (stopped
+            # already) rather than "child exited without calling task_status.started()".
+            task_status.started(self)
 
     async def _start_and_run(self, task_status: trio.TaskStatus[Runtime]) -> None:
         async with self.pool, self.app_pool:

@@ -19,7 +19,8 @@ async def serve(
 
     ``task_status.started(runtime)`` is called once LISTEN is active and the
     schema version is checked; ``await nursery.start(trioq.serve, config)``
-    returns the `Runtime`, whose ``stop()`` asks for a graceful shutdown. With no
+    returns the `Runtime`, whose ``stop()`` asks for a graceful shutdown. Stopped during its
+    start-up (a signal, with ``handle_signals``), it returns the runtime already stopped. With no
     DSN configured (``Config.dsn``, ``TRIOQ_DSN``, ``DATABASE_URL``) the embedded
     Postgres runs for the duration (it must already be migrated: ``trioq migrate``).
     """
