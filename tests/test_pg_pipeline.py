@@ -206,3 +206,27 @@ async def test_on_a_connection_that_is_not_autocommit_the_statement_opens_psycop
         await conn.rollback()
         cur = await conn.execute("SELECT count(*) FROM t")
         assert await cur.fetchone() == (0,)
+
+
+@pytest.mark.parametrize("failing", ["a deferred command", "an earlier statement"])
+async def test_a_statement_whose_parse_was_skipped_by_an_error_is_prepared_again(
+    dsn: str, failing: str
+) -> None:
+    """A statement prepared in this pipeline (``prepare=True``: its Parse goes out with it)
+    behind a command that fails: the server skips the Parse, so psycopg's cache must not
+    count it as prepared, or every later execute of it names a statement that is not
+    there."""
+    async with await _conn(dsn) as conn:
+        statement = ("SELECT %s::int + 1", (1,))
+        if failing == "a deferred command":
+            conn.defer(b"SELECT 1/0")
+            first = [statement]
+        else:
+            first = [("SELECT 1/%s::int", (0,)), statement]
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await execute_pipelined(conn, first, prepare=True)
+        for n in range(3):
+            (cur,) = await execute_pipelined(conn, [("SELECT %s::int + 1", (n,))], prepare=True)
+            assert await cur.fetchone() == (n + 1,)
+            cur = await conn.execute("SELECT %s::int + 1", (n,))
+            assert await cur.fetchone() == (n + 1,)

@@ -37,6 +37,7 @@ __all__ = ["execute_pipelined"]
 
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _BINARY = pq.Format.BINARY
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 
@@ -112,9 +113,22 @@ async def _execute(
         groups = await conn._wait(_results(pgconn), None)
     finally:
         _leave_pipeline(conn)
-    encoding = pgconn._encoding
-    _raise_first_error(groups[: len(commands)], encoding)
-    position = len(commands)
+    try:
+        cursors = _cursors(conn, len(commands), sent, groups)
+    except BaseException:
+        _forget_failed_parses(conn, len(commands), sent, groups)
+        raise
+    await conn._wait(conn._prepared.maintain_gen(conn), None)
+    return cursors
+
+
+def _cursors(
+    conn: TrioConnection, commands: int, sent: list[_Sent], groups: list[list[pq.abc.PGresult]]
+) -> list[psycopg.AsyncCursor[Any]]:
+    """Each statement's results on its cursor; raises the first error (in pipeline order)."""
+    encoding = conn.pgconn._encoding
+    _raise_first_error(groups[:commands], encoding)
+    position = commands
     cursors = []
     for one in sent:
         if one.parsed:  # the Parse of a statement prepared now: a result of its own
@@ -128,8 +142,26 @@ async def _execute(
         one.cursor._set_results(mine)
         cursors.append(one.cursor)
     _raise_first_error(groups[position:], encoding)
-    await conn._wait(conn._prepared.maintain_gen(conn), None)
     return cursors
+
+
+def _forget_failed_parses(
+    conn: TrioConnection, commands: int, sent: list[_Sent], groups: list[list[pq.abc.PGresult]]
+) -> None:
+    """After an error: statements whose Parse went out in this pipeline but did not run
+    (a command before it failed, and the server skipped the rest) are taken out of
+    psycopg's cache of prepared statements, which already counted them as prepared; else
+    their next execute would name a statement the server does not have."""
+    position = commands
+    for one in sent:
+        if one.parsed:
+            parse = groups[position] if position < len(groups) else []
+            if not parse or parse[-1].status != _COMMAND_OK:
+                key = (one.query.query, one.query.types)
+                conn._prepared._names.pop(key, None)
+                conn._prepared._counts.pop(key, None)
+            position += 1
+        position += 1
 
 
 @attrs.frozen
@@ -139,6 +171,7 @@ class _Sent:
     prep: Prepare
     name: bytes
     parsed: bool  # a Parse went out ahead of it (prepared now)
+    query: Any  # the adapted statement (psycopg's PostgresQuery)
 
 
 def _convert(
@@ -177,7 +210,7 @@ def _send(
             parsed = True
         pgconn.send_query_prepared(name, pgq.params, param_formats=pgq.formats, result_format=fmt)
     key = conn._prepared.maybe_add_to_cache(pgq, prep, name)
-    return _Sent(cursor, key, prep, name, parsed)
+    return _Sent(cursor, key, prep, name, parsed, pgq)
 
 
 def _leave_pipeline(conn: TrioConnection) -> None:
