@@ -15,7 +15,9 @@ from contextlib import asynccontextmanager
 from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import attrs
+import psycopg
 
+from ._complete_with import SharedCompletions, complete_with
 from ._dependencies import Dependency
 from ._enqueue import without_first
 from ._exceptions import JobNotFoundError, Snooze
@@ -45,6 +47,8 @@ class JobServices:
     forget: Callable[[Lease], None]
     #: The lanes of ``job.transaction(shared=True)``; None: every job gets its own.
     shared: SharedTransactions | None = None
+    #: The lanes of ``job.complete_with(..., shared=True)``; None: every job gets its own.
+    completions: SharedCompletions | None = None
 
 
 def _on_app_connection(
@@ -170,3 +174,42 @@ class JobContext:
         async with block as conn:
             yield conn
         self.completed_in_transaction = True
+
+    async def complete_with(
+        self, query: Any, params: Any = None, *, shared: bool = False
+    ) -> psycopg.AsyncCursor[Any]:
+        """Run one statement and complete this job in the same transaction, in one round trip.
+
+        The exactly-once path of a job whose effect is one statement: like
+        ``job.transaction()`` around one ``execute``, but ``BEGIN``, the statement, the
+        fenced completion and ``COMMIT`` go together, so the job costs one round trip
+        instead of two. Returns the statement's cursor (``RETURNING`` rows are on it). If
+        the statement fails, its error is raised here and nothing is committed; if the
+        lease was lost, `LeaseLostError` is raised and nothing is committed. Once it
+        returns, the job is completed, whatever the handler does next.
+
+        ``shared=True``: group commit. The statement goes in one transaction with the
+        statements of the other jobs that call it meanwhile, and all their completions
+        (``Config.shared_transactions`` lanes, at most ``Config.shared_transaction_jobs``
+        jobs each); it returns once that transaction has committed. Should the batch fail,
+        its jobs are sent again one by one, so each gets only its own error: the statement
+        may run twice on the server (the first run rolled back) and must not depend on the
+        other jobs' statements (``docs/transactions.md``).
+        """
+        if self.completed_in_transaction:
+            raise RuntimeError(
+                f"job {self.id}: already completed in a transaction "
+                "(by job.transaction() or job.complete_with())"
+            )
+        services = self.services
+        if shared and services.completions is not None:
+            cursor = await services.completions.complete(
+                self.lease, services.forget, query, params
+            )
+        else:
+            cursor = await complete_with(
+                services.app_pool, services.queue, services.owner, self.lease,
+                services.forget, query=query, params=params,
+            )  # fmt: skip
+        self.completed_in_transaction = True
+        return cursor

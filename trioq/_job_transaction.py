@@ -86,15 +86,19 @@ async def _complete_and_commit(
     await execute_pipelined(conn, [(statement, params)], then=[_COMMIT])
 
 
+def _completion(queue: Queue, owner: str, lease: Lease) -> tuple[Any, dict[str, Any]]:
+    """The fenced completion of one job, with parameters, so it is prepared (its plan costs
+    the server more than its run)."""
+    params = {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": owner}
+    return rendered(queue.schema, "complete_one"), params
+
+
 async def _complete_one_and_commit(
     conn: TrioConnection[Any], queue: Queue, owner: str, lease: Lease
 ) -> None:
-    """The fenced completion of one job and COMMIT in one round trip (pipeline mode): the
-    completion with parameters, so it is prepared (its plan costs the server more than its
-    run), and an error in it leaves the COMMIT unrun."""
-    params = {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": owner}
-    statement = rendered(queue.schema, "complete_one")
-    await execute_pipelined(conn, [(statement, params)], then=[_COMMIT])
+    """The fenced completion of one job and COMMIT in one round trip (pipeline mode): an
+    error in the completion leaves the COMMIT unrun."""
+    await execute_pipelined(conn, [_completion(queue, owner, lease)], then=[_COMMIT])
 
 
 @asynccontextmanager

@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from ._banner import banner
+from ._complete_with import SharedCompletions
 from ._completer import Completer
 from ._config import Config, QueueConfig
 from ._context import JobServices
@@ -229,9 +230,13 @@ class Runtime:
             self.app_pool, self.queue, owner, lanes=config.shared_transactions,
             max_jobs=config.shared_transaction_jobs,
         )  # fmt: skip
+        self._completions = SharedCompletions(
+            self.app_pool, self.queue, owner, lanes=config.shared_transactions,
+            max_jobs=config.shared_transaction_jobs,
+        )  # fmt: skip
         services = JobServices(
             app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget,
-            shared=self._shared,
+            shared=self._shared, completions=self._completions,
         )  # fmt: skip
         tracing = Tracing() if tracing_enabled(config.tracing) else None
         self._executor = Executor(

@@ -1,0 +1,263 @@
+"""``job.complete_with(query, params)``: one statement and the job's completion in one
+transaction and one round trip; ``shared=True``: many jobs' statements and completions in
+one transaction and one round trip, and each job still gets only its own error. Real
+Postgres; round trips are counted from libpq's trace (see test_job_transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+import trio.testing
+from helpers import Counter, rows, scalar, serving
+from psycopg import pq
+from test_job_transaction import claimed_jobs, round_trips, traced, warm
+
+import trioq
+from trioq import Lease, Queue
+from trioq._complete_with import SharedCompletions
+
+Q = Queue()
+INSERT = "INSERT INTO ledger VALUES (%s, %s) RETURNING job_id, note"
+
+
+@asynccontextmanager
+async def contexts(
+    dsn: str, jobs: list[trioq.Job], *, lanes: int = 1, max_jobs: int = 32, pool_size: int = 1
+) -> AsyncIterator[tuple[list[trioq.JobContext], trioq.pg.Pool, list[Lease], SharedCompletions]]:
+    forgotten: list[Lease] = []
+    async with trioq.pg.Pool(dsn, max_size=pool_size, connect_kwargs={"autocommit": True}) as pool:
+        shared = SharedCompletions(pool, Q, "w", lanes=lanes, max_jobs=max_jobs)
+        services = trioq.JobServices(app_pool=pool, queue=Q, owner="w",
+                                     forget=forgotten.append, completions=shared)  # fmt: skip
+        yield [trioq.JobContext(job, services) for job in jobs], pool, forgotten, shared
+
+
+async def all_at_once(
+    ctxs: list[trioq.JobContext], params: Any = None
+) -> tuple[dict[int, Any], dict[int, BaseException]]:
+    """Every job's ``complete_with(INSERT, shared=True)`` at once: rows and errors by job."""
+    got: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    async def one(ctx: trioq.JobContext) -> None:
+        values = (ctx.id, "x") if params is None else params(ctx)
+        try:
+            cur = await ctx.complete_with(INSERT, values, shared=True)
+        except Exception as ex:
+            errors[ctx.id] = ex
+        else:
+            got[ctx.id] = await cur.fetchall()
+
+    async with trio.open_nursery() as nursery:
+        for ctx in ctxs:
+            nursery.start_soon(one, ctx)
+    return got, errors
+
+
+async def ledger(conn: Any) -> list[int]:
+    return sorted(r[0] for r in await rows(conn, "SELECT job_id FROM ledger"))
+
+
+async def jobs_left(conn: Any) -> list[int]:
+    return sorted(r[0] for r in await rows(conn, "SELECT id FROM trioq.jobs"))
+
+
+async def clean(pool: trioq.pg.Pool) -> None:
+    async with pool.connection() as again:
+        assert again.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        assert again.deferred == ()
+
+
+# -- own transaction -------------------------------------------------------------------------------
+
+
+async def test_the_statement_and_the_completion_commit_in_one_round_trip(dsn: str) -> None:
+    async with claimed_jobs(dsn) as (conn, (job,)), contexts(dsn, [job]) as ((ctx,), pool, gone, _):
+        with traced(await warm(pool)) as sent:
+            cur = await ctx.complete_with(INSERT, (job.id, "x"))
+        assert round_trips(sent) == 1, sent  # BEGIN, INSERT, completion, COMMIT
+        assert await cur.fetchall() == [(job.id, "x")] and cur.rowcount == 1
+        assert await ledger(conn) == [job.id]
+        assert await jobs_left(conn) == []
+        assert ctx.completed_in_transaction and gone == [Lease(job.id, job.attempt)]
+        await clean(pool)
+
+
+async def test_the_statements_error_is_raised_and_nothing_commits(dsn: str) -> None:
+    async with claimed_jobs(dsn) as (conn, (job,)), contexts(dsn, [job]) as ((ctx,), pool, _, _):
+        await conn.execute("INSERT INTO ledger VALUES (%s, 'taken')", (job.id,))
+        with pytest.raises(psycopg.errors.UniqueViolation, match="ledger_pkey"):
+            await ctx.complete_with(INSERT, (job.id, "again"))
+        assert await jobs_left(conn) == [job.id]  # not completed: the runtime retries it
+        assert not ctx.completed_in_transaction
+        await clean(pool)
+        await conn.execute("DELETE FROM ledger")
+        await ctx.complete_with(INSERT, (job.id, "retried"))  # the connection works on
+        assert await ledger(conn) == [job.id] and await jobs_left(conn) == []
+
+
+async def test_a_lost_lease_commits_nothing(dsn: str) -> None:
+    async with claimed_jobs(dsn) as (conn, (job,)), contexts(dsn, [job]) as ((ctx,), pool, _, _):
+        await conn.execute("UPDATE trioq.jobs SET lease_owner = 'other' WHERE id = %s", (job.id,))
+        with pytest.raises(trioq.LeaseLostError, match=f"job {job.id}"):
+            await ctx.complete_with(INSERT, (job.id, "x"))
+        assert await ledger(conn) == []
+        assert await jobs_left(conn) == [job.id]
+        await clean(pool)
+
+
+@pytest.mark.parametrize(
+    "bad", ["nul\x00", "surrogate\udc80", object()], ids=["nul", "surrogate", "unknown type"]
+)
+async def test_a_parameter_that_cannot_be_sent_raises_and_nothing_commits(
+    dsn: str, bad: Any
+) -> None:
+    async with claimed_jobs(dsn) as (conn, (job,)), contexts(dsn, [job]) as ((ctx,), pool, _, _):
+        with pytest.raises((psycopg.Error, UnicodeError)):
+            await ctx.complete_with(INSERT, (job.id, bad))
+        assert await jobs_left(conn) == [job.id] and await ledger(conn) == []
+        await clean(pool)
+
+
+async def test_a_second_completion_of_the_same_job_is_refused(dsn: str) -> None:
+    async with claimed_jobs(dsn) as (conn, (job,)), contexts(dsn, [job]) as ((ctx,), _, _, _):
+        await ctx.complete_with(INSERT, (job.id, "x"))
+        with pytest.raises(RuntimeError, match="already completed in a transaction"):
+            await ctx.complete_with(INSERT, (job.id, "y"))
+        with pytest.raises(RuntimeError, match="already completed in a transaction"):
+            await ctx.complete_with(INSERT, (job.id, "z"), shared=True)
+        assert await rows(conn, "SELECT note FROM ledger") == [("x",)]
+
+
+# -- shared: group commit --------------------------------------------------------------------------
+
+
+async def test_jobs_that_call_it_together_commit_in_one_transaction_and_one_round_trip(
+    dsn: str,
+) -> None:
+    async with claimed_jobs(dsn, 20) as (conn, jobs), contexts(dsn, jobs) as (
+        ctxs, pool, gone, shared
+    ):
+        with traced(await warm(pool)) as sent:
+            got, errors = await all_at_once(ctxs)
+        assert errors == {}
+        assert got == {job.id: [(job.id, "x")] for job in jobs}  # each its own RETURNING
+        assert round_trips(sent) == 1, sent
+        assert shared.statistics() == shared.statistics().__class__(batches=1, jobs=20, split=0)
+        assert await ledger(conn) == sorted(job.id for job in jobs)
+        assert await jobs_left(conn) == []
+        assert sorted(lease.job_id for lease in gone) == sorted(job.id for job in jobs)
+        assert all(ctx.completed_in_transaction for ctx in ctxs)
+        await clean(pool)
+
+
+async def test_a_batch_holds_at_most_max_jobs(dsn: str) -> None:
+    async with claimed_jobs(dsn, 10) as (conn, jobs), contexts(dsn, jobs, max_jobs=4) as (
+        ctxs, _, _, shared
+    ):
+        got, errors = await all_at_once(ctxs)
+        assert errors == {} and len(got) == 10
+        assert shared.statistics().batches == 3 and shared.statistics().jobs == 10
+        assert await jobs_left(conn) == []
+
+
+async def test_a_failing_statement_fails_its_job_alone(dsn: str) -> None:
+    async with claimed_jobs(dsn, 6) as (conn, jobs), contexts(dsn, jobs) as (
+        ctxs, pool, _, shared
+    ):
+        bad = jobs[2].id
+        await conn.execute("INSERT INTO ledger VALUES (%s, 'taken')", (bad,))
+        got, errors = await all_at_once(ctxs)
+        assert list(errors) == [bad]
+        assert isinstance(errors[bad], psycopg.errors.UniqueViolation)
+        assert sorted(got) == sorted(job.id for job in jobs if job.id != bad)
+        assert shared.statistics().split == 1
+        assert await jobs_left(conn) == [bad]  # for its retry
+        assert await rows(conn, "SELECT note FROM ledger WHERE job_id = %s", bad) == [("taken",)]
+        await clean(pool)
+
+
+async def test_a_lost_lease_in_a_batch_loses_that_job_alone(dsn: str) -> None:
+    async with claimed_jobs(dsn, 4) as (conn, jobs), contexts(dsn, jobs) as (ctxs, _, _, _):
+        stolen = jobs[1].id
+        await conn.execute("UPDATE trioq.jobs SET lease_owner = 'other' WHERE id = %s", (stolen,))
+        _, errors = await all_at_once(ctxs)
+        assert list(errors) == [stolen] and isinstance(errors[stolen], trioq.LeaseLostError)
+        assert await ledger(conn) == sorted(job.id for job in jobs if job.id != stolen)
+        assert await jobs_left(conn) == [stolen]
+
+
+async def test_a_parameter_that_cannot_be_sent_fails_its_job_alone(dsn: str) -> None:
+    async with claimed_jobs(dsn, 4) as (conn, jobs), contexts(dsn, jobs) as (ctxs, pool, _, _):
+        bad = jobs[3].id
+        _, errors = await all_at_once(
+            ctxs, lambda ctx: (ctx.id, "nul\x00" if ctx.id == bad else "x")
+        )
+        assert list(errors) == [bad] and isinstance(errors[bad], psycopg.DataError)
+        assert await ledger(conn) == sorted(job.id for job in jobs if job.id != bad)
+        assert await jobs_left(conn) == [bad]
+        await clean(pool)
+
+
+async def test_a_job_cancelled_while_its_batch_waits_is_withdrawn(dsn: str) -> None:
+    """The lane is busy (the first job's INSERT waits for a lock the test holds); the
+    second job is cancelled while it waits for the lane: nothing of it runs, and the first
+    job still commits."""
+    async with claimed_jobs(dsn, 2) as (conn, (first, second)), contexts(
+        dsn, [first, second]
+    ) as ((ctx1, ctx2), pool, _, shared):
+        async with await trioq.connect(dsn) as blocker:
+            await blocker.execute("LOCK TABLE ledger")  # its transaction stays open
+            lane = shared._lanes[0]
+            scope = trio.CancelScope()
+
+            async def holder() -> None:
+                await ctx1.complete_with(INSERT, (first.id, "x"), shared=True)
+
+            async def waiter() -> None:
+                with scope:
+                    await ctx2.complete_with(INSERT, (second.id, "y"), shared=True)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(holder)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                assert [r.lease.job_id for r in lane.pending] == [second.id]
+                scope.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                assert list(lane.pending) == []
+                await blocker.rollback()
+        assert await ledger(conn) == [first.id]
+        assert await jobs_left(conn) == [second.id]
+        assert not ctx2.completed_in_transaction
+        await clean(pool)
+
+
+async def test_under_the_runtime_every_job_writes_exactly_once(dsn: str) -> None:
+    tasks = trioq.Registry()
+    done = Counter()
+
+    @tasks.task
+    async def credit(job: trioq.JobContext, n: int) -> None:
+        await job.complete_with(
+            "INSERT INTO ledger VALUES (%s, %s)", (job.id, str(n)), shared=n % 3 != 0
+        )
+        done.hit()
+
+    async with serving(dsn, tasks, queues={"default": trioq.QueueConfig(concurrency=20)}) as (
+        conn, runtime
+    ):
+        await conn.execute("CREATE TABLE ledger (job_id bigint PRIMARY KEY, note text)")
+        await trioq.enqueue_bulk(conn, "credit", [{"n": i} for i in range(300)])
+        await done.wait_for(300)
+        assert await scalar(conn, "SELECT count(*) FROM ledger") == 300
+        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
+        assert await scalar(conn, "SELECT count(*) FROM trioq.dead_jobs") == 0
+        shared = runtime._completions.statistics()
+        assert shared.jobs == 200 and shared.batches < 200 and shared.split == 0
