@@ -127,6 +127,26 @@ def test_terminated_connections_lose_nothing(dsn: str, tmp_path: pathlib.Path) -
     assert report["chaos"]["terminated_connections"] >= 1
 
 
+@pytest.mark.parametrize("mode", ["one", "one-shared"])
+def test_complete_with_loses_nothing_under_kills_and_terminated_connections(
+    dsn: str, tmp_path: pathlib.Path, mode: str
+) -> None:
+    """``job.complete_with()`` (the statement, the completion and COMMIT in one round trip;
+    ``one-shared``: batches of jobs in one transaction) under SIGKILLs and terminated
+    connections: every job's ledger row once."""
+    path = tmp_path / "report.json"
+    out = _stress(
+        "--dsn", dsn, "--jobs", "800", "--concurrency", "10", "--work-ms", "50",
+        "--transactions", mode, "--kill-every", "1", "--terminate-every", "0.5", "--quiet",
+        "--json", str(path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = _report(path)
+    _assert_verified(report, 800)
+    assert report["chaos"]["kills"] >= 1 and report["chaos"]["terminated_connections"] >= 1
+    assert report["options"]["transactions"] == mode
+
+
 def test_steady_rate_is_kept_and_restart_is_skipped_on_a_dsn(
     dsn: str, tmp_path: pathlib.Path
 ) -> None:

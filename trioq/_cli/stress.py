@@ -115,7 +115,9 @@ def _workload_flags(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--transactions", choices=TRANSACTIONS, default="own",
         help="where each job's ledger row commits with its completion: a transaction of its "
-        "own (job.transaction()) or one shared with other jobs' (shared=True) (own)",
+        "own (job.transaction()), one shared with other jobs' (shared=True), the statement "
+        "given to job.complete_with() (one), or to complete_with(shared=True) (one-shared) "
+        "(own)",
     )  # fmt: skip
     sub.add_argument("--work-ms", type=float, default=0.0, help="synthetic work per job, ms (0)")
     sub.add_argument("--payload-bytes", type=int, default=0, help="padding in each job's args")

@@ -5,7 +5,7 @@
 `trioq stress` starts the workers with their settings in ``TRIOQ_STRESS_*`` environment
 variables (see `ENV`); run by hand, the defaults below apply. The one task sleeps
 ``work_ms`` (synthetic work), then writes its ledger row in the job's own transaction
-(``job.transaction()``; shared with other jobs' when ``TRIOQ_STRESS_TRANSACTIONS=shared``),
+(``job.transaction()``; see ``TRIOQ_STRESS_TRANSACTIONS`` for the other ways),
 which also completes the job: exactly-once effects.
 """
 
@@ -61,9 +61,13 @@ def _integer(name: str) -> int:
 
 
 _SCHEMA = _setting("TRIOQ_STRESS_SCHEMA")
-#: ``shared``: the ledger row in a shared transaction (``job.transaction(shared=True)``);
-#: ``own``: in the job's own transaction. Both commit the row with the job's completion.
-_SHARED = _setting("TRIOQ_STRESS_TRANSACTIONS") == "shared"
+#: ``own``: the ledger row in the job's own transaction (``job.transaction()``); ``shared``:
+#: in a shared transaction (``job.transaction(shared=True)``); ``one``: the row's statement
+#: given to ``job.complete_with()``; ``one-shared``: to ``complete_with(..., shared=True)``.
+#: All commit the row with the job's completion.
+_MODE = _setting("TRIOQ_STRESS_TRANSACTIONS")
+_SHARED = _MODE in ("shared", "one-shared")
+_ONE = _MODE.startswith("one")
 _LEDGER = statements(_SCHEMA)
 
 tasks = Registry()
@@ -76,15 +80,18 @@ async def stress(job: JobContext, work_ms: float = 0, seq: int = 0, pad: str = "
     if work_ms > 0:
         await trio.sleep(work_ms / 1000)
     record = _LEDGER.record_rerun if job.attempt > 1 else _LEDGER.record
+    params = {
+        "id": job.id,
+        "attempt": job.attempt,
+        "pid": os.getpid(),
+        "elapsed": time.monotonic() - started,
+        "run_at": job.job.run_at,
+        "enqueued_at": job.enqueued_at,
+    }
+    if _ONE:
+        await job.complete_with(record, params, shared=_SHARED)
+        return
     async with job.transaction(shared=_SHARED) as conn:
-        params = {
-            "id": job.id,
-            "attempt": job.attempt,
-            "pid": os.getpid(),
-            "elapsed": time.monotonic() - started,
-            "run_at": job.job.run_at,
-            "enqueued_at": job.enqueued_at,
-        }
         await conn.execute(record, params)
 
 

@@ -66,7 +66,7 @@ from .workers import LOCAL, Host, StressError, WorkerGroup, open_workers
 __all__ = ["StressError", "StressOptions", "Target", "run_stress"]
 
 MODES = ("burn-down", "steady")
-TRANSACTIONS = ("own", "shared")
+TRANSACTIONS = ("own", "shared", "one", "one-shared")
 #: Lease, heartbeat and sweep intervals (s): the runtime's defaults, and short ones for chaos.
 CALM_TIMINGS = (30.0, 5.0, 5.0)
 CHAOS_TIMINGS = (2.0, 0.5, 0.5)
@@ -125,8 +125,9 @@ class StressOptions:
     sweep: float | None = attrs.field(default=None, validator=_positive)
     pool_size: int = attrs.field(default=8, validator=_positive)
     app_pool_size: int = attrs.field(default=10, validator=_positive)
-    #: Where each job's ledger row commits: ``own`` (a transaction per job) or ``shared``
-    #: (job.transaction(shared=True)). Exactly once either way.
+    #: Where each job's ledger row commits: ``own`` (a transaction per job), ``shared``
+    #: (job.transaction(shared=True)), ``one`` (job.complete_with(the statement)) or
+    #: ``one-shared`` (complete_with(..., shared=True)). Exactly once every way.
     transactions: str = attrs.field(default="own", validator=attrs.validators.in_(TRANSACTIONS))
     #: ``--launcher``: one command prefix per host the workers run on (none: this host).
     launchers: tuple[str, ...] = attrs.field(default=(), converter=_strings)
