@@ -2,8 +2,11 @@
 each writing one ledger row, drained by one worker process.
 
 * trioq (``trioq_insert.py``): the row in ``job.transaction()``, which commits it with the
-  job's completion (exactly once); ``trioq-shared``: ``job.transaction(shared=True)``.
-  One worker, ``--concurrency`` slots, default pools (app pool 10 connections).
+  job's completion (exactly once); ``trioq-shared``: ``job.transaction(shared=True)``;
+  ``trioq-one``: ``job.complete_with(the INSERT)`` (the statement, the completion and
+  ``COMMIT`` in one round trip); ``trioq-one-shared``: ``complete_with(..., shared=True)``
+  (group commit). One worker, ``--concurrency`` slots, default pools and settings (app
+  pool 10 connections, 2 shared lanes of at most 32 jobs).
 * pgqueuer (``pgqueuer_insert.py``): the row on an asyncpg pool of 10 connections,
   autocommit; pgqueuer completes the job afterwards on its own connection (at least
   once). Batch sizes ``--pgqueuer-batches``, with ``max_concurrent_tasks`` = concurrency
@@ -60,6 +63,10 @@ def _cells(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     cells = {
         "trioq": (sys.executable, [trioq_worker, *jobs, "--concurrency", c]),
         "trioq-shared": (sys.executable, [trioq_worker, *jobs, "--concurrency", c, "--shared"]),
+        "trioq-one": (sys.executable, [trioq_worker, *jobs, "--concurrency", c, "--one"]),
+        "trioq-one-shared": (
+            sys.executable, [trioq_worker, *jobs, "--concurrency", c, "--one", "--shared"]
+        ),
     }
     if args.pgqueuer_python:
         worker = str(HERE / "peers" / "pgqueuer_insert.py")
@@ -82,14 +89,14 @@ async def main(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
             result = await _measure(args.dsn, label, python, argv)
             runs[label].append(result)
             ok = result["rows"] == result["distinct"] == result["jobs"]
-            print(f"  run {rep + 1} {label:>14}: {result['jobs'] / result['wall']:8,.0f} jobs/s"
+            print(f"  run {rep + 1} {label:>16}: {result['jobs'] / result['wall']:8,.0f} jobs/s"
                   f"  worker CPU/job {result['cpu'] / result['jobs'] * 1e6:5.0f} us"
                   f"  ledger {'ok' if ok else 'WRONG: ' + str(result)}", flush=True)  # fmt: skip
     print(f"\nmedians of {args.repeat}, {args.jobs} jobs, concurrency {args.concurrency}:")
     for label, found in runs.items():
         rate = statistics.median(r["jobs"] / r["wall"] for r in found)
         cpu = statistics.median(r["cpu"] / r["jobs"] * 1e6 for r in found)
-        print(f"  {label:>14}: {rate:8,.0f} jobs/s   worker CPU/job {cpu:.0f} us")
+        print(f"  {label:>16}: {rate:8,.0f} jobs/s   worker CPU/job {cpu:.0f} us")
     return runs
 
 

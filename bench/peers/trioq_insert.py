@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import trio
 
@@ -20,6 +21,8 @@ import trioq
 tasks = trioq.Registry()
 started: list[float] = []
 SHARED = [False]
+ONE = [False]  # --one: job.complete_with(statement)
+TUNING: dict[str, Any] = {}  # Config fields from the command line (--lanes, ...)
 
 
 @tasks.task(name="insert", queue="bench")
@@ -27,6 +30,11 @@ async def insert(job: trioq.JobContext, n: int) -> None:
     if not started:
         started.append(time.perf_counter())
         started.append(time.process_time())
+    if ONE[0]:
+        await job.complete_with(
+            "INSERT INTO ledger (job_id, n) VALUES (%s, %s)", (job.id, n), shared=SHARED[0]
+        )
+        return
     async with job.transaction(shared=SHARED[0]) as tx:
         await tx.execute("INSERT INTO ledger (job_id, n) VALUES (%s, %s)", (job.id, n))
 
@@ -38,7 +46,8 @@ async def main(dsn: str, jobs: int, concurrency: int) -> None:
         await trioq.enqueue_bulk(conn, "insert", [{"n": i} for i in range(jobs)], queue="bench")
         await conn.execute("VACUUM ANALYZE")
         config = trioq.Config(
-            registry=tasks, dsn=dsn, queues={"bench": trioq.QueueConfig(concurrency=concurrency)}
+            registry=tasks, dsn=dsn, queues={"bench": trioq.QueueConfig(concurrency=concurrency)},
+            **TUNING,
         )
         async with trio.open_nursery() as nursery:
             runtime = await nursery.start(trioq.serve, config)
@@ -63,6 +72,16 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--shared", action="store_true")
+    parser.add_argument("--one", action="store_true", help="job.complete_with(the INSERT)")
+    parser.add_argument("--lanes", type=int, help="Config.shared_transactions")
+    parser.add_argument("--lane-jobs", type=int, help="Config.shared_transaction_jobs")
+    parser.add_argument("--app-pool", type=int, help="Config.app_pool_size")
     args = parser.parse_args()
     SHARED[0] = args.shared
+    ONE[0] = args.one
+    for field, value in (("shared_transactions", args.lanes),
+                         ("shared_transaction_jobs", args.lane_jobs),
+                         ("app_pool_size", args.app_pool)):  # fmt: skip
+        if value is not None:
+            TUNING[field] = value
     trio.run(main, args.dsn, args.jobs, args.concurrency)
