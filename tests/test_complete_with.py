@@ -134,6 +134,18 @@ async def test_a_second_completion_of_the_same_job_is_refused(dsn: str) -> None:
         assert await rows(conn, "SELECT note FROM ledger") == [("x",)]
 
 
+async def test_inside_job_transaction_it_is_refused(dsn: str) -> None:
+    async with claimed_jobs(dsn) as (conn, (job,)), contexts(dsn, [job], pool_size=2) as (
+        (ctx,), _, _, _
+    ):
+        async with ctx.transaction() as tx:
+            await tx.execute("INSERT INTO ledger VALUES (%s, 'in the block')", (job.id,))
+            with pytest.raises(RuntimeError, match=r"inside job\.transaction"):
+                await ctx.complete_with(INSERT, (job.id + 1, "x"))
+        assert await rows(conn, "SELECT note FROM ledger") == [("in the block",)]
+        assert await jobs_left(conn) == []
+
+
 # -- shared: group commit --------------------------------------------------------------------------
 
 

@@ -75,6 +75,7 @@ class JobContext:
         self.job = job
         self.services = services
         self.completed_in_transaction = False
+        self._in_transaction = False  # inside a job.transaction() block
 
     @property
     def id(self) -> int:
@@ -171,8 +172,12 @@ class JobContext:
             block = own_transaction(
                 services.app_pool, services.queue, services.owner, self.lease, services.forget
             )
-        async with block as conn:
-            yield conn
+        self._in_transaction = True
+        try:
+            async with block as conn:
+                yield conn
+        finally:
+            self._in_transaction = False
         self.completed_in_transaction = True
 
     async def complete_with(
@@ -200,6 +205,11 @@ class JobContext:
             raise RuntimeError(
                 f"job {self.id}: already completed in a transaction "
                 "(by job.transaction() or job.complete_with())"
+            )
+        if self._in_transaction:
+            raise RuntimeError(
+                f"job {self.id}: complete_with() inside job.transaction(): run the statement "
+                "on the block's connection, which completes the job when the block ends"
             )
         services = self.services
         if shared and services.completions is not None:
