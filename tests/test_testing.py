@@ -299,3 +299,30 @@ def test_throwaway_postgres_starts_and_stops_its_own_server(
     assert not os.path.exists(str(host))  # the scratch dir and its server are gone
     with pytest.raises(RuntimeError, match="not started"):
         pg.database()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_complete_with_works_in_unit_contexts_and_in_drain(dsn: str, shared: bool) -> None:
+    """``job.complete_with()`` under the test kit: with ``job_context(conn=...)`` the
+    statement commits and the completion is pretended; under ``drain`` (its connection
+    already in the test's transaction) the real completion runs in a savepoint."""
+    tasks = trioq.Registry()
+
+    @tasks.task
+    async def credit(job: trioq.JobContext, note: str) -> None:
+        await job.complete_with("INSERT INTO ledger VALUES (%s, %s)", (job.id, note), shared=shared)
+
+    task = tasks.get("credit")
+    assert task is not None
+    async with migrated(dsn) as conn:
+        ctx = tt.job_context(task, {"note": "unit"}, id=5, conn=conn)
+        await credit(ctx, note="unit")
+        assert ctx.completed_in_transaction
+        async with conn.transaction(force_rollback=True):
+            await trioq.enqueue(conn, "credit", {"note": "drained"})
+            result = await tt.drain(conn, tasks)
+            assert result.completed == 1
+            cur = await conn.execute("SELECT note FROM ledger ORDER BY note")
+            assert await cur.fetchall() == [("drained",), ("unit",)]
+            cur = await conn.execute("SELECT count(*) FROM trioq.jobs")
+            assert await cur.fetchone() == (0,)
