@@ -279,16 +279,20 @@ async def test_without_a_session_dsn_a_worker_still_drains_by_polling(
         assert left == 0
 
 
+@pytest.mark.parametrize("transactions", ["own", "one-shared"])
 def test_stress_through_the_pooler_loses_nothing(
-    dsn: str, pg_admin_dsn: str, tmp_path: pathlib.Path
+    dsn: str, pg_admin_dsn: str, tmp_path: pathlib.Path, transactions: str
 ) -> None:
     """`trioq stress`: 2 worker processes whose pools go through PgBouncer (10 server
-    connections for their 36 clients), LISTEN and liveness direct; verified."""
+    connections for their 36 clients), LISTEN and liveness direct; verified. ``one-shared``:
+    the ledger rows through ``job.complete_with(..., shared=True)``, batches of jobs in one
+    pipelined transaction each."""
     path = tmp_path / "report.json"
     with running_pgbouncer(pg_admin_dsn, pool_size=10) as bouncer:
         out = trioq_cli(
             "stress", "--dsn", dsn, "--pooler-dsn", bouncer.dsn(dsn), "--jobs", "3000",
-            "--processes", "2", "--quiet", "--json", str(path), timeout=120,
+            "--processes", "2", "--transactions", transactions, "--quiet", "--json",
+            str(path), timeout=120,
         )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(path.read_text())
