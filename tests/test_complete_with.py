@@ -13,9 +13,9 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from helpers import Counter, rows, scalar, serving
+from helpers import Counter, rows
 from psycopg import pq
-from test_job_transaction import claimed_jobs, round_trips, traced, warm
+from test_job_transaction import claimed_jobs, ledger_jobs_served, round_trips, traced, warm
 
 import trioq
 from trioq import Lease, Queue
@@ -262,14 +262,6 @@ async def test_under_the_runtime_every_job_writes_exactly_once(dsn: str) -> None
         )
         done.hit()
 
-    async with serving(dsn, tasks, queues={"default": trioq.QueueConfig(concurrency=20)}) as (
-        conn, runtime
-    ):
-        await conn.execute("CREATE TABLE ledger (job_id bigint PRIMARY KEY, note text)")
-        await trioq.enqueue_bulk(conn, "credit", [{"n": i} for i in range(300)])
-        await done.wait_for(300)
-        assert await scalar(conn, "SELECT count(*) FROM ledger") == 300
-        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
-        assert await scalar(conn, "SELECT count(*) FROM trioq.dead_jobs") == 0
+    async with ledger_jobs_served(dsn, tasks, done) as runtime:
         shared = runtime._completions.statistics()
         assert shared.jobs == 200 and shared.batches < 200 and shared.split == 0

@@ -393,16 +393,28 @@ async def test_shared_transactions_under_the_runtime_are_exactly_once(dsn: str) 
             await tx.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, str(n)))
         done.hit()
 
+    async with ledger_jobs_served(dsn, tasks, done) as runtime:
+        shared = runtime._shared.statistics()
+        assert shared.jobs == 300 and shared.transactions < 300
+
+
+@asynccontextmanager
+async def ledger_jobs_served(
+    dsn: str, tasks: trioq.Registry, done: Counter, n: int = 300
+) -> AsyncIterator[trioq.Runtime]:
+    """``n`` jobs of the task ``credit`` (which writes the job's ledger row), run by a
+    worker of 20 slots; yields its runtime once all ran, each row written once, no job left
+    or dead."""
     async with serving(dsn, tasks, queues={"default": trioq.QueueConfig(concurrency=20)}) as (
         conn, runtime
     ):
         await conn.execute("CREATE TABLE ledger (job_id bigint PRIMARY KEY, note text)")
-        await trioq.enqueue_bulk(conn, "credit", [{"n": i} for i in range(300)])
-        await done.wait_for(300)
-        assert await scalar(conn, "SELECT count(*) FROM ledger") == 300
+        await trioq.enqueue_bulk(conn, "credit", [{"n": i} for i in range(n)])
+        await done.wait_for(n)
+        assert await rows(conn, "SELECT count(*), count(DISTINCT job_id) FROM ledger") == [(n, n)]
         assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
-        shared = runtime._shared.statistics()
-        assert shared.jobs == 300 and shared.transactions < 300
+        assert await scalar(conn, "SELECT count(*) FROM trioq.dead_jobs") == 0
+        yield runtime
 
 
 @pytest.mark.parametrize("where", ["in_a_statement", "between_statements"])
