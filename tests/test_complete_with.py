@@ -13,13 +13,15 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from helpers import Counter, rows
+from helpers import Counter, rows, serving, wait_until
 from psycopg import pq
 from test_job_transaction import claimed_jobs, ledger_jobs_served, round_trips, traced, warm
 
 import trioq
+import trioq._complete_with
 from trioq import Lease, Queue
 from trioq._complete_with import SharedCompletions
+from trioq._pg_pipeline import execute_pipelined
 
 Q = Queue()
 INSERT = "INSERT INTO ledger VALUES (%s, %s) RETURNING job_id, note"
@@ -265,3 +267,173 @@ async def test_under_the_runtime_every_job_writes_exactly_once(dsn: str) -> None
     async with ledger_jobs_served(dsn, tasks, done) as runtime:
         shared = runtime._completions.statistics()
         assert shared.jobs == 200 and shared.batches < 200 and shared.split == 0
+
+
+# -- what the review found (docs/transactions.md) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["COMMIT", "  rollback", "END", "ABORT", "BEGIN", "START TRANSACTION", "SAVEPOINT s",
+     "RELEASE SAVEPOINT s", "PREPARE TRANSACTION 'x'", "COMMIT PREPARED 'x'",
+     "SET search_path = public", "RESET ALL", "DISCARD ALL", "DEALLOCATE ALL",
+     "LISTEN x", "COPY ledger FROM STDIN", "COPY (SELECT 1) TO STDOUT",
+     "-- a comment\n/* another */ Commit", "", "   -- only a comment"],
+)  # fmt: skip
+@pytest.mark.parametrize("shared", [False, True])
+async def test_statements_that_would_end_the_transaction_or_change_the_session_are_refused(
+    dsn: str, query: str, shared: bool
+) -> None:
+    """Refused before anything is sent: a COMMIT in a shared batch would commit the other
+    jobs' statements without their completions; SET would change their statements and the
+    pooled session; COPY needs a protocol of its own."""
+    async with claimed_jobs(dsn, 2) as (conn, jobs), contexts(dsn, jobs) as (
+        (bad, good), pool, gone, _
+    ):
+        with pytest.raises(psycopg.ProgrammingError, match=r"job\.complete_with\(\)"):
+            await bad.complete_with(query, shared=shared)
+        await good.complete_with(INSERT, (good.id, "x"), shared=shared)
+        assert await ledger(conn) == [good.id]
+        assert await jobs_left(conn) == [bad.id]
+        assert gone == [good.lease]  # the refused job is still heartbeated
+        await clean(pool)
+
+
+def test_a_query_that_is_not_a_statement_is_a_type_error() -> None:
+    from trioq._complete_with import check_statement
+
+    with pytest.raises(TypeError, match="takes a statement"):
+        check_statement(42)
+    check_statement(b"INSERT INTO t VALUES (1)")
+    check_statement(psycopg.sql.SQL("UPDATE {} SET x = 1").format(psycopg.sql.Identifier("t")))
+    check_statement("(SELECT 1) UNION (SELECT 2)")
+
+
+async def test_a_slow_statement_delays_its_batch_but_fails_nobody(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One job's INSERT waits on a row lock held by another transaction for longer than
+    the batch may take: the batch is given up (its statements cancelled on the server),
+    the other jobs commit alone at once, and the slow one commits alone once the lock is
+    free."""
+    monkeypatch.setattr(trioq._complete_with, "BATCH_TIMEOUT", 0.5)
+    async with claimed_jobs(dsn, 4) as (conn, jobs), contexts(dsn, jobs, pool_size=4) as (
+        ctxs, pool, _, shared
+    ):
+        slow = jobs[1].id
+        outcome: list[tuple[dict[int, Any], dict[int, BaseException]]] = []
+        async with await trioq.connect(dsn) as blocker:  # not autocommit: its insert stays open
+            await blocker.execute("INSERT INTO ledger VALUES (%s, 'held')", (slow,))
+            async with trio.open_nursery() as nursery:
+
+                async def run() -> None:
+                    outcome.append(await all_at_once(ctxs))
+
+                nursery.start_soon(run)
+
+                async def others_done() -> bool:
+                    return await jobs_left(conn) == [slow]
+
+                await wait_until(others_done)
+                assert shared.statistics().split == 1
+                await blocker.rollback()
+        [(got, errors)] = outcome
+        assert errors == {} and sorted(got) == sorted(job.id for job in jobs)
+        assert await ledger(conn) == sorted(job.id for job in jobs)
+        assert await jobs_left(conn) == []
+        await clean(pool)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_statement_longer_than_the_lease_still_commits(dsn: str, shared: bool) -> None:
+    """The completion goes first and locks the job's row, so the sweeper cannot take the
+    job back while the statement runs past the lease (the test timings: lease 1.5 s)."""
+    tasks = trioq.Registry()
+    done, lost = Counter(), Counter()
+
+    @tasks.task(max_attempts=2)
+    async def slow(job: trioq.JobContext) -> None:
+        try:
+            await job.complete_with(
+                "INSERT INTO ledger SELECT %s, pg_sleep(2.5)::text", (job.id,), shared=shared
+            )
+        except trioq.LeaseLostError:
+            lost.hit()
+            raise
+        done.hit()
+
+    async with serving(dsn, tasks) as (conn, _):
+        await conn.execute("CREATE TABLE ledger (job_id bigint PRIMARY KEY, note text)")
+        await trioq.enqueue(conn, "slow", {})
+        await done.wait_for(1)
+        assert await ledger(conn) != [] and await jobs_left(conn) == []
+        assert lost.calls == []
+
+
+async def test_a_batch_whose_commit_result_is_lost_tells_its_jobs_the_lease_is_gone(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch commits on the server, then the connection breaks before its result is
+    read (simulated). Each job is sent alone; its completion, which goes first, finds the
+    job already completed: `LeaseLostError` (the runtime writes nothing), and the
+    statement does not run a second time."""
+    real = execute_pipelined
+
+    async def commit_then_break(conn: Any, statements: Any, **kw: Any) -> Any:
+        cursors = await real(conn, statements, **kw)
+        if len(statements) > 2:  # the batch, not a job alone
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return cursors
+
+    monkeypatch.setattr(trioq._complete_with, "execute_pipelined", commit_then_break)
+    async with claimed_jobs(dsn, 3) as (conn, jobs), contexts(dsn, jobs) as (ctxs, _, _, _):
+        _, errors = await all_at_once(ctxs)
+        assert sorted(errors) == sorted(job.id for job in jobs)
+        assert all(isinstance(e, trioq.LeaseLostError) for e in errors.values()), errors
+        assert await ledger(conn) == sorted(job.id for job in jobs)  # each row once
+        assert await jobs_left(conn) == []
+
+
+async def test_a_job_cancelled_after_its_batch_went_out_is_completed_once(dsn: str) -> None:
+    """Once its batch has gone out a job can no longer be withdrawn: the batch commits
+    it (the runtime's own record of the cancelled job is fenced and changes nothing)."""
+    async with claimed_jobs(dsn, 2) as (conn, (first, second)), contexts(
+        dsn, [first, second]
+    ) as ((ctx1, ctx2), _, _, shared):
+        async with await trioq.connect(dsn) as blocker:
+            await blocker.execute("LOCK TABLE ledger")
+            scope = trio.CancelScope()
+
+            async def holder() -> None:
+                await ctx1.complete_with(INSERT, (first.id, "x"), shared=True)
+
+            async def waiter() -> None:
+                with scope:
+                    await ctx2.complete_with(INSERT, (second.id, "y"), shared=True)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(holder)
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                lane = shared._lanes[0]
+                assert list(lane.pending) == [] and lane.lock.locked()  # both went out
+                scope.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                await blocker.rollback()
+        # The waiter got Cancelled, or (had it been the one sending the batch, shielded)
+        # returned; its job is completed once either way.
+        assert await ledger(conn) == sorted([first.id, second.id])
+        assert await jobs_left(conn) == []
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_the_statement_sees_its_jobs_row(dsn: str, shared: bool) -> None:
+    """The fence that goes first only locks the job's row; the completion that deletes it
+    comes after the statement (`trioq stress` reads the job's last error this way)."""
+    async with claimed_jobs(dsn) as (conn, (job,)), contexts(dsn, [job]) as ((ctx,), _, _, _):
+        await ctx.complete_with(
+            "INSERT INTO ledger SELECT id, task FROM trioq.jobs WHERE id = %s", (job.id,),
+            shared=shared,
+        )  # fmt: skip
+        assert await rows(conn, "SELECT job_id, note FROM ledger") == [(job.id, "t")]
+        assert await jobs_left(conn) == []

@@ -230,3 +230,53 @@ async def test_a_statement_whose_parse_was_skipped_by_an_error_is_prepared_again
             assert await cur.fetchone() == (n + 1,)
             cur = await conn.execute("SELECT %s::int + 1", (n,))
             assert await cur.fetchone() == (n + 1,)
+
+
+_COPY_PROBE = """
+import sys, trio, trioq, psycopg
+from trioq._pg_pipeline import execute_pipelined
+
+async def main(dsn, query):
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS t (id int PRIMARY KEY, v text)")
+        try:
+            await execute_pipelined(conn, [(query, None)])
+        except psycopg.ProgrammingError as ex:
+            print("raised:", ex)
+        print("closed:", conn.closed)
+    async with await trioq.connect(dsn, autocommit=True) as again:
+        cur = await again.execute("SELECT count(*) FROM t")
+        print("rows:", (await cur.fetchone())[0])
+
+trio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("query", ["COPY t FROM STDIN", "COPY (SELECT 1) TO STDOUT"])
+def test_a_copy_in_a_pipeline_raises_instead_of_spinning(dsn: str, query: str) -> None:
+    """libpq hands out a COPY's result again and again: the collecting loop must stop, or
+    the trio loop spins there for ever (every other task of the process with it). In a
+    subprocess, so that a regression fails on the timeout instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _COPY_PROBE, dsn, query],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "raised: COPY cannot be used in a pipelined statement" in out.stdout, out.stdout
+    assert "closed: True" in out.stdout and "rows: 0" in out.stdout
+
+
+async def test_a_cancelled_pipeline_leaves_no_half_prepared_statement(dsn: str) -> None:
+    """Cancelled while the server runs the first statement: the second one's Parse may never
+    have run. The connection is kept (drained), so psycopg's cache must not list it."""
+    async with await _conn(dsn) as conn:
+        with trio.move_on_after(0.3) as scope:
+            await execute_pipelined(
+                conn, [("SELECT pg_sleep(%s)", (5,)), ("SELECT %s::int + 1", (1,))], prepare=True
+            )
+        assert scope.cancelled_caught and not conn.closed
+        (cur,) = await execute_pipelined(conn, [("SELECT %s::int + 1", (1,))])
+        assert await cur.fetchone() == (2,)

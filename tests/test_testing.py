@@ -305,7 +305,8 @@ def test_throwaway_postgres_starts_and_stops_its_own_server(
 async def test_complete_with_works_in_unit_contexts_and_in_drain(dsn: str, shared: bool) -> None:
     """``job.complete_with()`` under the test kit: with ``job_context(conn=...)`` the
     statement commits and the completion is pretended; under ``drain`` (its connection
-    already in the test's transaction) the real completion runs in a savepoint."""
+    already in the test's transaction) the real completion runs in a savepoint. The kit has
+    no shared lanes: ``shared=True`` takes the same path there."""
     tasks = trioq.Registry()
 
     @tasks.task

@@ -1,44 +1,51 @@
 """``job.complete_with(query, params)``: a job's one statement and its fenced completion in
 one transaction, in one round trip (exactly-once effects at the price of a single write).
 
-**Own transaction** (the default). ``BEGIN``, the statement, the completion
+**Own transaction** (the default). ``BEGIN``, the fence (``lock_one``: the lease checked and
+the job's row locked, SQLSTATE ``TQ001`` when it was lost), the statement, the completion
 (``complete_one``, prepared) and ``COMMIT`` go to the server together (pipeline mode, one
-``Sync``). An error in the statement or in the completion (the lease was lost: SQLSTATE
-``TQ001``) leaves the ``COMMIT`` unrun, and the pool rolls the transaction back.
-``job.transaction()`` around one ``execute`` costs two round trips: the statement's, and
-the completion's with ``COMMIT``.
+``Sync``). An error in any of them leaves the rest unrun and the pool rolls the transaction
+back. The fence goes first: a job whose lease was lost does not run its statement at all,
+and while the statement runs the job's row is locked, so a statement that runs longer than
+the lease still commits (the sweeper skips locked rows). ``job.transaction()`` around one
+``execute`` costs two round trips.
 
-**Shared** (``shared=True``): group commit. Jobs that call it while another batch of their
-lane is on its way wait for it to come back, then the first of them sends everyone who
-waits (at most ``Config.shared_transaction_jobs``) in one transaction and one round trip:
-``BEGIN``, each job's statement, one fenced completion of them all, ``COMMIT``. Each job's
-call returns once that transaction has committed. No timer: when the worker is idle a batch
-holds one job and goes at once; under load the batches fill up while the one before is on
-its way. ``Config.shared_transactions`` lanes send batches side by side.
+**Shared** (``shared=True``): group commit. Jobs that call it while a batch of their lane
+is on its way wait for it to come back; then the first of them sends everyone who waits (at
+most ``Config.shared_transaction_jobs``) in one transaction and one round trip: ``BEGIN``,
+the fence of them all (``lock_in_transaction``), each job's statement, one completion of
+them all, ``COMMIT``. Each call returns once that transaction has committed. No timer: an
+idle worker sends a batch of one job at once; under load the batches fill up while the one
+before is on its way.
+``Config.shared_transactions`` lanes send batches side by side.
 
-A batch that fails (a statement's error, a lost lease, a parameter that cannot be sent, a
-broken connection) commits nothing: its jobs are then sent one by one, each in its own
-transaction as above, so each gets its own statement's error or `LeaseLostError` and the
-others commit. Statements must therefore not depend on running in one transaction with the
-other jobs' statements, and may run twice on the server (the first run rolled back).
+A batch that does not commit (a statement's error, a lost lease, a parameter that cannot be
+sent, a broken connection, or `BATCH_TIMEOUT` passed: its statements are then cancelled on
+the server) is given up, and each of its jobs is sent again alone, from its own task, as
+above: so each gets its own error or `LeaseLostError`, under its own timeout, and the
+others commit. A statement may therefore run twice on the server, the first run rolled
+back. `check_statement` refuses, before anything is sent, the statements that could break
+that: those that end or change the transaction or the session, and COPY.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import psycopg
 import trio
+from psycopg import sql
 
 from ._exceptions import SharedTransactionError
 from ._job import Lease
 from ._job_transaction import (
     _BEGIN,
     _COMMIT,
-    COMMIT_TIMEOUT,
     _can_pipeline,
     _completion,
     _lost,
@@ -50,9 +57,56 @@ from ._pool import Pool
 from ._queue import Queue, _fence
 from ._sql import rendered
 
-__all__ = ["CompletionStatistics", "SharedCompletions", "complete_with"]
+__all__ = ["CompletionStatistics", "SharedCompletions", "check_statement", "complete_with"]
 
 Forget = Callable[[Lease], None]
+logger = logging.getLogger("trioq.complete_with")
+
+#: How long a shared batch may take before its statements are cancelled on the server and
+#: each of its jobs is sent alone (shielded meanwhile: it holds up its lane, at most this).
+BATCH_TIMEOUT = 5.0
+
+#: Statements `complete_with` refuses: they end or change the transaction (which, with
+#: ``shared=True``, holds other jobs' statements too) or the session (which goes back to the
+#: pool), or need a protocol of their own (COPY).
+_REFUSED = frozenset({
+    "ABORT", "BEGIN", "COMMIT", "COPY", "DEALLOCATE", "DISCARD", "END", "LISTEN", "PREPARE",
+    "RELEASE", "RESET", "ROLLBACK", "SAVEPOINT", "SET", "START", "UNLISTEN",
+})  # fmt: skip
+#: Whitespace and comments ahead of a statement's first word.
+_LEADING = re.compile(r"(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.DOTALL)
+_WORD = re.compile(r"[A-Za-z_]+")
+
+
+def check_statement(query: Any) -> None:
+    """Raise `psycopg.ProgrammingError` for a statement `complete_with` must not run (see
+    `_REFUSED`), before anything is sent; `TypeError` for something that is no query."""
+    if isinstance(query, sql.Composable):
+        text = query.as_string(None)
+    elif isinstance(query, bytes | bytearray):
+        text = bytes(query).decode("utf-8", "replace")
+    elif isinstance(query, str):
+        text = query
+    else:
+        raise TypeError(
+            "job.complete_with() takes a statement (str, bytes or psycopg.sql), "
+            f"got {type(query).__name__}"
+        )
+    leading = _LEADING.match(text)
+    start = leading.end() if leading else 0
+    if start == len(text):
+        raise psycopg.ProgrammingError(
+            f"job.complete_with() needs one SQL statement, got {text[:60]!r}"
+        )
+    word = _WORD.match(text, start)
+    keyword = "" if word is None else word.group().upper()  # none: "(SELECT ...)", say
+    if keyword in _REFUSED:
+        raise psycopg.ProgrammingError(
+            f"job.complete_with() does not run {keyword} statements: it runs one statement in "
+            "a transaction of trioq's (with shared=True, other jobs' statements too), which "
+            "the statement must not end or change, nor leave session state behind, and COPY "
+            "needs a protocol of its own; use job.transaction() for such work"
+        )
 
 
 async def complete_with(
@@ -66,10 +120,12 @@ async def complete_with(
             async with _nested_transaction(conn, queue, owner, lease, forget):
                 return await conn.execute(query, params)
         conn.defer(_BEGIN)
-        forget(lease)  # no heartbeat racing the COMMIT (see `own_transaction`)
+        forget(lease)  # its row is locked from the first statement on: no heartbeat waits on it
+        completion = _completion(queue, owner, lease)
+        lock = (rendered(queue.schema, "lock_one"), completion[1])
         try:
             cursors = await execute_pipelined(
-                conn, [(query, params), _completion(queue, owner, lease)], then=[_COMMIT]
+                conn, [lock, (query, params), completion], then=[_COMMIT]
             )
         except psycopg.Error as ex:
             if _lost_ids(ex) is not None:
@@ -77,7 +133,7 @@ async def complete_with(
             raise
         finally:
             conn.discard_deferred()  # the pool rolls back whatever else is open
-        return cursors[0]
+        return cursors[1]
 
 
 @attrs.define(eq=False)
@@ -89,9 +145,8 @@ class _Request:
     query: Any
     params: Any
     taken: bool = False  # in a batch that went out: it can no longer be withdrawn
-    done: bool = False
-    cursor: psycopg.AsyncCursor[Any] | None = None
-    error: BaseException | None = None
+    done: bool = False  # its batch came back
+    cursor: psycopg.AsyncCursor[Any] | None = None  # None once done: it did not commit
 
 
 @attrs.define(eq=False)
@@ -109,7 +164,7 @@ class CompletionStatistics:
 
     batches: int  # transactions committed (a batch of one job counts)
     jobs: int  # jobs completed in them (not those of split batches)
-    split: int  # batches that failed and were sent again one job at a time
+    split: int  # batches that did not commit: their jobs were sent again one at a time
 
 
 class SharedCompletions:
@@ -143,65 +198,50 @@ class SharedCompletions:
             if not request.taken:  # cancelled before it went out: nothing of it ran
                 lane.pending.remove(request)
             raise
-        if request.error is not None:
-            raise request.error
-        assert request.cursor is not None
-        return request.cursor
+        if request.cursor is not None:
+            return request.cursor
+        # Its batch did not commit: alone, in this job's own task (under its own timeout,
+        # holding no lane), so it gets its own error and holds up nobody else.
+        return await complete_with(
+            self._pool, self._queue, self._owner, lease, forget, query=query, params=params
+        )
 
     async def _send_next(self, lane: _Lane) -> None:
-        """The oldest waiting requests of ``lane`` as one batch (shielded, bounded)."""
+        """The oldest waiting requests of ``lane`` as one batch (shielded: one member's
+        cancellation must not decide for the others; bounded by `BATCH_TIMEOUT`, after which
+        the server's statement is cancelled and each job goes alone)."""
         batch = [lane.pending.popleft() for _ in range(min(self.max_jobs, len(lane.pending)))]
         for request in batch:
             request.taken = True
-            request.forget(request.lease)  # no heartbeat racing the COMMIT
-        with trio.move_on_after(COMMIT_TIMEOUT, shield=True):
-            await self._write(batch)
-        for request in batch:
-            if not request.done:  # the timeout: it may or may not have committed
-                request.error = SharedTransactionError(
-                    f"job {request.lease.job_id}: its statement and completion took over "
-                    f"{COMMIT_TIMEOUT} s (it is retried, unless it committed)"
-                )
-                request.done = True
-
-    async def _write(self, batch: list[_Request]) -> None:
-        if len(batch) == 1:
-            if await self._alone(batch[0]):
-                self._batches += 1
-                self._jobs += 1
-            return
-        try:
-            cursors = await self._together(batch)
-        except Exception:  # each job gets its own error when sent alone
+            request.forget(request.lease)  # its row is locked from the completion on
+        cursors = None
+        with trio.move_on_after(BATCH_TIMEOUT, shield=True):
+            try:
+                cursors = await self._together(batch)
+            except Exception as ex:  # nothing committed: each job is sent alone (its own error)
+                logger.debug("a shared batch of %d jobs did not commit (%s): each is sent alone",
+                             len(batch), ex)  # fmt: skip
+        if cursors is None:
             self._split += 1
-            for request in batch:
-                await self._alone(request)
-            return
-        for request, cursor in zip(batch, cursors, strict=True):
-            request.cursor, request.done = cursor, True
-        self._batches += 1
-        self._jobs += len(batch)
-
-    async def _alone(self, request: _Request) -> bool:
-        """One job's statement and completion in their own transaction; whether it committed."""
-        try:
-            request.cursor = await complete_with(
-                self._pool, self._queue, self._owner, request.lease, request.forget,
-                query=request.query, params=request.params,
-            )  # fmt: skip
-        except Exception as ex:  # handed to the job's own task
-            request.error = ex
-        request.done = True
-        return request.error is None
+        else:
+            for request, cursor in zip(batch, cursors, strict=True):
+                request.cursor = cursor
+            self._batches += 1
+            self._jobs += len(batch)
+        for request in batch:
+            request.done = True
 
     async def _together(self, batch: list[_Request]) -> list[psycopg.AsyncCursor[Any]]:
-        """``BEGIN``, every statement, one fenced completion of them all and ``COMMIT``, in
-        one round trip; raises whatever failed (then nothing committed)."""
+        """``BEGIN``, the fence of all the jobs (their rows locked), every statement, one
+        completion of them all and ``COMMIT``, in one round trip; raises whatever failed
+        (then nothing committed)."""
         queue = self._queue
-        statements: list[tuple[Any, Any]] = [(r.query, r.params) for r in batch]
-        leases = [r.lease for r in batch]
-        statements.append((rendered(queue.schema, "complete_in_transaction"),
-                           {**_fence(leases), "owner": self._owner}))  # fmt: skip
+        fence = {**_fence([r.lease for r in batch]), "owner": self._owner}
+        statements: list[tuple[Any, Any]] = [
+            (rendered(queue.schema, "lock_in_transaction"), fence),
+            *((r.query, r.params) for r in batch),
+            (rendered(queue.schema, "complete_in_transaction"), fence),
+        ]  # fmt: skip
         async with self._pool.connection() as conn:
             if not _can_pipeline(conn, queue):
                 raise SharedTransactionError("not on an autocommit connection: one by one")
@@ -210,4 +250,4 @@ class SharedCompletions:
                 cursors = await execute_pipelined(conn, statements, then=[_COMMIT])
             finally:
                 conn.discard_deferred()  # the pool rolls back whatever else is open
-        return cursors[:-1]
+        return cursors[1:-1]

@@ -17,7 +17,7 @@ from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 import attrs
 import psycopg
 
-from ._complete_with import SharedCompletions, complete_with
+from ._complete_with import SharedCompletions, check_statement, complete_with
 from ._dependencies import Dependency
 from ._enqueue import without_first
 from ._exceptions import JobNotFoundError, Snooze
@@ -206,6 +206,7 @@ class JobContext:
                 f"job {self.id}: already completed in a transaction "
                 "(by job.transaction() or job.complete_with())"
             )
+        check_statement(query)
         if self._in_transaction:
             raise RuntimeError(
                 f"job {self.id}: complete_with() inside job.transaction(): run the statement "

@@ -38,6 +38,7 @@ __all__ = ["execute_pipelined"]
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_COPY = frozenset({pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH})
 _BINARY = pq.Format.BINARY
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 
@@ -61,8 +62,14 @@ def _results(pgconn: pq.abc.PGconn) -> PQGen[list[list[pq.abc.PGresult]]]:
             group = []
         elif result.status == _SYNC:
             return groups
+        elif result.status in _COPY:  # libpq would hand out this result forever
+            raise _CopyStarted
         else:
             group.append(result)
+
+
+class _CopyStarted(Exception):
+    """A statement of the pipeline started a COPY, which needs a protocol of its own."""
 
 
 def _raise_first_error(groups: list[list[pq.abc.PGresult]], encoding: str) -> None:
@@ -110,7 +117,17 @@ async def _execute(
         for command in then:
             pgconn.send_query_params(command, None)
         pgconn.pipeline_sync()
-        groups = await conn._wait(_results(pgconn), None)
+        try:
+            groups = await conn._wait(_results(pgconn), None)
+        except _CopyStarted:
+            conn._close_now()  # mid-COPY: the server rolls back what it has not committed
+            raise e.ProgrammingError(
+                "COPY cannot be used in a pipelined statement (job.complete_with(), "
+                "execute_together()): the connection was closed"
+            ) from None
+        except BaseException:  # cancelled, or the connection broke: which Parse ran is unknown
+            _forget_parses(conn, sent)
+            raise
     finally:
         _leave_pipeline(conn)
     try:
@@ -145,6 +162,19 @@ def _cursors(
     return cursors
 
 
+def _forget_parses(conn: TrioConnection, sent: list[_Sent]) -> None:
+    """Every statement prepared in this pipeline out of psycopg's cache (see below)."""
+    for one in sent:
+        if one.parsed:
+            _forget(conn, one)
+
+
+def _forget(conn: TrioConnection, one: _Sent) -> None:
+    key = (one.query.query, one.query.types)
+    conn._prepared._names.pop(key, None)
+    conn._prepared._counts.pop(key, None)
+
+
 def _forget_failed_parses(
     conn: TrioConnection, commands: int, sent: list[_Sent], groups: list[list[pq.abc.PGresult]]
 ) -> None:
@@ -157,9 +187,7 @@ def _forget_failed_parses(
         if one.parsed:
             parse = groups[position] if position < len(groups) else []
             if not parse or parse[-1].status != _COMMAND_OK:
-                key = (one.query.query, one.query.types)
-                conn._prepared._names.pop(key, None)
-                conn._prepared._counts.pop(key, None)
+                _forget(conn, one)
             position += 1
         position += 1
 

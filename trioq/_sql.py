@@ -267,6 +267,29 @@ WITH done AS (
 SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM done
 """
 
+# `job.complete_with()` (`trioq._complete_with`) sends these first: the fence, checked, and
+# the jobs' rows locked, so that the statement after it runs only for a live lease, sees the
+# job's row, and can run past the lease (the sweeper skips locked rows); its completion
+# (above) comes after the statement, with COMMIT. Same error as the completions.
+_LOCK_ONE = """
+WITH held AS (
+    SELECT id FROM {jobs}
+     WHERE id = %(id)s::int8 AND attempt = %(attempt)s::int4
+       AND lease_owner = %(owner)s::text AND state = 'running'
+       FOR UPDATE
+)
+SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM held
+"""
+
+_LOCK_IN_TRANSACTION = """
+WITH held AS (
+    SELECT j.id FROM {jobs} j WHERE {fence_by_id} FOR UPDATE
+)
+SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
+            THEN {lease_lost}(%(ids)s::int8[], pg_catalog.array_agg(held.id)) END
+  FROM held
+"""
+
 #: SQLSTATE of `lease_lost` when a lease was lost (its DETAIL: the job ids).
 LEASE_LOST_SQLSTATE = "TQ001"
 
@@ -1002,6 +1025,8 @@ class Statements:
     complete_keep: sql.Composed
     complete_one: sql.Composed
     complete_in_transaction: sql.Composed
+    lock_one: sql.Composed
+    lock_in_transaction: sql.Composed
     fail: sql.Composed
     release: sql.Composed
     cancel_running: sql.Composed
@@ -1153,6 +1178,8 @@ def statements(schema: str, *, traced: bool = False) -> Statements:
         complete=compose(_COMPLETE),
         complete_one=compose(_COMPLETE_ONE),
         complete_in_transaction=compose(_COMPLETE_IN_TRANSACTION),
+        lock_one=compose(_LOCK_ONE),
+        lock_in_transaction=compose(_LOCK_IN_TRANSACTION),
         complete_keep=compose(_COMPLETE_KEEP),
         fail=compose(_FAIL),
         release=compose(_RELEASE),
