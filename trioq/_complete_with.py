@@ -213,7 +213,7 @@ class SharedCompletions:
         batch = [lane.pending.popleft() for _ in range(min(self.max_jobs, len(lane.pending)))]
         for request in batch:
             request.taken = True
-            request.forget(request.lease)  # its row is locked from the completion on
+            request.forget(request.lease)  # its row is locked from the fence on
         cursors = None
         with trio.move_on_after(BATCH_TIMEOUT, shield=True):
             try:

@@ -186,20 +186,22 @@ class JobContext:
         """Run one statement and complete this job in the same transaction, in one round trip.
 
         The exactly-once path of a job whose effect is one statement: like
-        ``job.transaction()`` around one ``execute``, but ``BEGIN``, the statement, the
-        fenced completion and ``COMMIT`` go together, so the job costs one round trip
-        instead of two. Returns the statement's cursor (``RETURNING`` rows are on it). If
-        the statement fails, its error is raised here and nothing is committed; if the
-        lease was lost, `LeaseLostError` is raised and nothing is committed. Once it
-        returns, the job is completed, whatever the handler does next.
+        ``job.transaction()`` around one ``execute``, but ``BEGIN``, the fence (the lease
+        checked, the job's row locked), the statement, the completion and ``COMMIT`` go
+        together, so the job costs one round trip instead of two. Returns the statement's
+        cursor (``RETURNING`` rows are on it). If the statement fails, its error is raised
+        here and nothing is committed; if the lease was lost, `LeaseLostError` is raised and
+        nothing is committed. Once it returns, the job is completed, whatever the handler
+        does next. Statements that would end or change the transaction or the session, and
+        COPY, are refused before anything is sent (`psycopg.ProgrammingError`).
 
         ``shared=True``: group commit. The statement goes in one transaction with the
         statements of the other jobs that call it meanwhile, and all their completions
         (``Config.shared_transactions`` lanes, at most ``Config.shared_transaction_jobs``
-        jobs each); it returns once that transaction has committed. Should the batch fail,
-        its jobs are sent again one by one, so each gets only its own error: the statement
-        may run twice on the server (the first run rolled back) and must not depend on the
-        other jobs' statements (``docs/transactions.md``).
+        jobs each); it returns once that transaction has committed. Should the batch not
+        commit, its jobs are sent again one by one, so each gets only its own error: the
+        statement may run twice on the server (the first run rolled back) and must not
+        depend on the other jobs' statements (``docs/transactions.md``).
         """
         if self.completed_in_transaction:
             raise RuntimeError(

@@ -126,7 +126,7 @@ async def _execute(
                 "execute_together()): the connection was closed"
             ) from None
         except BaseException:  # cancelled, or the connection broke: which Parse ran is unknown
-            _forget_parses(conn, sent)
+            _forget_failed_parses(conn, len(commands), sent, None)
             raise
     finally:
         _leave_pipeline(conn)
@@ -162,32 +162,25 @@ def _cursors(
     return cursors
 
 
-def _forget_parses(conn: TrioConnection, sent: list[_Sent]) -> None:
-    """Every statement prepared in this pipeline out of psycopg's cache (see below)."""
-    for one in sent:
-        if one.parsed:
-            _forget(conn, one)
-
-
-def _forget(conn: TrioConnection, one: _Sent) -> None:
-    key = (one.query.query, one.query.types)
-    conn._prepared._names.pop(key, None)
-    conn._prepared._counts.pop(key, None)
-
-
 def _forget_failed_parses(
-    conn: TrioConnection, commands: int, sent: list[_Sent], groups: list[list[pq.abc.PGresult]]
+    conn: TrioConnection,
+    commands: int,
+    sent: list[_Sent],
+    groups: list[list[pq.abc.PGresult]] | None,
 ) -> None:
     """After an error: statements whose Parse went out in this pipeline but did not run
-    (a command before it failed, and the server skipped the rest) are taken out of
-    psycopg's cache of prepared statements, which already counted them as prepared; else
-    their next execute would name a statement the server does not have."""
+    (a command before it failed, and the server skipped the rest; ``groups`` None: the
+    results never came, so any of them) are taken out of psycopg's cache of prepared
+    statements, which already counted them as prepared; else their next execute would name
+    a statement the server does not have."""
     position = commands
     for one in sent:
         if one.parsed:
-            parse = groups[position] if position < len(groups) else []
+            parse = groups[position] if groups is not None and position < len(groups) else []
             if not parse or parse[-1].status != _COMMAND_OK:
-                _forget(conn, one)
+                key = (one.query.query, one.query.types)
+                conn._prepared._names.pop(key, None)
+                conn._prepared._counts.pop(key, None)
             position += 1
         position += 1
 
