@@ -42,7 +42,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import trioq
-from trioq._sql import statements
+from trioq._db.statements import statements
 from trioq._stress import cpu as _stress_cpu
 
 __all__ = [
@@ -264,7 +264,7 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 def _pgbench_sql(statement: sql.Composed) -> str:
-    """A statement of trioq._sql with ``%(name)s`` turned into pgbench's ``:name``."""
+    """A statement of trioq._db.statements with ``%(name)s`` turned into pgbench's ``:name``."""
     text = statement.as_string(None)
     return _PLACEHOLDER.sub(lambda m: f":{m[1]}", text).replace("%%", "%")
 

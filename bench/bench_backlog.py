@@ -16,7 +16,7 @@ b. the operator's view: ``trioq status``, ``status --json``, ``status --exact`` 
    excess over ``--version``; the
    statements ``trioq status`` runs (the depth statements at its cap, ``status_leases``; and
    ``status_queues``, what ``--exact`` runs instead) under EXPLAIN; and the metrics' depth
-   sample (`trioq._depth`: available, dead, scheduled/running, waiting), timed here;
+   sample (`trioq._obs.depth`: available, dead, scheduled/running, waiting), timed here;
 c. a real ``trioq serve --app backlog_app:tasks`` (a no-op task, trioq's defaults) draining
    for ``--serve-seconds`` (``--serve-runs`` times) from that backlog while a feeder tops
    the backlog back up (only where the size is below 50,000; a larger one loses at most what
@@ -77,8 +77,8 @@ from psycopg import sql
 import trioq
 from trioq import Lease, Queue
 from trioq._cli.ops import STATUS_CAP
-from trioq._obs_sql import DEPTH_CAP, MAX_QUEUES, obs_statements
-from trioq._sql import statements, validate_schema_name
+from trioq._db.obs_statements import DEPTH_CAP, MAX_QUEUES, obs_statements
+from trioq._db.statements import statements, validate_schema_name
 from trioq.testing._postgres import session_cluster
 
 QUEUE = "backlog"
@@ -194,7 +194,7 @@ async def claim_plan(conn: Conn, q: Queue, batch: int, runs: int) -> dict[str, A
 CLI_COMMANDS = (
     ["--version"], ["status"], ["status", "--json"], ["status", "--exact"], ["jobs", "list"],
 )
-#: The depth statements (trioq._depth): the metrics' sample, and `trioq status` at its cap.
+#: The depth statements (trioq._obs.depth): the metrics' sample, and `trioq status` at its cap.
 DEPTH_STATEMENTS = ("depth_available", "depth_dead", "depth_scheduled_running", "depth_waiting")
 
 

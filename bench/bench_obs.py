@@ -86,7 +86,7 @@ async def _enqueue_child(dsn: str, calls: int, mode: str) -> dict[str, Any]:
 
 
 async def _enqueues(conn: Any, calls: int) -> dict[str, Any]:
-    from trioq._carrier import carrier
+    from trioq._obs.carrier import carrier
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(calls):

@@ -34,8 +34,9 @@ Settings per library (everything else is the library's default):
 * procrastinate: ``run_worker_async(concurrency=C, wait=False)``, ``PsycopgConnector``
   defaults; it fetches and finishes one job per statement (no batch setting).
 * pgbench: trioq's own claim and complete statements, rendered from
-  ``trioq._sql.statements('trioq')`` with psycopg's ``as_string`` and the parameters turned
-  into pgbench variables (``-M prepared`` binds them like psycopg does), claim ``limit`` B,
+  ``trioq._db.statements.statements('trioq')`` with psycopg's ``as_string`` and the
+  parameters turned into pgbench variables (``-M prepared`` binds them like psycopg does),
+  claim ``limit`` B,
   ``--pgbench-clients`` connections, over the same prefilled jobs (enqueued with
   ``trioq.enqueue_many``). Its jobs/s come from pgbench's own tps (connections excluded).
   The claim is wrapped so ``\\gset`` can carry the leases to the complete: pgbench receives

@@ -15,7 +15,7 @@ b. ``Queue.claim`` + ``Queue.complete_many`` alone (no worker runtime): ``--drai
    drained with batch sizes 1, 10 and 100 (claim ``limit=N``, then complete those N, each
    statement its own autocommit transaction) by 1 and by 4 trio tasks, each on its own
    connection, all in this one process.
-c. The ceiling: pgbench running the same two statements (rendered from `trioq._sql`, the
+c. The ceiling: pgbench running the same two statements (rendered from `trioq._db.statements`, the
    parameters passed as pgbench variables so that ``-M prepared`` binds them like psycopg does)
    with the same job count and client counts. The claim is wrapped in an outer
    ``WITH u AS (<the claim's UPDATE>) SELECT array_agg(id), array_agg(attempt) FROM u`` so
@@ -99,8 +99,8 @@ import trioq
 import trioq._job as trioq_job
 import trioq._queue as trioq_queue
 from trioq import JobSpec, Lease, Queue
+from trioq._db.statements import Statements, statements
 from trioq._job import encode_args_runs
-from trioq._sql import Statements, statements
 
 BENCH_DB = "trioq_bench"
 QUEUE_NAME = "bench"
@@ -521,10 +521,10 @@ async def raw_copy_rate(conn: Conn, n: int, batch: int) -> dict[str, float]:
     return out
 
 
-# COPY rows are built for whatever column list trioq._sql's COPY statement has (it changes as
-# trioq evolves: e.g. 'state' was added for scheduled jobs). Each known column has the Python
-# expression trioq/_queue.py uses for it; the row function is compiled once from that list so
-# the prototypes pay no per-row dispatch.
+# COPY rows are built for whatever column list trioq._db.statements's COPY statement has (it
+# changes as trioq evolves: e.g. 'state' was added for scheduled jobs). Each known column has
+# the Python expression trioq/_queue.py uses for it; the row function is compiled once from
+# that list so the prototypes pay no per-row dispatch.
 _COPY_CELL = {
     "id": "job_id",
     "queue": "s.queue",

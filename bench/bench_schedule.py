@@ -101,7 +101,7 @@ from psycopg import sql
 
 import trioq
 from trioq import Queue, Runtime
-from trioq._sql import Statements, statements
+from trioq._db.statements import Statements, statements
 
 BENCH_DB = "trioq_bench_sched"
 QUEUE = "bench_sched"

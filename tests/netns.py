@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from trioq._embedded import _pid_alive  # a zombie is dead too
+from trioq._pg.embedded import _pid_alive  # a zombie is dead too
 
 __all__ = ["NS_PREFIX", "Host", "two_hosts", "unavailable"]
 

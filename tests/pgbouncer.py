@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from trioq._embedded import default_server_user
+from trioq._pg.embedded import default_server_user
 
 PGBOUNCER = pathlib.Path("/usr/sbin/pgbouncer")
 SKIP_VAR = "TRIOQ_SKIP_PGBOUNCER_TESTS"

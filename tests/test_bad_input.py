@@ -24,13 +24,13 @@ from clitool import trioq_cli as cli
 from psycopg import sql
 
 import trioq
-import trioq._migrate
+import trioq._db.migrate
 from trioq import CronEntry, DatabaseReadOnlyError, InvalidDSNError, JobSpec
 from trioq._cli import main as cli_main
 from trioq._cron import fire_due, next_fire_time
-from trioq._dsn import configured_dsn
-from trioq._migrate import Migration, latest_version
-from trioq._sql import statements
+from trioq._db.migrate import Migration, latest_version
+from trioq._db.statements import statements
+from trioq._pg.dsn import configured_dsn
 
 UTC = dt.UTC
 FAST: dict[str, Any] = {
@@ -373,10 +373,10 @@ async def test_outdated_schema_is_refused_until_migrated(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """This trioq ships one migration more than the database has (a simulated upgrade)."""
-    shipped = trioq._migrate.migrations()
+    shipped = trioq._db.migrate.migrations()
     future = Migration(len(shipped) + 1, "future", "CREATE TABLE future_marker (x int);")
     async with migrated(dsn) as conn:
-        monkeypatch.setattr(trioq._migrate, "migrations", lambda: (*shipped, future))
+        monkeypatch.setattr(trioq._db.migrate, "migrations", lambda: (*shipped, future))
         config = trioq.Config(dsn=dsn, registry=trioq.Registry(), **FAST)
         with pytest.raises(trioq.SchemaOutdatedError) as info:
             await trioq.serve(config)

@@ -10,7 +10,7 @@ import trio
 from clitool import trioq_cli as trioq
 
 import trioq as trioq_lib
-from trioq._migrate import latest_version
+from trioq._db.migrate import latest_version
 
 
 def test_help_has_examples() -> None:

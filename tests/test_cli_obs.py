@@ -17,7 +17,7 @@ import pytest
 from clitool import TESTS, cli_env
 
 from trioq._cli.main import main
-from trioq._migrate import latest_version
+from trioq._db.migrate import latest_version
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -21,7 +21,7 @@ import trioq
 import trioq._complete_with
 from trioq import Lease, Queue
 from trioq._complete_with import SharedCompletions
-from trioq._pg_pipeline import execute_pipelined
+from trioq._pg.pipeline import execute_pipelined
 
 Q = Queue()
 INSERT = "INSERT INTO ledger VALUES (%s, %s) RETURNING job_id, note"

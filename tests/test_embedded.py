@@ -35,14 +35,14 @@ from psycopg.conninfo import conninfo_to_dict
 
 from trioq import EmbeddedPostgresError
 from trioq._cli.db import EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, add_db_parser
-from trioq._embedded import (
+from trioq._pg.embedded import (
     EmbeddedPostgres,
     binary_version,
     default_data_dir,
     default_server_user,
     find_bin_dir,
 )
-from trioq._embedded import _pid_alive as pid_alive
+from trioq._pg.embedded import _pid_alive as pid_alive
 
 IS_ROOT = os.geteuid() == 0
 CLI_MAIN = """\
@@ -55,7 +55,7 @@ sys.exit(args.handler(args))
 """
 OWNER_SCRIPT = """\
 import sys, trio
-from trioq._embedded import EmbeddedPostgres
+from trioq._pg.embedded import EmbeddedPostgres
 pg = EmbeddedPostgres(data_dir=sys.argv[2], bin_dir=sys.argv[3], run_as=sys.argv[4] or None)
 
 async def main():
@@ -302,7 +302,7 @@ def interpreter_for(user: pwd.struct_passwd, env: dict[str, str]) -> list[str] |
     for exe in (sys.executable, f"/usr/bin/python{version}"):
         try:
             probe = subprocess.run(
-                [exe, "-c", "import trioq._embedded, psycopg"],
+                [exe, "-c", "import trioq._pg.embedded, psycopg"],
                 **as_user(user),
                 env=env,
                 capture_output=True,
@@ -330,7 +330,7 @@ def test_non_root_user_gets_xdg_data_dir(workdir: Path) -> None:
     if python is None:
         pytest.skip(f"no Python interpreter that {user.pw_name} can run")
     script = (
-        "import attrs, json, psycopg; from trioq._embedded import EmbeddedPostgres\n"
+        "import attrs, json, psycopg; from trioq._pg.embedded import EmbeddedPostgres\n"
         "pg = attrs.evolve(EmbeddedPostgres.from_env(), durable=False)\n"
         "with pg.running() as st, psycopg.connect(st.dsn) as conn:\n"
         "    user = conn.execute('SELECT current_user').fetchone()[0]\n"

@@ -1,4 +1,4 @@
-"""What a handler's ending means for its job: the rules of `trioq._execute`, no database.
+"""What a handler's ending means for its job: the rules of `trioq._worker.execute`, no database.
 
 The handlers here never touch a connection, so the `JobServices` around them holds a
 pool that is never opened.
@@ -15,7 +15,8 @@ import pytest
 import trio
 
 import trioq
-from trioq._execute import (
+from trioq._outcome import Kind, Outcome
+from trioq._worker.execute import (
     MAX_RETRY_DELAY,
     Executor,
     aborted,
@@ -27,7 +28,6 @@ from trioq._execute import (
     retry_delay,
     unknown_task,
 )
-from trioq._outcome import Kind, Outcome
 from trioq.retry import Constant
 
 UTC = dt.UTC

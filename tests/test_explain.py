@@ -42,8 +42,8 @@ from psycopg.adapt import PyFormat, Transformer
 
 import trioq
 from trioq import JobSpec, Queue
-from trioq._obs_sql import DEPTH_CAP, LIST_WINDOW, MAX_QUEUES, obs_statements
-from trioq._sql import statements
+from trioq._db.obs_statements import DEPTH_CAP, LIST_WINDOW, MAX_QUEUES, obs_statements
+from trioq._db.statements import statements
 
 pytestmark = pytest.mark.slow
 
@@ -384,7 +384,7 @@ def _assert_no_seq_scan(plan: Mapping[str, Any]) -> None:
 
 
 async def _observability_statements(conn: Any) -> None:
-    """The metrics' depth sample and `trioq jobs list` (trioq._obs_sql): indexes only, and
+    """The metrics' depth sample and `trioq jobs list` (trioq._db.obs_statements): indexes only, and
     the depth sample's cost on this table (printed: docs/observability.md quotes it)."""
     st = obs_statements("trioq")
     depth = {"depth_available": st.depth_available, "depth_dead": st.depth_dead,

@@ -28,7 +28,7 @@ import pytest
 import trio
 from pgcluster import copy_cluster, scratch_dir, template_cluster
 
-from trioq._pg import connect
+from trioq._pg.connection import connect
 from trioq._queue import Queue
 from trioq._stress.ledger import reset
 from trioq._stress.load import IdRanges, Workload, enqueue_backlog

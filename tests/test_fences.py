@@ -15,7 +15,7 @@ from helpers import rows
 
 import trioq
 from trioq import Failure, Lease, Queue
-from trioq._sql import LEASE_LOST_SQLSTATE, statements
+from trioq._db.statements import LEASE_LOST_SQLSTATE, statements
 
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()

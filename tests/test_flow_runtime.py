@@ -218,7 +218,7 @@ async def value_is(conn: Any, query: str, expected: Any) -> bool:
 
 async def test_the_governor_reads_settings_and_acts_on_changes(dsn: str) -> None:
     """One round at a time (``run_once``): what changed, what was paused, who was told."""
-    from trioq._governor import Governor
+    from trioq._worker.services.governor import Governor
 
     changed: list[str] = []
     paused: list[str] = []

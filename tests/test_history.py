@@ -14,8 +14,8 @@ from helpers import rows, wait_until
 from test_runtime import serving
 
 import trioq
-from trioq import _history_writer
-from trioq._history import (
+from trioq._job import Failure, Job, Lease
+from trioq._obs.history import (
     BUCKETS,
     Cell,
     CellKey,
@@ -25,9 +25,9 @@ from trioq._history import (
     classify,
     percentile_ms,
 )
-from trioq._history_writer import HistoryWriter
-from trioq._job import Failure, Job, Lease
 from trioq._outcome import Kind, Outcome
+from trioq._worker.services import history_writer as _history_writer
+from trioq._worker.services.history_writer import HistoryWriter
 from trioq.retry import Constant
 
 # -- the rules, without a database ------------------------------------------------------------

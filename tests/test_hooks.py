@@ -403,9 +403,9 @@ async def test_buffered_events_are_delivered_at_shutdown(dsn: str) -> None:
 async def test_an_outcome_written_too_late_is_a_lost_lease(dsn: str) -> None:
     """The fenced write found the lease taken (it expired unnoticed): the outcome is marked
     discarded, and the lease_lost event says so."""
-    from trioq._completer import write_kind
-    from trioq._lifecycle import Lifecycle
     from trioq._outcome import DISCARDED, Kind, Outcome
+    from trioq._worker.completer import write_kind
+    from trioq._worker.services.lifecycle import Lifecycle
 
     got: list[JobEvent] = []
 

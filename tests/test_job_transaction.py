@@ -20,8 +20,8 @@ from psycopg import pq
 
 import trioq
 from trioq import Lease, Queue
+from trioq._db.statements import rendered
 from trioq._job_transaction import SharedTransactions
-from trioq._sql import rendered
 
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()

@@ -275,7 +275,7 @@ def test_the_banner_says_where_and_warns_about_queues(dsn: str, workers: list[Wo
 
 
 def test_the_banner_names_the_session_database_and_unprepared_statements() -> None:
-    from trioq._banner import banner
+    from trioq._worker.banner import banner
 
     common: dict[str, Any] = dict(
         schema="trioq", version=9, worker_id="w", queues={}, registry=trioq.Registry(),

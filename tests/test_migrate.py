@@ -19,8 +19,8 @@ from trioq import (
     check_schema,
     migrate,
 )
-from trioq._migrate import latest_version, migrations
-from trioq._sql import validate_schema_name
+from trioq._db.migrate import latest_version, migrations
+from trioq._db.statements import validate_schema_name
 
 CATALOG_SNAPSHOT = """
 SELECT 'column', c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)

@@ -179,7 +179,7 @@ async def test_a_blocked_loop_is_reported_with_its_job_and_stack(
 
 
 def test_the_watchdog_says_nothing_while_the_loop_runs() -> None:
-    from trioq._watchdog import Watchdog
+    from trioq._worker.watchdog import Watchdog
 
     watchdog = Watchdog(threshold=1.0)
     assert watchdog.run_once() is None

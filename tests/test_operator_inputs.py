@@ -18,7 +18,7 @@ from clitool import trioq_cli
 from helpers import rows, scalar
 
 import trioq
-from trioq._migrate import latest_version
+from trioq._db.migrate import latest_version
 
 UTC = dt.UTC
 

@@ -1,4 +1,4 @@
-"""`trioq._pg_pipeline`: deferred commands and a statement in one round trip, on libpq's
+"""`trioq._pg.pipeline`: deferred commands and a statement in one round trip, on libpq's
 pipeline mode directly. The cursor must behave as ``execute()``'s: rows, rowcount, errors,
 prepared statements, and a connection left usable after an error or a cancellation."""
 
@@ -13,7 +13,7 @@ from psycopg import pq
 from psycopg._preparing import PrepareManager
 
 import trioq
-from trioq._pg_pipeline import execute_pipelined
+from trioq._pg.pipeline import execute_pipelined
 
 _OFF = pq.PipelineStatus.OFF
 _IDLE = pq.TransactionStatus.IDLE
@@ -234,7 +234,7 @@ async def test_a_statement_whose_parse_was_skipped_by_an_error_is_prepared_again
 
 _COPY_PROBE = """
 import sys, trio, trioq, psycopg
-from trioq._pg_pipeline import execute_pipelined
+from trioq._pg.pipeline import execute_pipelined
 
 async def main(dsn, query):
     async with await trioq.connect(dsn, autocommit=True) as conn:

@@ -29,8 +29,8 @@ from pgbouncer import Bouncer, pgbouncer_binary, running_pgbouncer
 from psycopg.conninfo import make_conninfo
 
 import trioq
-from trioq._migrate import latest_version
-from trioq._pooling import (
+from trioq._db.migrate import latest_version
+from trioq._worker.pooling import (
     PSYCOPG_PREPARE_THRESHOLD,
     SESSION_DSN_VAR,
     prepare_threshold,

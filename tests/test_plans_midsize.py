@@ -15,7 +15,7 @@ from typing import Any
 
 import trioq
 from trioq import Queue
-from trioq._sql import claim_query, statements
+from trioq._db.statements import claim_query, statements
 
 JOBS = 20_000
 BATCH = 100

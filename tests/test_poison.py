@@ -20,8 +20,8 @@ from clitool import trioq_cli
 from helpers import Counter, drained, rows, scalar, serving, wait_until
 
 import trioq
-from trioq._completer import Completer
 from trioq._outcome import Kind, Outcome
+from trioq._worker.completer import Completer
 from trioq.retry import Constant
 
 GOOD = 20

@@ -1,4 +1,4 @@
-"""The prefetch policy of a served queue (`trioq._runtime._QueueState`), no database.
+"""The prefetch policy of a served queue (`trioq._worker.runtime._QueueState`), no database.
 
 How many jobs the fetcher claims next: one for every idle slot, at once, plus as many
 as finished while the last claim was in flight (short jobs: a claim is in flight while
@@ -15,8 +15,8 @@ import trio
 import trio.testing
 
 import trioq
-from trioq._leases import HeldJob
-from trioq._runtime import _QueueState
+from trioq._worker.leases import HeldJob
+from trioq._worker.runtime import _QueueState
 
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 

@@ -15,7 +15,7 @@ import trio
 
 import trioq
 from trioq import Failure, Lease, Queue
-from trioq._pruner import Pruner, PruneRound
+from trioq._worker.services.pruner import Pruner, PruneRound
 
 UTC = dt.UTC
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)

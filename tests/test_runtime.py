@@ -531,7 +531,7 @@ async def test_a_stop_during_the_start_up_still_hands_the_runtime_to_nursery_sta
     """The server accepts the worker's connection and never answers; the stop comes then.
     ``nursery.start`` gets the runtime, already stopped, rather than "child exited without
     calling task_status.started()" (which failed a `serve --processes` worker)."""
-    from trioq._runtime import Runtime
+    from trioq._worker.runtime import Runtime
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]

@@ -36,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import trioq
 from trioq._cli.serve import RedactingFormatter
-from trioq._pg_errors import check_dsn, dsn_secrets, redact, redact_dsn
+from trioq._pg.errors import check_dsn, dsn_secrets, redact, redact_dsn
 
 TESTS = Path(__file__).parent
 PACKAGE = TESTS.parent / "trioq"

@@ -13,12 +13,12 @@ import trio
 from helpers import rows
 
 import trioq
-from trioq._heartbeat import Heartbeat
-from trioq._leases import HeldJob, HeldJobs
-from trioq._listener import Listener
-from trioq._liveness import Liveness
-from trioq._scheduler import MAX_SLEEP, Scheduler
-from trioq._sweeper import Sweeper
+from trioq._worker.leases import HeldJob, HeldJobs
+from trioq._worker.services.heartbeat import Heartbeat, HeartbeatRound
+from trioq._worker.services.listener import Listener
+from trioq._worker.services.liveness import Liveness
+from trioq._worker.services.scheduler import MAX_SLEEP, Scheduler, ScheduleRound
+from trioq._worker.services.sweeper import Sweeper
 
 UTC = dt.UTC
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
@@ -157,7 +157,7 @@ async def test_heartbeat_extends_cancels_and_gives_up_lost_leases(dsn: str) -> N
     async with database(dsn) as (conn, pool):
         held = HeldJobs()
         beat = Heartbeat(pool, Q, held, owner="w", lease=60, interval=1)
-        assert await beat.run_once() == trioq._heartbeat.HeartbeatRound(
+        assert await beat.run_once() == HeartbeatRound(
             extended=0, lost=(), cancelled=()
         )
         for _ in range(3):
@@ -212,7 +212,7 @@ async def test_scheduler_promotes_due_jobs_and_says_how_long_to_sleep(dsn: str) 
     async with database(dsn) as (conn, pool):
         due: list[str] = []
         scheduler = Scheduler(pool, Q, (), poll_interval=1, on_due=due.append)
-        assert await scheduler.run_once() == trioq._scheduler.ScheduleRound(
+        assert await scheduler.run_once() == ScheduleRound(
             promoted=(), fired=(), sleep=MAX_SLEEP
         )
         soon = await trioq.enqueue(conn, "t", queue="mail", run_at=T0 + dt.timedelta(seconds=2))

@@ -21,7 +21,7 @@ import pytest
 from clitool import cli_env, trioq_cli
 from psycopg import sql
 
-from trioq._pg import connect
+from trioq._pg.connection import connect
 from trioq._stress.faults import Fault, GracefulStop, recovery, recovery_summary
 from trioq._stress.ledger import reset, statements
 from trioq._stress.load import IdRanges

@@ -15,7 +15,7 @@ import trio
 
 import trioq
 import trioq.testing as tt
-from trioq._migrate import latest_version
+from trioq._db.migrate import latest_version
 from trioq.retry import Constant
 
 UTC = dt.UTC

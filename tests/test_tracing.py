@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import trioq
-from trioq._carrier import carrier
+from trioq._obs.carrier import carrier
 from trioq.retry import Constant
 
 _EXPORTER = InMemorySpanExporter()
@@ -208,7 +208,7 @@ async def test_tracing_off_starts_no_span(dsn: str, spans: InMemorySpanExporter)
 def test_by_default_a_worker_traces_only_once_a_provider_is_set() -> None:
     """OpenTelemetry's no-op spans cost a third of a no-op job: without a provider, none."""
     script = (
-        "from trioq._tracing import enabled\n"
+        "from trioq._worker.tracing import enabled\n"
         "assert enabled(None) is False  # opentelemetry never imported\n"
         "from opentelemetry import trace\n"
         "assert enabled(None) is False  # imported, no provider\n"

@@ -21,7 +21,7 @@ from bigtable import Sizes, fill
 from psycopg import sql
 
 import trioq
-from trioq._sql import statements
+from trioq._db.statements import statements
 from trioq.web._queries import overview
 from trioq.web._statements import COUNT_CAP, LEASE_CAP, MAX_QUEUES, WINDOW, web_statements
 

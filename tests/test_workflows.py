@@ -16,7 +16,7 @@ import trio
 
 import trioq
 from trioq import Failure, JobSpec, Lease, Queue
-from trioq._pruner import prune
+from trioq._worker.services.pruner import prune
 
 Q = Queue()
 LEASE = dt.timedelta(seconds=30)

@@ -37,6 +37,9 @@ from ._config import QueueConfig as QueueConfig
 from ._context import JobContext as JobContext
 from ._context import JobServices as JobServices
 from ._cron import CronEntry as CronEntry
+from ._db.migrate import MigrationResult as MigrationResult
+from ._db.migrate import migrate as migrate
+from ._db.version import check_schema as check_schema
 from ._dead import DeadFilter as DeadFilter
 from ._dead import DeadJob as DeadJob
 from ._dependencies import Dependency as Dependency
@@ -78,10 +81,8 @@ from ._job import Job as Job
 from ._job import JobSpec as JobSpec
 from ._job import Lease as Lease
 from ._metadata import fixup_module_metadata
-from ._migrate import MigrationResult as MigrationResult
-from ._migrate import migrate as migrate
-from ._pg import TrioConnection as TrioConnection
-from ._pg import connect as connect
+from ._pg.connection import TrioConnection as TrioConnection
+from ._pg.connection import connect as connect
 from ._queue import CancelOutcome as CancelOutcome
 from ._queue import FailResult as FailResult
 from ._queue import HeartbeatResult as HeartbeatResult
@@ -90,11 +91,10 @@ from ._queue import SweepResult as SweepResult
 from ._registry import Registry as Registry
 from ._registry import Task as Task
 from ._result import JobStatus as JobStatus
-from ._runtime import Runtime as Runtime
-from ._runtime import RuntimeStatistics as RuntimeStatistics
-from ._schema import check_schema as check_schema
-from ._serve import serve as serve
 from ._unique import Unique as Unique
+from ._worker.runtime import Runtime as Runtime
+from ._worker.runtime import RuntimeStatistics as RuntimeStatistics
+from ._worker.serve import serve as serve
 from ._workflow import Step as Step
 from ._workflow import Workflow as Workflow
 from ._workflow import WorkflowJobs as WorkflowJobs

@@ -41,6 +41,7 @@ import psycopg
 import trio
 from psycopg import sql
 
+from ._db.statements import rendered
 from ._exceptions import SharedTransactionError
 from ._job import Lease
 from ._job_transaction import (
@@ -52,10 +53,9 @@ from ._job_transaction import (
     _lost_ids,
     _nested_transaction,
 )
-from ._pg_pipeline import execute_pipelined
-from ._pool import Pool
+from ._pg.pipeline import execute_pipelined
+from ._pg.pool import Pool
 from ._queue import Queue, _fence
-from ._sql import rendered
 
 __all__ = ["CompletionStatistics", "SharedCompletions", "check_statement", "complete_with"]
 

@@ -15,13 +15,13 @@ from typing import Any
 import attrs
 
 from ._cron import CronEntry, check_entries
+from ._db.obs_statements import DEPTH_CAP
+from ._db.statements import validate_schema_name
 from ._flow import RateLimit, check_limit, to_rate_limit
-from ._history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
 from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
-from ._obs_sql import DEPTH_CAP
-from ._pg_errors import check_dsn, redact_dsn
+from ._pg.errors import check_dsn, redact_dsn
 from ._registry import Registry
-from ._sql import validate_schema_name
+from ._worker.services.history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
 
 __all__ = ["Config", "QueueConfig", "parse_address"]
 

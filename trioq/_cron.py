@@ -31,6 +31,7 @@ import attrs
 import psycopg
 from croniter import CroniterBadDateError, croniter
 
+from ._db.statements import Statements, statements
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     JSONValue,
@@ -44,7 +45,6 @@ from ._job import (
     rule,
 )
 from ._queue import Queue
-from ._sql import Statements, statements
 from ._unique import Unique
 
 __all__ = [
@@ -301,7 +301,7 @@ async def fire_due(
 ) -> list[Fired]:
     """Enqueue the due tick of each entry, once across all processes; return those fired here.
 
-    ``now`` is the database clock (`trioq._sql.Statements.clock`). Each tick is
+    ``now`` is the database clock (`trioq._db.statements.Statements.clock`). Each tick is
     decided in its own ``conn.transaction()`` (a savepoint if the caller has a
     transaction open): its ``cron_ticks`` row is inserted and, only if this
     call inserted it, the job is enqueued and its id stored in the row.

@@ -12,9 +12,9 @@ from typing import Any
 import attrs
 import psycopg
 
+from ._db.statements import Statements
 from ._job import JSONValue
 from ._sanitize import decode_args
-from ._sql import Statements
 
 __all__ = ["DeadFilter", "DeadJob", "list_dead", "purge_dead", "retry_dead"]
 
@@ -55,7 +55,7 @@ class DeadJob:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> DeadJob:
-        """From `trioq._sql`'s dead_list columns; args come as JSON text, decoded here
+        """From `trioq._db.statements`'s dead_list columns; args come as JSON text, decoded here
         (an `UndecodableArgs` if Python cannot decode them: listing never fails on a row)."""
         fields = dict(zip([f.name for f in attrs.fields(cls)], row, strict=True))
         if isinstance(fields["args"], str):

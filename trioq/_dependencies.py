@@ -32,10 +32,10 @@ import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from ._carrier import carrier
+from ._db.statements import SCHEDULED_PAYLOAD, Statements
 from ._exceptions import UnknownDependencyError
 from ._job import JobSpec, JSONValue, check_job_id
-from ._sql import SCHEDULED_PAYLOAD, Statements
+from ._obs.carrier import carrier
 
 __all__ = [
     "OUTCOMES",

@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 import psycopg
 
+from ._db.statements import Statements
 from ._job import Job, check_queue_name
-from ._sql import Statements
 from ._unique import to_period
 
 __all__ = [

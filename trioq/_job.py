@@ -461,7 +461,7 @@ class Job:
     __slots__ = ("_row",)
     _row: tuple[Any, ...]
 
-    #: The claim's RETURNING columns, in order (`trioq._sql`).
+    #: The claim's RETURNING columns, in order (`trioq._db.statements`).
     COLUMNS = (
         "id", "queue", "task", "args", "priority", "run_at", "attempt", "max_attempts",
         "enqueued_at", "lease_expires_at",
@@ -498,7 +498,7 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Job:
-        """From the claim's RETURNING columns, in `COLUMNS` order (see `trioq._sql`).
+        """From the claim's RETURNING columns, in `COLUMNS` order (see `trioq._db.statements`).
 
         ``args`` may be JSON text (the claim returns it so: decoded here; args that
         Python cannot decode become an `UndecodableArgs`, so one bad row never fails
@@ -536,13 +536,13 @@ class Job:
     @property
     def trace_context(self) -> str | None:
         """The W3C trace context (JSON text) of the span that enqueued the job, if one was
-        current (`trioq._tracing`); not one of `COLUMNS` (no part of the job's equality)."""
+        current (`trioq._worker.tracing`); not one of `COLUMNS` (no part of the job's equality)."""
         row = self._row
         return row[10] if len(row) > 10 else None
 
     def history_fields(self) -> tuple[str, str, int]:
         """(queue, task, when this attempt was due): ``max(enqueued_at, run_at)`` in µs since
-        the epoch. One call, for the job history (`trioq._history`), which reads them once
+        the epoch. One call, for the job history (`trioq._obs.history`), which reads them once
         per run on the worker's hot path."""
         row = self._row
         run_at, enqueued_at = row[5], row[8]

@@ -4,7 +4,7 @@ one.
 
 **Own transaction** (the default). A connection of the app pool, with ``BEGIN`` deferred
 (`TrioConnection.defer`): it travels with the handler's first statement. When the block
-ends, the fenced completion (``complete_one`` of `trioq._sql`, prepared, which raises
+ends, the fenced completion (``complete_one`` of `trioq._db.statements`, prepared, which raises
 SQLSTATE ``TQ001`` through migration 11's ``lease_lost`` when the lease was lost) and
 ``COMMIT`` go in one round trip (pipeline mode): the error aborts the transaction before
 the ``COMMIT`` runs, so the writes of a run whose lease was lost roll back. A handler that
@@ -41,13 +41,13 @@ import trio
 from psycopg.pq import TransactionStatus
 from psycopg.types.numeric import Int4, Int8
 
+from ._db.statements import LEASE_LOST_SQLSTATE, rendered
 from ._exceptions import LeaseLostError, SharedTransactionError
 from ._job import Lease
-from ._pg import TrioConnection
-from ._pg_pipeline import execute_pipelined
-from ._pool import Pool
+from ._pg.connection import TrioConnection
+from ._pg.pipeline import execute_pipelined
+from ._pg.pool import Pool
 from ._queue import Queue, _fence
-from ._sql import LEASE_LOST_SQLSTATE, rendered
 
 __all__ = ["SharedTransactions", "own_transaction"]
 

@@ -28,7 +28,7 @@ class Kind(enum.Enum):
 class Outcome:
     """One per job run, built on the hot path: a plain slotted class, not attrs (~1 µs less).
 
-    The runtime adds what the job's history needs (`trioq._history`): the job it ran, and
+    The runtime adds what the job's history needs (`trioq._obs.history`): the job it ran, and
     ``time.monotonic()`` when its handler started and returned (0.0: it did not run).
     ``committed``: the handler completed the job in its own transaction (kind NOTHING).
 

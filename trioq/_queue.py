@@ -3,7 +3,7 @@
 Everything runs on a connection the caller passes in, inside whatever
 transaction the caller has open (or autocommit). The worker runtime drives the
 claim/heartbeat/outcome methods; applications mostly call `Queue.enqueue`.
-The SQL is in `trioq._sql`; this module turns arguments into parameters and
+The SQL is in `trioq._db.statements`; this module turns arguments into parameters and
 rows into results.
 """
 
@@ -19,10 +19,19 @@ import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from ._carrier import carrier
+from ._db.migrate import latest_version
+from ._db.obs_statements import obs_statements
+from ._db.statements import (
+    SCHEDULED_PAYLOAD,
+    Statements,
+    claim_query,
+    rendered,
+    statements,
+    validate_schema_name,
+)
+from ._db.version import check_schema, schema_version
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, GraphJob, insert_graph, read_dependencies
-from ._depth import read_depths
 from ._exceptions import SchemaMissingError
 from ._flow import (
     UNSET,
@@ -50,19 +59,10 @@ from ._job import (
     encode_args_runs,
     rule,
 )
-from ._migrate import latest_version
-from ._obs_sql import obs_statements
+from ._obs.carrier import carrier
+from ._obs.depth import read_depths
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
-from ._schema import check_schema, schema_version
-from ._sql import (
-    SCHEDULED_PAYLOAD,
-    Statements,
-    claim_query,
-    rendered,
-    statements,
-    validate_schema_name,
-)
 from ._unique import Unique
 
 __all__ = [
@@ -699,7 +699,8 @@ class Queue:
     async def reclaim_dead_workers(self, conn: Conn, *, grace: dt.timedelta) -> SweepResult:
         """Sweep the running jobs of workers that are provably gone, without waiting for their
         leases: no ping for longer than ``grace`` and their liveness lock free (see
-        `trioq._liveness`). Their rows in ``workers`` are deleted. Safe in every process."""
+        `trioq._worker.services.liveness`). Their rows in ``workers`` are deleted. Safe in every
+        process."""
         params = {
             "grace": grace,
             "restart_grace": RESTART_GRACE,
@@ -728,7 +729,7 @@ class Queue:
         return sorted(row[0] for row in await cur.fetchall())
 
     async def clock(self, conn: Conn) -> dt.datetime:
-        """The database's clock (`trioq._sql.NOW`): what every statement takes for now."""
+        """The database's clock (`trioq._db.statements.NOW`): what every statement takes for now."""
         cur = await conn.execute(self.sql.clock)
         row = await cur.fetchone()
         assert row is not None
@@ -750,7 +751,7 @@ class Queue:
         ``cap=None`` counts every job (a read of the whole jobs table: it grows with the
         backlog). With a ``cap``, each count per queue and state is exact up to ``cap`` and
         stops there (`QueueStatus.at_cap` names those), read through the indexes at a
-        bounded cost whatever the backlog (`trioq._depth`, as the metrics do); the oldest
+        bounded cost whatever the backlog (`trioq._obs.depth`, as the metrics do); the oldest
         wait is then that of the queue's next job to be claimed.
         """
         if cap is None:

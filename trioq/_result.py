@@ -33,9 +33,9 @@ import psycopg
 import trio
 from psycopg.pq import TransactionStatus
 
+from ._db.statements import Statements
 from ._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from ._job import JSONValue, check_job_id, to_delay
-from ._sql import Statements
 
 __all__ = [
     "FINAL_STATES",
@@ -90,7 +90,7 @@ class JobStatus:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> JobStatus:
-        """From `trioq._sql`'s status columns, in field order."""
+        """From `trioq._db.statements`'s status columns, in field order."""
         names = [f.name for f in attrs.fields(cls)]
         return cls(**dict(zip(names, row, strict=True)))
 

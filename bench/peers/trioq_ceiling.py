@@ -7,8 +7,8 @@
    leases, in a loop on one connection, no runtime (what pgbench does, through psycopg).
 2. The runtime alone: ``trioq.serve`` with ``Queue.claim`` and ``Queue.complete_many``
    replaced by in-memory fakes that build the same `Job` objects and cost one checkpoint:
-   the jobs/s and CPU per job of `trioq._runtime` + `trioq._completer` with an infinitely
-   fast database. ``--prototype`` applies `trioq_prototypes` first.
+   the jobs/s and CPU per job of `trioq._worker.runtime` + `trioq._worker.completer` with an
+   infinitely fast database. ``--prototype`` applies `trioq_prototypes` first.
 
 The database ``trioq_peers_ceiling`` is created and dropped (the runtime still needs a schema,
 LISTEN and its maintenance loops). Nothing under trioq/ is changed; the fakes are

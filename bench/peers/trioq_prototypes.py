@@ -1,7 +1,7 @@
 """Prototypes of runtime changes, measured before they were made (now retired).
 
 The prototypes measured here in November 2026 (``early-slot``, ``pipeline``, ``lean``) were
-monkeypatches of `trioq._runtime.Runtime`. All three are now part of the runtime itself
+monkeypatches of `trioq._worker.runtime.Runtime`. All three are now part of the runtime itself
 (prefetch buffer and long-lived slots, slot freed before the outcome hand-off, lean
 per-job path), so they no longer apply to it. To compare the runtime with an older one,
 run both in the same benchmark::

@@ -100,7 +100,7 @@ class Stats:
         setattr(owner, method, timed)
 
     def install(self) -> None:
-        from trioq._completer import Completer  # private: no public name for it
+        from trioq._worker.completer import Completer  # private: no public name for it
 
         self.wrap(trioq.Queue, "claim", "claim", lambda result, *a, **k: len(result))
         self.wrap(trioq.Queue, "complete_many", "complete", lambda r, *a, **k: len(k["leases"]))

@@ -29,12 +29,12 @@ from typing import Any
 import psycopg
 import trio
 
-from .._dsn import configured_dsn
-from .._embedded import EmbeddedPostgres
+from .._db.migrate import check_current, latest_version
 from .._exceptions import SchemaError
-from .._migrate import check_current, latest_version
-from .._pg import connect
-from .._pg_errors import redact_dsn
+from .._pg.connection import connect
+from .._pg.dsn import configured_dsn
+from .._pg.embedded import EmbeddedPostgres
+from .._pg.errors import redact_dsn
 
 __all__ = ["EXIT_SCHEMA", "EXIT_UNREACHABLE", "add_check_parser"]
 

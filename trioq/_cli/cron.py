@@ -16,7 +16,7 @@ from typing import Any
 
 from .._config import Config
 from .._cron import CronEntry
-from .._obs_sql import obs_statements
+from .._db.obs_statements import obs_statements
 from .._queue import Queue
 from .ops import EXIT_OK, _command
 from .options import database_options

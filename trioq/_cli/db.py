@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from trioq._embedded import EmbeddedPostgres, EmbeddedStatus
 from trioq._exceptions import EmbeddedPostgresError
+from trioq._pg.embedded import EmbeddedPostgres, EmbeddedStatus
 
 __all__ = ["EXIT_ERROR", "EXIT_NOT_RUNNING", "EXIT_OK", "add_db_parser"]
 

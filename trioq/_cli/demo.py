@@ -24,14 +24,14 @@ import trio
 from psycopg import sql
 
 from .._config import Config, QueueConfig
-from .._dsn import configured_dsn, database
+from .._db.migrate import migrate
+from .._db.statements import qualified
 from .._job import JobSpec
-from .._migrate import migrate
-from .._pg import connect
-from .._pg_errors import redact_dsn
+from .._pg.connection import connect
+from .._pg.dsn import configured_dsn, database
+from .._pg.errors import redact_dsn
 from .._queue import Queue
 from .._registry import Registry
-from .._sql import qualified
 
 __all__ = ["DEMO_QUEUE", "DEMO_SCHEMA", "DemoReport", "demo"]
 
@@ -122,7 +122,7 @@ async def _demo(dsn: str, schema: str, embedded: bool, verbose: bool) -> DemoRep
 
 
 async def _serve(config: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    from .._serve import serve
+    from .._worker.serve import serve
 
     await serve(config, task_status=task_status)
 

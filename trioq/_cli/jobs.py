@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
+from .._db.obs_statements import LIST_STATES, LIST_WINDOW, obs_statements
 from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
-from .._obs_sql import LIST_STATES, LIST_WINDOW, obs_statements
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command

@@ -20,7 +20,7 @@ import json
 import logging
 from typing import Any
 
-from .._pg_errors import dsn_secrets, redact
+from .._pg.errors import dsn_secrets, redact
 
 __all__ = ["FIELDS", "LOG_FORMAT", "LOG_LEVELS", "JsonFormatter", "RedactingFormatter",
            "setup_logging"]  # fmt: skip

@@ -20,11 +20,11 @@ import psycopg
 import trio
 
 from .. import __version__
-from .._dsn import DSN_ENV_VARS
+from .._db.migrate import migrate
 from .._exceptions import EmbeddedPostgresError, ListenError, SchemaError, leaves
-from .._migrate import migrate
-from .._pg import connect
-from .._pg_errors import dsn_secrets, redact
+from .._pg.connection import connect
+from .._pg.dsn import DSN_ENV_VARS
+from .._pg.errors import dsn_secrets, redact
 from .check import add_check_parser
 from .cron import add_cron_parser
 from .db import add_db_parser
@@ -125,7 +125,7 @@ def _add(
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from .._dsn import database
+    from .._pg.dsn import database
 
     with database(args.dsn) as dsn:
         result = trio.run(_migrate_async, dsn, args.schema)

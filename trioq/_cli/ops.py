@@ -18,11 +18,11 @@ from typing import Any
 import attrs
 import trio
 
+from .._db.migrate import check_current
+from .._db.obs_statements import obs_statements
 from .._dead import DeadFilter
-from .._dsn import database
-from .._migrate import check_current
-from .._obs_sql import obs_statements
-from .._pg import connect
+from .._pg.connection import connect
+from .._pg.dsn import database
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
 from .options import database_options

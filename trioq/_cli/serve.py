@@ -14,13 +14,13 @@ import attrs
 import trio
 
 from .._config import Config, QueueConfig, parse_address
-from .._dsn import DSN_ENV_VARS, configured_dsn
-from .._embedded import EmbeddedPostgres
-from .._migrate import migrate
-from .._pg import connect
-from .._pg_errors import check_dsn
-from .._pooling import SESSION_DSN_VAR, session_dsn
+from .._db.migrate import migrate
+from .._pg.connection import connect
+from .._pg.dsn import DSN_ENV_VARS, configured_dsn
+from .._pg.embedded import EmbeddedPostgres
+from .._pg.errors import check_dsn
 from .._registry import Registry
+from .._worker.pooling import SESSION_DSN_VAR, session_dsn
 from .logs import LOG_FORMAT, LOG_LEVELS, RedactingFormatter, setup_logging
 from .supervisor import parent_fd_from_env, stop_when_orphaned, supervise
 
@@ -213,7 +213,7 @@ async def _migrate(dsn: str, schema: str) -> None:
 
 
 async def _run(config: Config, run_migrations: bool, parent_fd: int | None = None) -> None:
-    from .._serve import serve
+    from .._worker.serve import serve
 
     if run_migrations:  # on the session DSN: never through a transaction pooler
         assert config.dsn is not None
@@ -230,7 +230,7 @@ async def _serve_then_cancel(
     config: Config, scope: trio.CancelScope, task_status: trio.TaskStatus[Any]
 ) -> None:
     """`serve`, then cancel ``scope`` (the supervisor watch beside it: nothing left to do)."""
-    from .._serve import serve
+    from .._worker.serve import serve
 
     await serve(config, task_status=task_status)
     scope.cancel()

@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 import trio
 
-from .._dsn import configured_dsn
-from .._embedded import EmbeddedPostgres
 from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
-from .._pg_errors import check_dsn
+from .._pg.dsn import configured_dsn
+from .._pg.embedded import EmbeddedPostgres
+from .._pg.errors import check_dsn
 from .._stress.report import StressReport, render
 from .._stress.run import MODES, TRANSACTIONS, StressError, StressOptions, Target, run_stress
 

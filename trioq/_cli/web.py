@@ -19,10 +19,10 @@ import trio
 
 from .._config import Config
 from .._cron import CronEntry
-from .._dsn import DSN_ENV_VARS, database
-from .._migrate import latest_version
-from .._pg import connect
-from .._schema import check_schema
+from .._db.migrate import latest_version
+from .._db.version import check_schema
+from .._pg.connection import connect
+from .._pg.dsn import DSN_ENV_VARS, database
 from .serve import LOG_FORMAT, RedactingFormatter, load_app
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ import psycopg
 import trio
 from psycopg import sql
 
-from .._sql import qualified
+from .._db.statements import qualified
 from .ledger import LEDGER_TABLE
 from .workers import STOP_TIMEOUT, WorkerGroup
 

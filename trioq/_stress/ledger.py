@@ -14,8 +14,8 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from .._migrate import migrate
-from .._sql import qualified
+from .._db.migrate import migrate
+from .._db.statements import qualified
 
 __all__ = ["LEDGER_TABLE", "Statements", "Timings", "reset", "statements", "timings"]
 

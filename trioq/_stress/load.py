@@ -16,9 +16,9 @@ import psycopg
 import trio
 from psycopg import sql
 
+from .._db.statements import qualified
 from .._job import JobSpec
 from .._queue import Queue
-from .._sql import qualified
 
 __all__ = ["MAX_ATTEMPTS", "QUEUE", "TASK", "IdRanges", "Producer", "Workload", "enqueue_backlog"]
 

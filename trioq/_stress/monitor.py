@@ -19,7 +19,7 @@ import psycopg
 import trio
 from psycopg import sql
 
-from .._sql import qualified
+from .._db.statements import qualified
 from .ledger import LEDGER_TABLE
 
 __all__ = ["Monitor", "Snapshot"]

@@ -35,11 +35,11 @@ import trio
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from .._embedded import EmbeddedPostgres
-from .._pg import connect as pg_connect
-from .._pg_errors import redact_dsn
+from .._db.statements import qualified, validate_schema_name
+from .._pg.connection import connect as pg_connect
+from .._pg.embedded import EmbeddedPostgres
+from .._pg.errors import redact_dsn
 from .._queue import Queue
-from .._sql import qualified, validate_schema_name
 from .chaos import ChaosLog, kill_at, kill_host_at, kill_loop, restart_at, terminate_loop
 from .cpu import ServerMeter, machine_busy, postmaster_of
 from .faults import (

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 from psycopg import sql
 
-from .._sql import qualified
+from .._db.statements import qualified
 from .ledger import LEDGER_TABLE
 from .load import IdRanges
 

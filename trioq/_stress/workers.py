@@ -37,7 +37,7 @@ import attrs
 import trio
 from psycopg.conninfo import make_conninfo
 
-from .._pooling import SESSION_DSN_VAR
+from .._worker.pooling import SESSION_DSN_VAR
 from .cpu import process_cpu
 
 __all__ = ["LOCAL", "Host", "LogTail", "StressError", "Worker", "WorkerGroup", "open_workers"]

@@ -37,8 +37,8 @@ from .._job import (
     check_task_name,
     encode_args,
 )
-from .._pg import TrioConnection
-from .._pool import Pool
+from .._pg.connection import TrioConnection
+from .._pg.pool import Pool
 from .._queue import Queue
 from .._registry import Task
 from ._drain import SharedConnection

@@ -2,7 +2,7 @@
 
 Each job goes the way a worker takes it, on the test's connection: claimed with
 `trioq.Queue.claim` (state ``running``, the attempt counted), its handler run by the
-runtime's own `trioq._execute.Executor` (async in the loop, sync in a thread, the task's
+runtime's own `trioq._worker.execute.Executor` (async in the loop, sync in a thread, the task's
 timeout, the exception-to-outcome rules), and the outcome written by the completer's own
 statements (done or deleted, retried with the task's backoff, dead, snoozed, cancelled).
 Handlers get a real `trioq.JobContext` whose ``job.connection()``, ``job.transaction()``
@@ -10,7 +10,7 @@ and ``job.enqueue()`` use the test's connection too (a savepoint inside the test
 transaction, if one is open), so jobs a handler enqueues are drained as well.
 
 The clock is the session's ``trioq.now`` setting, which every trioq statement reads
-(`trioq._sql.NOW`). `set_clock` freezes it, `advance_clock` moves it, `reset_clock`
+(`trioq._db.statements.NOW`). `set_clock` freezes it, `advance_clock` moves it, `reset_clock`
 gives the real clock back. ``drain(..., advance=True)`` moves it to the next scheduled
 job whenever nothing is due, so retries and snoozes run without waiting.
 """
@@ -25,17 +25,17 @@ from typing import Any
 import attrs
 import psycopg
 
-from .._completer import write_kind
 from .._context import JobServices
 from .._exceptions import DrainLimitError
-from .._execute import Executor
 from .._job import Job, Lease, to_delay
 from .._outcome import Kind, Outcome
-from .._pg import TrioConnection
-from .._pool import Pool
+from .._pg.connection import TrioConnection
+from .._pg.pool import Pool
 from .._queue import Queue
 from .._registry import Registry
 from .._result import job_status
+from .._worker.completer import write_kind
+from .._worker.execute import Executor
 
 __all__ = ["DrainResult", "Run", "advance_clock", "drain", "reset_clock", "set_clock"]
 

@@ -39,16 +39,16 @@ import trio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .._embedded import (
+from .._db.migrate import migrate
+from .._db.statements import validate_schema_name
+from .._pg.connection import connect
+from .._pg.embedded import (
     ROOT_STATE_DIR,
     EmbeddedPostgres,
     binary_version,
     default_server_user,
     find_bin_dir,
 )
-from .._migrate import migrate
-from .._pg import connect
-from .._sql import validate_schema_name
 
 __all__ = [
     "ThrowawayPostgres",

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable as _Iterable
 
 from .._cron import CronEntry as _CronEntry
-from .._dsn import configured_dsn as _configured_dsn
 from .._metadata import fixup_module_metadata
+from .._pg.dsn import configured_dsn as _configured_dsn
 from ._app import Dashboard as Dashboard
 from ._config import DashboardConfig as DashboardConfig
 

@@ -33,7 +33,7 @@ from starlette.templating import Jinja2Templates
 
 from .._dead import DeadFilter, DeadJob
 from .._job import check_queue_name
-from .._pool import Pool
+from .._pg.pool import Pool
 from .._queue import Queue
 from ._config import DashboardConfig
 from ._queries import (

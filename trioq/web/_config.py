@@ -8,9 +8,9 @@ from typing import Any
 import attrs
 
 from .._cron import CronEntry
+from .._db.statements import validate_schema_name
 from .._job import rule
-from .._pg_errors import check_dsn, redact_dsn
-from .._sql import validate_schema_name
+from .._pg.errors import check_dsn, redact_dsn
 
 __all__ = ["MIN_TOKEN_LENGTH", "DashboardConfig", "check_token"]
 

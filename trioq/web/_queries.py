@@ -12,7 +12,7 @@ import attrs
 import psycopg
 
 from .._dead import DeadJob
-from .._history import percentile_ms
+from .._obs.history import percentile_ms
 from ._statements import (
     COUNT_CAP,
     LEASE_CAP,

@@ -1,6 +1,6 @@
-"""Every statement the dashboard runs, composed once per schema (as `trioq._sql` does).
+"""Every statement the dashboard runs, composed once per schema (as `trioq._db.statements` does).
 
-They live here rather than in `trioq._sql` because only the dashboard runs them, and
+They live here rather than in `trioq._db.statements` because only the dashboard runs them, and
 because they follow one rule of their own: **each one has a bounded cost on a table of
 any size**. ``tests/test_web_explain.py`` explains every statement below, with every
 filter combination the pages send, on a table of a million jobs and a million dead
@@ -29,8 +29,8 @@ import functools
 import attrs
 from psycopg import sql
 
-from .._obs_sql import obs_statements
-from .._sql import NOW, qualified, validate_schema_name
+from .._db.obs_statements import obs_statements
+from .._db.statements import NOW, qualified, validate_schema_name
 
 __all__ = ["COUNT_CAP", "LEASE_CAP", "MAX_QUEUES", "WINDOW", "WebStatements", "web_statements"]
 
@@ -274,7 +274,7 @@ def web_statements(schema: str) -> WebStatements:
     depth = obs_statements(schema)
     return WebStatements(
         schema=schema,
-        # The same probes as the metrics' depth sample: one copy of each (trioq._obs_sql).
+        # The same probes as the metrics' depth sample: one copy of each (trioq._db.obs_statements).
         queues_available=depth.depth_available,
         queues_dead=depth.depth_dead,
         queues_scheduled=compose(_QUEUES_SCHEDULED),

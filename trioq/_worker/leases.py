@@ -1,0 +1,78 @@
+"""The jobs this process holds a lease on, from the claim until their outcome is written.
+
+A `HeldJob` exists from the claim on: a prefetched job waiting for a slot has one
+too, so heartbeats, lost leases and cancel requests reach it before it starts.
+While its handler runs, ``scope`` is the cancel scope of the slot running it.
+`HeldJobs` is the set the heartbeat extends, keyed by lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import trio
+
+from .._job import Job, Lease
+
+__all__ = ["HeldJob", "HeldJobs"]
+
+
+class HeldJob:
+    """A claimed job's handle: why we aborted it, if we did, and how to stop its handler."""
+
+    __slots__ = ("finished", "job", "lease", "reason", "scope")
+
+    def __init__(self, job: Job, lease: Lease) -> None:
+        self.job = job
+        self.lease = lease
+        self.scope: trio.CancelScope | None = None  # set while its handler runs
+        self.reason: str | None = None  # "lost", "cancel" or "shutdown"
+        self.finished = False  # the handler returned; only its outcome is left to write
+
+    def abort(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class HeldJobs:
+    """Leases held by this process: running or buffered jobs, and outcomes not yet written."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[Lease, HeldJob] = {}
+
+    def add(self, jobs: Iterable[HeldJob]) -> None:
+        held = self._jobs
+        for job in jobs:
+            held[job.lease] = job
+
+    def get(self, lease: Lease) -> HeldJob | None:
+        return self._jobs.get(lease)
+
+    def forget(self, lease: Lease) -> None:
+        """Its outcome is written: no more heartbeats for it."""
+        self._jobs.pop(lease, None)
+
+    def lose(self, lease: Lease) -> HeldJob | None:
+        """The lease was reclaimed: forget it and cancel its handler. None if its outcome
+        was written meanwhile (the heartbeat that noticed raced the completer)."""
+        job = self._jobs.get(lease)
+        if job is None or job.finished:
+            return None
+        del self._jobs[lease]
+        job.abort("lost")
+        return job
+
+    def of_job(self, job_id: int) -> list[HeldJob]:
+        """The held attempts of job ``job_id`` (rare: a linear search)."""
+        return [held for lease, held in self._jobs.items() if lease.job_id == job_id]
+
+    def leases(self) -> list[Lease]:
+        return list(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[HeldJob]:
+        return iter(list(self._jobs.values()))

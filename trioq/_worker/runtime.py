@@ -1,0 +1,693 @@
+"""The worker runtime: ``trio.run(trioq.serve, config)``.
+
+`Runtime` owns the nursery tree drawn in ``docs/architecture.md`` (the one copy of
+it): the pools, the services (listener, completer, heartbeat, sweeper, scheduler,
+signals), and per queue a fetcher and ``concurrency`` slots. What each service does
+is in its own module; handler execution is in `trioq._worker.execute`. This module has the
+fetching (`_QueueState.wanted` is the prefetch policy), the slots and shutdown:
+
+stop the fetchers (buffered jobs are released unstarted) -> wait up to
+``shutdown_grace`` for running jobs -> cancel the rest, whose rows are released
+(attempt refunded) -> flush the completer -> close.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import attrs
+import trio
+
+from .._complete_with import SharedCompletions
+from .._config import Config, QueueConfig
+from .._context import JobServices
+from .._db.migrate import check_current
+from .._db.statements import CANCEL_PAYLOAD, QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
+from .._flow import LimitedClaim
+from .._hooks import EventDispatcher, fields
+from .._job import Lease
+from .._job_transaction import SharedTransactions
+from .._obs.history import History
+from .._obs.metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
+from .._outcome import Kind, Outcome
+from .._pg.pool import Pool
+from .._queue import Queue
+from .banner import banner
+from .completer import Completer
+from .execute import Executor, aborted
+from .leases import HeldJob, HeldJobs
+from .pooling import prepare_threshold, session_dsn
+from .services.governor import Governor
+from .services.heartbeat import Heartbeat
+from .services.history_writer import HistoryWriter
+from .services.lifecycle import Lifecycle
+from .services.listener import Listener
+from .services.liveness import Liveness
+from .services.pruner import Pruner
+from .services.scheduler import Scheduler
+from .services.sweeper import Sweeper
+from .tracing import Tracing
+from .tracing import enabled as tracing_enabled
+from .wakeup import Wakeup
+from .watchdog import Watchdog
+
+__all__ = ["Runtime", "RuntimeStatistics"]
+
+logger = logging.getLogger("trioq.runtime")
+
+#: Backoff of a fetcher whose claims fail (a notification cuts it short).
+CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 0.5
+#: Bound on the shielded cleanup at shutdown (flushing outcomes).
+FLUSH_TIMEOUT = 10.0
+#: Bound on one (shielded) claim statement.
+CLAIM_TIMEOUT = 10.0
+#: A slot that finds its next job already buffered takes it without a checkpoint, but
+#: yields to the other tasks at least once every this many jobs. A checkpoint (one trip
+#: through trio's scheduler) costs about as much as the rest of a no-op job; handlers that
+#: do any I/O checkpoint anyway.
+SLOT_YIELD_EVERY = 8
+#: Outcomes that may leave a job scheduled for later (the scheduler should look again).
+_SCHEDULES = frozenset({Kind.FAIL, Kind.UNKNOWN})
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeStatistics:
+    worker_id: str
+    running: int
+    held_leases: int
+    claimed: int
+    completed_batches: int
+    outcomes_written: int
+    stopping: bool
+
+
+@attrs.define
+class _QueueState:
+    """One served queue: its prefetch buffer, its slots and its fetcher's wake-ups.
+
+    The buffer is a deque rather than a memory channel: the fetcher appends at
+    most what `wanted` allows (so it is bounded), the slots pop them, and slots
+    with nothing to do park in ``idle``. That is a third of the cost per job of
+    a channel's send and receive.
+    """
+
+    name: str
+    config: QueueConfig
+    active: int = 0  # handlers running
+    buffer: collections.deque[HeldJob] = attrs.field(factory=collections.deque)
+    closed: bool = False  # the fetcher stopped: the slots end once the buffer is empty
+    idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    wakeup: Wakeup = attrs.field(factory=Wakeup)  # a notification, or work to fetch
+    room: Wakeup = attrs.field(factory=Wakeup)  # a job finished: claim again?
+    fetcher_waits: bool = False  # for `room`: only then do the slots set it
+    finished: int = 0  # handlers that returned (or were aborted), ever
+    #: Jobs to claim beyond the idle slots: how many finished while the last claim was in
+    #: flight (at most ``concurrency``). See `wanted`.
+    prefetch: int = 0
+    #: Below this, the fetcher does not claim while every slot has work (no tiny claims).
+    refill: int = attrs.field(init=False)
+    #: When the last claim came back (trio's clock), and how long its round trip took.
+    last_return: float = float("-inf")
+    last_round_trip: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        self.refill = max(1, self.config.concurrency // 2)
+
+    def wanted(self) -> int:
+        """How many jobs the next claim should take; 0: wait for `room`.
+
+        Every idle slot (no job running, none buffered for it) wants one job,
+        at once. On top of that the fetcher prefetches as many jobs as finished
+        during the previous claim's round trip: for short jobs that is up to
+        ``concurrency``, so the next claim is in flight while the slots work
+        through the buffer. For long jobs it is 0, and a worker claims only
+        for idle slots, leaving the rest to other workers.
+        """
+        idle = self.config.concurrency - self.active - len(self.buffer)
+        wanted = idle + self.prefetch
+        if idle <= 0 and wanted < self.refill:
+            return 0
+        return wanted
+
+    def starved(self, now: float) -> bool:
+        """Before a claim: everything the last one brought is done, and less than two of
+        its round trips after it came back. The jobs are shorter than a round trip, and
+        the slots have been waiting for this claim: the next one should be in flight while
+        they run this one's jobs (`claimed` sets the prefetch for it).
+
+        Without this the prefetch never started for such jobs: it counts the jobs that
+        finish *during* a claim, and with the buffer empty during it none did, so the
+        fetcher and the slots took turns (docs/benchmarks.md, round 3)."""
+        return (not self.buffer and self.active == 0
+                and now - self.last_return < 2 * self.last_round_trip)  # fmt: skip
+
+    def claimed(
+        self, *, sent: float, now: float, got: int, finished_before: int, starved: bool,
+        bound: bool,
+    ) -> None:  # fmt: skip
+        """After a claim sent at ``sent`` came back at ``now`` with ``got`` jobs: the
+        prefetch for the next one. As many jobs as finished during this round trip (short
+        jobs), or, when the slots were `starved`, as many as this claim brought; none while
+        a concurrency limit decides (``bound``: buffered jobs would hold slots of the whole
+        cluster idle). Long jobs finish neither during a round trip nor within two of one,
+        so their worker still claims only for idle slots, leaving the rest to others."""
+        self.last_return, self.last_round_trip = now, now - sent
+        finished = self.finished - finished_before
+        ahead = max(finished, got if starved else 0)
+        self.prefetch = 0 if bound else min(self.config.concurrency, ahead)
+
+    def put(self, jobs: list[HeldJob]) -> None:
+        self.buffer.extend(jobs)
+        self.idle.unpark(count=len(jobs))
+
+    def close(self) -> None:
+        self.closed = True
+        self.idle.unpark_all()
+
+    async def take(self, *, checkpoint: bool) -> HeldJob | None:
+        """The next buffered job, or None once closed and empty.
+
+        Checkpoints when it has to wait, or when asked to (see `SLOT_YIELD_EVERY`).
+        """
+        if checkpoint:
+            await trio.lowlevel.checkpoint()
+        while not self.buffer:
+            if self.closed:
+                return None
+            await self.idle.park()
+        return self.buffer.popleft()  # the slot counts it as active at once: `idle` is unchanged
+
+    def job_done(self) -> None:
+        self.active -= 1
+        self.finished += 1
+        if self.fetcher_waits:
+            self.room.set()
+
+    async def wait_for_room(self) -> None:
+        self.fetcher_waits = True
+        try:
+            await self.room.wait()
+        finally:
+            self.fetcher_waits = False
+
+
+class Runtime:
+    """A running worker process. `serve` creates it and hands it to ``task_status``."""
+
+    def __init__(self, config: Config, dsn: str) -> None:
+        self.config = config
+        self.dsn = dsn
+        #: LISTEN and the liveness lock: never through a transaction pooler
+        #: (`trioq._worker.pooling`).
+        self.session_dsn = session_dsn(config, dsn)
+        self.queue = Queue(schema=config.schema, max_payload_bytes=config.max_payload_bytes)
+        threshold = prepare_threshold(config, dsn, self.session_dsn)
+        self._prepared = threshold is not None
+        pooled = {"autocommit": True, "prepare_threshold": threshold}
+        #: Claims, outcomes, heartbeats and maintenance: never starved by handlers.
+        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=pooled)
+        #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``).
+        self.app_pool = Pool(dsn, max_size=config.app_pool_size, connect_kwargs=pooled)
+        self._queues = {
+            name: _QueueState(name, cfg) for name, cfg in config.served_queues().items()
+        }
+        self._held = HeldJobs()  # running, buffered, or outcome not yet written
+        self._holding: set[HeldJob] = set()  # stopped, but their sync handler's thread runs on
+        self._stop_requested = trio.Event()
+        self._grace_scope = trio.CancelScope()
+        #: Cancelled by a stop during the start-up (`run`); `_started` once the slots run.
+        self._starting = trio.CancelScope()
+        self._started = False
+        self._job_finished = Wakeup()
+        self._claimed = 0
+        self._schema_version = 0  # checked at start
+        owner = config.worker_id
+        self._shared = SharedTransactions(
+            self.app_pool, self.queue, owner, lanes=config.shared_transactions,
+            max_jobs=config.shared_transaction_jobs,
+        )  # fmt: skip
+        self._completions = SharedCompletions(
+            self.app_pool, self.queue, owner, lanes=config.shared_transactions,
+            max_jobs=config.shared_transaction_jobs,
+        )  # fmt: skip
+        services = JobServices(
+            app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget,
+            shared=self._shared, completions=self._completions,
+        )  # fmt: skip
+        tracing = Tracing() if tracing_enabled(config.tracing) else None
+        self._executor = Executor(
+            config.registry, services, sync_threads=config.sync_threads, tracing=tracing
+        )
+        self._completer = Completer(
+            self.pool, self.queue, owner,
+            capacity=sum(q.config.concurrency for q in self._queues.values()),
+            written=self._written,
+            unknown_task_timeout=dt.timedelta(seconds=config.unknown_task_timeout),
+        )  # fmt: skip
+        self._events = EventDispatcher(
+            config.registry.hooks.callbacks, timeout=config.hook_timeout,
+            concurrency=config.hook_concurrency, buffer=config.hook_buffer,
+        )  # fmt: skip
+        self._lifecycle = Lifecycle(self._events, self.pool, config.schema)
+        self._heartbeat = Heartbeat(
+            self.pool, self.queue, self._held, owner=owner, lease=config.lease,
+            interval=config.heartbeat_interval, on_lost=self._lifecycle.lease_lost,
+        )  # fmt: skip
+        self._sweeper = Sweeper(
+            self.pool, self.queue, interval=config.sweep_interval,
+            reclaim_interval=config.liveness_interval, grace=config.liveness_grace,
+            on_returned=self._wake_all, on_swept=self._lifecycle.swept,
+        )  # fmt: skip
+        self._liveness = Liveness(
+            self.session_dsn, self.pool, self.queue, name=owner,
+            queues={name: q.config.concurrency for name, q in self._queues.items()},
+            interval=config.liveness_interval,
+            running=lambda: sum(q.active for q in self._queues.values()),
+        )  # fmt: skip
+        self._scheduler = Scheduler(
+            self.pool, self.queue, config.cron, poll_interval=config.poll_interval,
+            on_due=self._wake,
+        )  # fmt: skip
+        self._watchdog = Watchdog(threshold=config.loop_blocked_warning)
+        self._listener = Listener(
+            self.session_dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
+        )
+        self._history = History()  # fed by `_written`, written by its own service
+        self._history_writer = HistoryWriter(
+            self.pool, config.schema, self._history, interval=config.history_interval,
+            retention=config.history_retention,
+        )  # fmt: skip
+        self._claim_errors: collections.Counter[str] = collections.Counter()
+        self._meter = None if config.metrics is None else ClaimMeter()
+        self.metrics_url: str | None = None  # where /metrics is served, once serving
+        self._pruner = None if config.prune_interval is None else Pruner(
+            self.pool, self.queue.sql, interval=config.prune_interval, batch=config.prune_batch,
+            retain_done=config.retain_done, retain_cancelled=config.retain_cancelled,
+            retain_dead=config.retain_dead,
+        )  # fmt: skip
+        self._governor = Governor(
+            self.pool, self.queue, {name: q.config for name, q in self._queues.items()},
+            poll_interval=config.poll_interval, on_change=self._wake,
+            on_paused=self._release_buffered,
+        )  # fmt: skip
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def stop(self, *, grace: bool = True) -> None:
+        """Ask for a graceful stop; a second call (or ``grace=False``) skips the grace period.
+        Before the slots run (still connecting, checking the schema, starting services), it
+        ends the start-up: nothing has been claimed yet."""
+        if self._stop_requested.is_set() or not grace:
+            self._grace_scope.cancel()
+        self._stop_requested.set()
+        if not self._started:
+            self._starting.cancel()
+
+    def statistics(self) -> RuntimeStatistics:
+        return RuntimeStatistics(
+            worker_id=self.config.worker_id,
+            running=sum(q.active for q in self._queues.values()),
+            held_leases=len(self._held),
+            claimed=self._claimed,
+            completed_batches=self._completer.batches,
+            outcomes_written=self._completer.outcomes,
+            stopping=self._stop_requested.is_set(),
+        )
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        if not self.config.handle_signals:
+            await self._run(task_status)
+            return
+        # SIGINT/SIGTERM are handled from the first moment: one that arrives while the
+        # worker connects stops it then (`stop` ends the start-up), rather than killing it
+        # with the signal's default action (a supervisor saw its worker exit with -15).
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._signal_loop, signals)
+                await self._run(task_status)
+                nursery.cancel_scope.cancel()
+
+    async def _run(self, task_status: trio.TaskStatus[Runtime]) -> None:
+        with self._starting:  # cancelled by a stop before the slots run: nothing was claimed
+            await self._start_and_run(task_status)
+        if not self._started:
+            # Stopped during the start-up: `nursery.start` still gets the runtime (stopped
+            # already) rather than "child exited without calling task_status.started()".
+            task_status.started(self)
+
+    async def _start_and_run(self, task_status: trio.TaskStatus[Runtime]) -> None:
+        async with self.pool, self.app_pool:
+            await self._check_schema()
+            async with trio.open_nursery() as services:
+                await services.start(self._liveness.run)
+                await services.start(self._listener.run)
+                await services.start(self._governor.run)
+                services.start_soon(self._completer.run)
+                services.start_soon(self._heartbeat.run)
+                services.start_soon(self._sweeper.run)
+                services.start_soon(self._scheduler.run)
+                services.start_soon(self._watchdog.run)
+                services.start_soon(self._history_writer.run)
+                services.start_soon(self._events.run)
+                services.start_soon(self._lifecycle.run)
+                if self._pruner is not None:
+                    services.start_soon(self._pruner.run)
+                if self.config.metrics is not None:
+                    self.metrics_url = await services.start(self._serve_metrics)
+                await self._run_jobs(task_status)
+                await self._flush()
+                await self._flush_history()
+                await self._flush_events()
+                services.cancel_scope.cancel()
+
+    # -- startup and shutdown -------------------------------------------------------------------
+
+    async def _check_schema(self) -> None:
+        async with self.pool.connection() as conn:
+            self._schema_version = await check_current(conn, self.config.schema)
+
+    def _log_banner(self) -> None:
+        """The start-up lines (`trioq._worker.banner`): where, what, and what looks wrong."""
+        config = self.config
+        for line in banner(
+            dsn=self.dsn, schema=config.schema, version=self._schema_version,
+            worker_id=config.worker_id, queues=config.served_queues(),
+            registry=config.registry, metrics_url=self.metrics_url,
+            session_dsn=self.session_dsn, prepared=self._prepared,
+        ):  # fmt: skip
+            logger.log(line.level, "%s", line.message, extra=dict(line.extra))
+
+    async def _run_jobs(self, task_status: trio.TaskStatus[Runtime]) -> None:
+        async with trio.open_nursery() as jobs:
+            async with trio.open_nursery() as fetchers:
+                for state in self._queues.values():
+                    for _ in range(state.config.concurrency):
+                        jobs.start_soon(self._slot, state)
+                    fetchers.start_soon(self._fetch_loop, state)
+                self._log_banner()
+                self._started = True  # from here a stop is graceful
+                task_status.started(self)
+                await self._stop_requested.wait()
+                fetchers.cancel_scope.cancel()
+            # The fetchers closed their buffers: the slots release what is left in them.
+            logger.info("stopping: waiting up to %s s for %d jobs", self.config.shutdown_grace,
+                        len(self._held))  # fmt: skip
+            with self._grace_scope, trio.move_on_after(self.config.shutdown_grace):
+                while any(state.active for state in self._queues.values()):
+                    await self._job_finished.wait()
+            for held in [*self._held, *self._holding]:
+                held.abort("shutdown")
+
+    async def _flush(self) -> None:
+        """Write every outcome submitted so far (shielded, bounded), then stop the completer."""
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True) as scope:
+            await self._completer.close()
+            await self._completer.finished.wait()
+        if scope.cancelled_caught:
+            logger.warning("%d job outcomes not written at shutdown: their leases will expire",
+                           len(self._held))  # fmt: skip
+
+    async def _flush_history(self) -> None:
+        """Write the job history gathered since the last round (shielded, bounded)."""
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True):
+            try:
+                await self._history_writer.run_once()
+            except Exception as ex:  # history is for charts: it must not fail the shutdown
+                logger.warning("writing job history at shutdown failed: %s", ex)
+
+    async def _flush_events(self) -> None:
+        """Let the event callbacks finish what is buffered (shielded, bounded)."""
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True) as scope:
+            await self._events.close()
+            await self._events.finished.wait()
+        if scope.cancelled_caught:
+            logger.warning("event callbacks had not finished at shutdown: %d events not "
+                           "delivered", self._events.statistics().pending)  # fmt: skip
+
+    async def _serve_metrics(self, *, task_status: trio.TaskStatus[str]) -> None:
+        from .._config import parse_address
+        from .._obs.prometheus import MetricsServer, trioq_version
+
+        assert self.config.metrics is not None
+        host, first, last = parse_address(self.config.metrics)
+        depth = DepthSampler(self.pool, self.config.schema,
+                             interval=self.config.metrics_depth_interval,
+                             cap=self.config.metrics_depth_cap)  # fmt: skip
+        server = MetricsServer(host, range(first, last + 1), sample=self._metrics_sample,
+                               depth=depth, version=trioq_version())  # fmt: skip
+        await server.run(task_status=task_status)
+
+    def _metrics_sample(self) -> Sample:
+        """What a scrape shows (`trioq._obs.metrics`), taken at once on the trio thread."""
+        meter = self._meter or ClaimMeter()
+        return Sample(
+            worker_id=self.config.worker_id, schema=self.config.schema,
+            queues=tuple(
+                QueueGauges(queue=name, concurrency=q.config.concurrency, busy=q.active,
+                            buffered=len(q.buffer))
+                for name, q in self._queues.items()
+            ),
+            held_leases=len(self._held), history=self._history.totals(),
+            claimed=dict(meter.jobs), claim_sizes={q: list(c) for q, c in meter.sizes.items()},
+            claim_size_sums=dict(meter.size_sums),
+            claim_errors={name: self._claim_errors[name] for name in self._queues},
+            events=dict(self._lifecycle.counts),
+            swept={"returned": self._sweeper.returned, "dead": self._sweeper.dead,
+                   "cancelled": self._sweeper.cancelled},
+            write_errors=self._completer.write_errors,
+            outcomes_written=self._completer.outcomes,
+            listener_reconnects=self._listener.reconnects,
+            pools={"runtime": self.pool.statistics(), "app": self.app_pool.statistics()},
+            hooks=attrs.asdict(self._events.statistics()),
+        )  # fmt: skip
+
+    async def _signal_loop(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            logger.info("received %s", signal.Signals(signum).name)
+            self.stop()
+
+    # -- fetching and running jobs --------------------------------------------------------------
+
+    async def _fetch_loop(self, state: _QueueState) -> None:
+        """Claim jobs for the queue's slots, and ahead of them while jobs are short.
+
+        See `_QueueState.wanted`. Leases held by this queue stay bounded: at
+        most 2 x ``concurrency`` running or buffered, plus the outcomes waiting
+        for the completer.
+        """
+        backoff = CLAIM_BACKOFF_MIN
+        try:
+            while True:
+                wanted = state.wanted()
+                if wanted <= 0:
+                    await state.wait_for_room()
+                    continue
+                finished_before, sent = state.finished, trio.current_time()
+                starved = state.starved(sent)
+                try:
+                    got, written = await self._claim(state, wanted)
+                except Exception as ex:  # the database, mostly; Cancelled is not an Exception
+                    self._claim_errors[state.name] += 1
+                    logger.warning("claiming from queue %r failed: %s", state.name, ex)
+                    # Back off, but a notification (or the listener's reconnect) means
+                    # the database is answering again: try at once rather than up to
+                    # CLAIM_BACKOFF_MAX later.
+                    with trio.move_on_after(backoff):
+                        await state.wakeup.wait()
+                    backoff = min(backoff * 2, CLAIM_BACKOFF_MAX)
+                    continue
+                backoff = CLAIM_BACKOFF_MIN
+                claimed = got.jobs
+                state.claimed(sent=sent, now=trio.current_time(), got=len(claimed),
+                              finished_before=finished_before, starved=starved,
+                              bound=got.concurrency_bound)  # fmt: skip
+                batch = [HeldJob(job, Lease(job.id, job.attempt)) for job in claimed]
+                self._held.add(batch)
+                state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
+                if len(claimed) < wanted:  # drained or limited: wait for news, or poll
+                    await self._governor.wait(state.name, got, written, state.wakeup)
+        finally:
+            state.close()  # the slots release what is left in the buffer, then end
+
+    async def _claim(self, state: _QueueState, limit: int) -> tuple[LimitedClaim, int]:
+        async with self.pool.connection() as conn:
+            # Shielded: a claim cut short by the stop may have committed, and its jobs would
+            # be held by nobody here. (Should it time out, the worker's row stays at the stop:
+            # see `Liveness`.)
+            with trio.move_on_after(CLAIM_TIMEOUT, shield=True):
+                got = await self._governor.claim(
+                    conn, state.name, owner=self.config.worker_id, limit=limit,
+                    lease=dt.timedelta(seconds=self.config.lease),
+                )  # fmt: skip
+                self._claimed += len(got[0].jobs)
+                if self._meter is not None:
+                    self._meter.claimed(state.name, got[0].jobs)
+                return got
+        raise TimeoutError(f"the claim took longer than {CLAIM_TIMEOUT} s")
+
+    async def _release_buffered(self, name: str) -> None:
+        """The queue was paused: give back the jobs claimed for it but not started."""
+        state = self._queues[name]
+        while state.buffer:
+            held = state.buffer.pop()
+            held.abort("paused")  # keeps an earlier reason: a lost lease, a cancel request
+            await self._completer.submit(aborted(held.reason, held.lease))
+
+    async def _slot(self, state: _QueueState) -> None:
+        """One of the queue's ``concurrency`` slots: run buffered jobs one after another.
+
+        Each job's handler runs in a cancel scope that `HeldJob.abort` cancels
+        (lost lease, cancel request, shutdown). Entering and leaving a scope is
+        a good part of trio's cost per job, so a slot keeps one scope for as
+        many jobs as it can: until one of them is aborted while it runs. Then
+        that job's outcome is decided here, and the slot opens a new scope.
+        """
+        while True:
+            current: list[HeldJob] = []  # the job whose handler runs in `scope`, if any
+            with trio.CancelScope() as scope:
+                await self._slot_jobs(state, scope, current)
+                return  # the buffer is closed and empty
+            # `scope` was cancelled: abort() of the job it was running (or of one that
+            # returned just as it was aborted; then `current` is empty).
+            if current:
+                running = current.pop()
+                outcome = self._aborted(running)
+                if (thread := self._executor.thread_of(running.job.id)) is not None:
+                    outcome = await self._hold_for_thread(running, thread, outcome)
+                self._finish(state, running)
+                await self._completer.submit(outcome)
+
+    async def _slot_jobs(
+        self, state: _QueueState, scope: trio.CancelScope, current: list[HeldJob]
+    ) -> None:
+        """Run buffered jobs in ``scope`` until the buffer is closed and empty."""
+        streak = 0
+        while (running := await state.take(checkpoint=streak >= SLOT_YIELD_EVERY)) is not None:
+            streak = streak + 1 if streak < SLOT_YIELD_EVERY else 1
+            if running.reason is not None or self._stop_requested.is_set():
+                await self._completer.submit(self._aborted(running))
+                continue
+            if scope.cancel_called:  # a job aborted as it returned: a fresh scope, please
+                state.buffer.appendleft(running)
+                await trio.lowlevel.checkpoint()  # raises Cancelled: we are in `scope`
+            state.active += 1
+            running.scope = scope
+            current.append(running)
+            outcome = await self._execute(running)  # Cancelled: abort(); the caller deals
+            current.pop()
+            self._finish(state, running)
+            await self._completer.submit(outcome)
+
+    async def _hold_for_thread(
+        self, running: HeldJob, thread: trio.Event, outcome: Outcome
+    ) -> Outcome:
+        """The job was stopped, but its sync handler's thread runs on: keep the slot until
+        it returns, so this process never runs the job twice at once. A cancelled job is
+        marked cancelled at once (the thread's result will be discarded); at shutdown the
+        job is not given back at all (its lease expires once this process is gone)."""
+        job, why = running.job, running.reason
+        if why == "shutdown" or self._stop_requested.is_set():
+            logger.warning("job %d (%s): its sync handler's thread is still running at "
+                           "shutdown: the job is not given back; the sweeper returns it once "
+                           "its lease expires", job.id, job.task,
+                           extra=fields(job.id, job.task, job.queue, job.attempt))  # fmt: skip
+            return Outcome(kind=Kind.NOTHING, lease=running.lease)
+        if why == "cancel":
+            await self._completer.submit(outcome)  # marked cancelled now
+            outcome = Outcome(kind=Kind.NOTHING, lease=running.lease)
+        with trio.CancelScope() as scope:
+            running.scope = scope  # a shutdown's abort() ends the wait
+            self._holding.add(running)
+            try:
+                await self._executor.outlived(job, "it was cancelled" if why == "cancel" else
+                                              "its lease was lost")  # fmt: skip
+            finally:
+                self._holding.discard(running)
+        if scope.cancelled_caught:
+            return Outcome(kind=Kind.NOTHING, lease=running.lease)
+        return outcome
+
+    def _finish(self, state: _QueueState, running: HeldJob) -> None:
+        """The handler is done: the slot is free (its outcome is handed over after this)."""
+        running.scope = None
+        running.finished = True
+        state.job_done()
+        if self._stop_requested.is_set():
+            self._job_finished.set()  # the shutdown grace waits for running jobs
+
+    async def _execute(self, running: HeldJob) -> Outcome:
+        """Run the job's handler; raises Cancelled if the job is aborted while it runs."""
+        started = time.monotonic()
+        outcome = await self._executor.run(running.job, running.lease)
+        if running.reason == "lost":  # its handler ran on, but the outcome is not ours
+            logger.warning("job %d (%s) attempt %d: its handler finished after its lease was "
+                           "lost (the job was returned or taken by another worker): its "
+                           "outcome (%s) is discarded", running.job.id, running.job.task,
+                           running.lease.attempt, outcome.kind.value,
+                           extra=fields(running.job.id, running.job.task, running.job.queue,
+                                        running.lease.attempt))  # fmt: skip
+            return Outcome(kind=Kind.NOTHING, lease=running.lease)
+        outcome.ended = time.monotonic()  # for the history, with `started` and the job
+        outcome.started = started
+        outcome.job = running.job
+        return outcome
+
+    @staticmethod
+    def _aborted(running: HeldJob) -> Outcome:
+        """The outcome of a job stopped by the runtime (`aborted`), with its job attached."""
+        outcome = aborted(running.reason, running.lease)
+        outcome.job = running.job
+        return outcome
+
+    def _written(self, batch: Sequence[Outcome]) -> None:
+        self._history.record(batch)
+        self._lifecycle.written(batch)  # logs, events and counts of retries, deaths, ...
+        queues = self._queues_of(batch) if self._governor.waiting else None
+        forget = self._held.forget
+        for outcome in batch:
+            forget(outcome.lease)
+        self._governor.outcomes_written(queues)
+        if any(o.kind in _SCHEDULES or (o.kind is Kind.RELEASE and o.delay) for o in batch):
+            self._scheduler.wake()  # a retry or snooze may now be the next job due
+
+    def _queues_of(self, batch: Sequence[Outcome]) -> set[str | None]:
+        """The queues of the jobs whose outcomes these are (None: no longer held)."""
+        get = self._held.get
+        return {None if (held := get(o.lease)) is None else held.job.queue for o in batch}
+
+    # -- wake-ups -------------------------------------------------------------------------------
+
+    def _wake(self, payload: str) -> None:
+        """A notification: a queue got due work, (``@scheduled``) a job for later, or
+        (``@cancel:<id>``) a cancel of a running job, maybe one of ours."""
+        if payload == SCHEDULED_PAYLOAD:
+            self._scheduler.wake()
+        elif payload == QUEUES_PAYLOAD:
+            self._governor.wake()
+        elif payload.startswith(CANCEL_PAYLOAD):
+            self._cancel(payload[len(CANCEL_PAYLOAD) :])
+        elif (state := self._queues.get(payload)) is not None:
+            state.wakeup.set()
+
+    def _cancel(self, job_id: str) -> None:
+        """Stop the handler of a job whose cancel was requested, if it runs (or waits) here.
+        The heartbeat would see the flag too, up to an interval later: this is the fast path."""
+        if not job_id.isdigit():
+            return
+        for held in self._held.of_job(int(job_id)):
+            logger.info("job %d (%s): cancel requested: stopping its handler", held.job.id,
+                        held.job.task)  # fmt: skip
+            held.abort("cancel")
+
+    def _wake_all(self) -> None:
+        for state in self._queues.values():
+            state.wakeup.set()
+        self._scheduler.wake()
+        self._governor.wake()

@@ -1,0 +1,210 @@
+"""The governor: which claim each served queue uses, and how its fetcher waits when limited.
+
+It keeps the settings of the queues this process serves (``queues`` table), read at start,
+on every ``@queues`` notification (a pause, a resume, a change of limits, in any process)
+and every ``poll_interval`` in case a notification was lost. A queue with settings is
+claimed with ``claim_limited``; the others with the plain claim, which the database makes
+refuse a queue that has become controlled meanwhile, so a stale cache can delay a worker
+but never let it exceed a limit.
+
+A fetcher whose claim came back short waits here, for what can change the answer:
+
+- drained (or not limited): new work (a notification for the queue), or ``poll_interval``;
+- paused, or the global concurrency limit reached: a settings change, or an outcome of this
+  process written (its slot is free), or ``poll_interval``;
+- the rate window full: until it opens (``retry_in``, from the claim), or a settings change;
+- jobs held back by per-key limits: new work, an outcome written, the first key's window.
+
+When a queue is paused, the jobs this process claimed for it but has not started are
+released at once (attempt refunded), so no handler starts after the pause is seen.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Set
+
+import attrs
+import trio
+
+from ..._config import QueueConfig
+from ..._flow import LimitedClaim, QueueSettings
+from ..._pg.pool import Pool
+from ..._queue import Conn, Queue
+from ..wakeup import Wakeup
+
+__all__ = ["Governor", "GovernorRound"]
+
+logger = logging.getLogger("trioq.runtime")
+
+
+@attrs.frozen(kw_only=True)
+class GovernorRound:
+    """What one read of the settings found."""
+
+    settings: tuple[QueueSettings, ...]
+    changed: tuple[str, ...]  # queues whose settings differ from the last round
+    paused: tuple[str, ...]  # queues paused since the last round
+
+
+class Governor:
+    def __init__(
+        self,
+        pool: Pool,
+        queue: Queue,
+        queues: Mapping[str, QueueConfig],
+        *,
+        poll_interval: float,
+        on_change: Callable[[str], None],
+        on_paused: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._pool = pool
+        self._queue = queue
+        self._configs = dict(queues)
+        self._poll = poll_interval
+        self._on_change = on_change  # wake the queue's fetcher (as new work does)
+        self._on_paused = on_paused  # release the queue's unstarted jobs
+        self._settings = {name: QueueSettings(name=name) for name in queues}
+        self._changed = Wakeup()
+        self._flow = {name: Wakeup() for name in queues}
+        self._blocked: dict[str, str] = {}  # queue -> the concurrency reason it waits on
+        self._written = 0  # outcome batches written so far (see `wait`)
+
+    # -- what the runtime asks ------------------------------------------------------------------
+
+    def controlled(self, name: str) -> bool:
+        return self._settings[name].controlled
+
+    def settings(self, name: str) -> QueueSettings:
+        return self._settings[name]
+
+    def wake(self) -> None:
+        """The settings may have changed (a notification, or the listener reconnected)."""
+        self._changed.set()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a fetcher waits for a slot of this process to free (see
+        `outcomes_written`)."""
+        return bool(self._blocked)
+
+    def outcomes_written(self, queues: Set[str | None] | None = None) -> None:
+        """The completer wrote a batch, with outcomes of ``queues`` (None: the job's queue
+        is not known, e.g. completed by ``job.transaction()``): those slots are free in
+        the database. The runtime gives ``queues`` only while `waiting`."""
+        self._written += 1
+        if not self._blocked or queues is None:
+            return
+        for name in [n for n in self._blocked if n in queues or None in queues]:
+            if self._blocked.pop(name) == "keys":
+                self._on_change(name)  # it waits for work as well: one wake-up for both
+            else:
+                self._flow[name].set()
+
+    async def claim(
+        self, conn: Conn, name: str, *, owner: str, limit: int, lease: dt.timedelta
+    ) -> tuple[LimitedClaim, int]:
+        """Claim for ``name`` with the claim its settings need; with the count of outcome
+        batches written before it began (for `wait`)."""
+        written = self._written
+        if self._settings[name].controlled:
+            got = await self._queue.claim_limited(conn, name, owner=owner, limit=limit,
+                                                  lease=lease)  # fmt: skip
+        else:
+            got = LimitedClaim(
+                jobs=await self._queue.claim(conn, name, owner=owner, limit=limit, lease=lease)
+            )
+        return got, written
+
+    async def wait(self, name: str, got: LimitedClaim, written: int, work: Wakeup) -> None:
+        """Wait until claiming from ``name`` again may give more than ``got`` did."""
+        reason = got.reason
+        if reason is None:
+            timeout = self._poll if got.retry_in is None else min(self._poll, got.retry_in)
+            with trio.move_on_after(timeout):
+                await work.wait()
+            return
+        if reason == "more":
+            await trio.lowlevel.checkpoint()
+            return
+        if reason in ("concurrency", "keys"):
+            if self._written != written:
+                # An outcome of ours was written while the claim ran: it may have counted a
+                # slot that is free by now. Claim again rather than miss that wake-up.
+                await trio.lowlevel.checkpoint()
+                return
+            self._blocked[name] = reason
+        if reason == "rate" and got.retry_in is not None:
+            timeout = got.retry_in
+        elif got.retry_in is not None:
+            timeout = min(self._poll, got.retry_in)
+        else:
+            timeout = self._poll
+        wakeup = work if reason == "keys" else self._flow[name]
+        try:
+            with trio.move_on_after(timeout):
+                await wakeup.wait()
+        finally:
+            self._blocked.pop(name, None)
+
+    # -- the service ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write the limits of the config, read the settings, then refresh them on every
+        notification or ``poll_interval``. ``task_status.started()`` after the first read,
+        so the first claims already know; errors before it are raised."""
+        await self.apply_config()
+        await self.run_once()
+        task_status.started()
+        while True:
+            with trio.move_on_after(self._poll):
+                await self._changed.wait()
+            try:
+                await self.run_once()
+            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
+                logger.warning("reading queue settings failed: %s", ex)
+
+    async def apply_config(self) -> list[QueueSettings]:
+        """Store the limits given in the served queues' `QueueConfig` (the database is the
+        truth every process reads; a limit set here overrides one set at run time)."""
+        applied = []
+        names = list(self._configs)
+        async with self._pool.connection() as conn:
+            stored = {s.name: s for s in await self._queue.queue_settings(conn, names)}
+            for name, config in self._configs.items():
+                limits = config.limits()
+                if not limits:
+                    continue
+                before = stored.get(name, QueueSettings(name=name))
+                differs = {k: getattr(before, k) for k, v in limits.items()
+                           if getattr(before, k) not in (None, v)}  # fmt: skip
+                if differs:
+                    logger.warning("queue %r: QueueConfig replaces the stored limits %s",
+                                   name, differs)  # fmt: skip
+                applied.append(await self._queue.set_limits(conn, name, **limits))
+        return applied
+
+    async def run_once(self) -> GovernorRound:
+        """Read the settings of the served queues; act on what changed."""
+        async with self._pool.connection() as conn:
+            found = {s.name: s for s in await self._queue.queue_settings(conn, list(self._configs))}
+        changed, paused = [], []
+        for name, old in self._settings.items():
+            new = found.get(name, QueueSettings(name=name))
+            if new == old:
+                continue
+            self._settings[name] = new
+            changed.append(name)
+            if new.paused and not old.paused:
+                paused.append(name)
+                logger.info("queue %r paused", name)
+            elif old.paused and not new.paused:
+                logger.info("queue %r resumed", name)
+        for name in paused:
+            await self._on_paused(name)
+        for name in changed:
+            self._flow[name].set()
+            self._on_change(name)
+        settings = tuple(self._settings[name] for name in self._settings)
+        return GovernorRound(settings=settings, changed=tuple(changed), paused=tuple(paused))

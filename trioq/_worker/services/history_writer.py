@@ -1,0 +1,107 @@
+"""The history writer: upserts a worker's per-minute aggregates, prunes old ones.
+
+Every ``interval`` (`Config.history_interval`, default 5 s) one round takes what the
+runtime's `History` gathered since the last round and writes it with one statement
+(``INSERT ... ON CONFLICT DO UPDATE`` adding counts and sums, keeping maxima, merging the
+histograms element-wise), then deletes at most `PRUNE_BATCH` rows older than
+``retention`` (`Config.history_retention`, default 7 days). A failed write puts the
+aggregates back for the next round, so a database outage delays history but loses none
+of it (unless the process dies first: history is a chart, not a ledger). The runtime runs
+a last round at shutdown, after the completer's final flush.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+import attrs
+import trio
+
+from ..._db.statements import statements
+from ..._obs.history import BUCKETS, Cell, CellKey, History
+from ..._pg.pool import Pool
+
+__all__ = [
+    "DEFAULT_HISTORY_INTERVAL",
+    "DEFAULT_HISTORY_RETENTION",
+    "PRUNE_BATCH",
+    "HistoryRound",
+    "HistoryWriter",
+]  # fmt: skip
+
+logger = logging.getLogger("trioq.runtime")
+
+DEFAULT_HISTORY_INTERVAL = 5.0
+DEFAULT_HISTORY_RETENTION = dt.timedelta(days=7)
+#: Rows pruned per round at most: a week of one queue and task is 10,080 rows.
+PRUNE_BATCH = 5000
+
+
+@attrs.frozen(kw_only=True)
+class HistoryRound:
+    """What one round did."""
+
+    written: int  # (minute, queue, task) rows upserted
+    pruned: int  # rows older than the retention deleted
+
+
+class HistoryWriter:
+    def __init__(
+        self, pool: Pool, schema: str, history: History, *, interval: float,
+        retention: dt.timedelta,
+    ) -> None:  # fmt: skip
+        self._pool = pool
+        self._sql = statements(schema)
+        self._history = history
+        self.interval = interval
+        self.retention = retention
+
+    async def run(self) -> None:
+        """A round every ``interval``; a failed round is logged and the next one retries."""
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                await self.run_once()
+            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
+                logger.warning("writing job history failed: %s", ex)
+
+    async def run_once(self) -> HistoryRound:
+        """Write what was gathered since the last round, then prune one batch."""
+        cells = self._history.take()
+        async with self._pool.connection() as conn:
+            if cells:
+                try:
+                    await conn.execute(self._sql.history_upsert, upsert_params(cells))
+                except BaseException:
+                    self._history.restore(cells)
+                    raise
+            cur = await conn.execute(
+                self._sql.history_prune, {"retention": self.retention, "limit": PRUNE_BATCH}
+            )
+            row = await cur.fetchone()
+        return HistoryRound(written=len(cells), pruned=int(row[0]) if row else 0)
+
+
+def upsert_params(cells: dict[CellKey, Cell]) -> dict[str, Any]:
+    """The upsert's parameters: one array per column, rows sorted by key (lock order)."""
+    keys = sorted(cells)
+    rows = [cells[key] for key in keys]
+    return {
+        "buckets": BUCKETS,
+        "minutes": [key[0] for key in keys],
+        "queues": [key[1] for key in keys],
+        "tasks": [key[2] for key in keys],
+        "completed": [c.completed for c in rows],
+        "retried": [c.retried for c in rows],
+        "dead": [c.dead for c in rows],
+        "cancelled": [c.cancelled for c in rows],
+        "runs": [c.runs for c in rows],
+        "exec_us_sum": [c.exec_us_sum for c in rows],
+        "exec_us_max": [c.exec_us_max for c in rows],
+        "exec_hists": [n for c in rows for n in c.exec_hist],
+        "wait_us_sum": [c.wait_us_sum for c in rows],
+        "wait_us_max": [c.wait_us_max for c in rows],
+        "wait_hists": [n for c in rows for n in c.wait_hist],
+    }

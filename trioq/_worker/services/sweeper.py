@@ -1,0 +1,93 @@
+"""The sweeper: jobs whose worker died or stalled.
+
+Two checks, both safe in every process at once (rows are taken with SKIP LOCKED):
+
+- dead workers (every ``Config.liveness_interval``): workers whose liveness lock is free
+  and whose pings stopped (`trioq._worker.services.liveness`) have their running and prefetched jobs
+  returned at once, without waiting for the leases;
+- expired leases (every ``Config.sweep_interval``): the fallback, for workers that are
+  unreachable rather than dead (a network partition) or that never registered.
+
+Either way a job goes back to ``available`` (the attempt stays spent), or to dead_jobs on
+its last attempt, or is cancelled if a cancel was requested. The queues that got jobs
+back are notified, so every worker's fetcher claims them at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from ..._pg.pool import Pool
+from ..._queue import Queue, SweepResult
+
+__all__ = ["SweepRound", "Sweeper"]
+
+logger = logging.getLogger("trioq.runtime")
+
+_NOTHING = SweepResult(returned=frozenset(), dead=frozenset(), cancelled=frozenset())
+
+
+@attrs.frozen(kw_only=True)
+class SweepRound:
+    """What one round did: jobs of dead workers, and jobs whose lease expired."""
+
+    reclaimed: SweepResult
+    swept: SweepResult
+
+
+class Sweeper:
+    def __init__(
+        self, pool: Pool, queue: Queue, *, interval: float, reclaim_interval: float,
+        grace: float, on_returned: Callable[[], None],
+        on_swept: Callable[[SweepRound], None] | None = None,
+    ) -> None:  # fmt: skip
+        self._pool = pool
+        self._queue = queue
+        self.interval = interval
+        self.reclaim_interval = reclaim_interval
+        self._grace = dt.timedelta(seconds=grace)
+        self._on_returned = on_returned  # jobs are available again: wake the fetchers
+        self._on_swept = on_swept  # what every round did (the lifecycle reports deaths)
+        #: Jobs returned, killed, cancelled so far (the metrics).
+        self.returned = self.dead = self.cancelled = 0
+
+    async def run(self) -> None:
+        """Dead workers every ``reclaim_interval``, expired leases every ``interval``; a
+        failed round is logged."""
+        next_sweep = trio.current_time()
+        while True:
+            sweep = trio.current_time() >= next_sweep
+            try:
+                await self.run_once(sweep=sweep)
+            except Exception as ex:  # Cancelled is not an Exception
+                logger.warning("sweep failed: %s", ex)
+            if sweep:
+                next_sweep = trio.current_time() + self.interval
+            await trio.sleep(min(self.reclaim_interval, self.interval))
+
+    async def run_once(self, *, sweep: bool = True) -> SweepRound:
+        async with self._pool.connection() as conn:
+            reclaimed = await self._queue.reclaim_dead_workers(conn, grace=self._grace)
+            swept = await self._queue.sweep(conn) if sweep else _NOTHING
+            queues = reclaimed.queues | swept.queues
+            if queues:
+                await self._queue.notify_queues(conn, queues)
+        if reclaimed.returned or reclaimed.dead or reclaimed.cancelled:
+            logger.warning("returned %d jobs of dead workers (%d more went to dead_jobs on "
+                           "their last attempt)", len(reclaimed.returned),
+                           len(reclaimed.dead))  # fmt: skip
+        if queues:
+            self._on_returned()
+        done = SweepRound(reclaimed=reclaimed, swept=swept)
+        for result in (reclaimed, swept):
+            self.returned += len(result.returned)
+            self.dead += len(result.dead)
+            self.cancelled += len(result.cancelled)
+        if self._on_swept is not None:
+            self._on_swept(done)
+        return done
