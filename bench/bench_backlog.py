@@ -77,7 +77,8 @@ from psycopg import sql
 import trioq
 from trioq import Lease, Queue
 from trioq._cli.ops import STATUS_CAP
-from trioq._db.obs_statements import DEPTH_CAP, MAX_QUEUES, obs_statements
+from trioq._db.sql.status import DEPTH_CAP
+from trioq._db.sql.status import MAX_DEPTH_QUEUES as MAX_QUEUES
 from trioq._db.statements import statements, validate_schema_name
 from trioq.testing._postgres import session_cluster
 
@@ -229,7 +230,7 @@ def cli_rounds(dsn: str, schema: str, runs: int) -> list[dict[str, Any]]:
 
 async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
     """Median milliseconds of each of the metrics' depth statements."""
-    obs = obs_statements(schema)
+    obs = statements(schema)
     params = {"cap": DEPTH_CAP, "max_queues": MAX_QUEUES}
     out = {}
     for name in DEPTH_STATEMENTS:
@@ -244,7 +245,7 @@ async def depth_sample(conn: Conn, schema: str, runs: int) -> dict[str, float]:
 
 async def operator_view(conn: Conn, dsn: str, schema: str, runs: int) -> dict[str, Any]:
     start, *cli = await trio.to_thread.run_sync(cli_rounds, dsn, schema, runs)
-    stmts, obs = statements(schema), obs_statements(schema)
+    stmts = obs = statements(schema)
     capped = {"cap": STATUS_CAP, "max_queues": MAX_QUEUES}
     # What `trioq status` runs (trioq/_cli/ops.py -> Queue.status), on the server: the depth
     # statements at its cap and the leases; `--exact` runs status_queues instead of the first.

@@ -66,7 +66,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import attrs
 import trio
 from _common import (
     Table,
@@ -97,10 +96,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 import trioq
 import trioq._job as trioq_job
-import trioq._queue as trioq_queue
 from trioq import JobSpec, Lease, Queue
+from trioq._db import insert
 from trioq._db.statements import Statements, statements
-from trioq._job import encode_args_runs
+from trioq._job import check_payload, encode_args_runs
 
 BENCH_DB = "trioq_bench"
 QUEUE_NAME = "bench"
@@ -368,7 +367,7 @@ def _add(stages: Stages, name: str, seconds: float) -> None:
 
 async def stage_breakdown(conn: Conn, n: int, batch: int) -> Stages:
     """enqueue_many's COPY path (batches whose jobs differ in more than args), as in
-    trioq/_queue.py, timed step by step; seconds for ``n`` jobs.
+    trioq/_db/insert.py, timed step by step; seconds for ``n`` jobs.
 
     The steps call the real private methods. ``_copy`` is timed whole, and its text building
     is timed separately on a replica (`copy_row_fn`, same per-row work: isoformat, escape,
@@ -399,15 +398,15 @@ async def _stage_batch(conn: Conn, chunk: Sequence[JobSpec], stages: Stages) -> 
     q = Queue()
     t = time.perf_counter()
     for spec in chunk:
-        q._check_payload(spec)
-    _add(stages, "_check_payload", time.perf_counter() - t)
+        check_payload(spec.args_json, task=spec.task, max_bytes=q.max_payload_bytes)
+    _add(stages, "check_payload", time.perf_counter() - t)
     t = time.perf_counter()
     keys = [spec.effective_dedup_key() for spec in chunk]
     assert not any(keys)
     _add(stages, "effective_dedup_key", time.perf_counter() - t)
     t = time.perf_counter()
-    now, ids = await q._reserve_ids(conn, len(chunk))
-    _add(stages, "_reserve_ids (round trip)", time.perf_counter() - t)
+    now, ids = await insert.reserve_ids(conn, q.sql, len(chunk))
+    _add(stages, "reserve_ids (round trip)", time.perf_counter() - t)
     t = time.perf_counter()
     run_ats = [spec.run_at or now + spec.delay for spec in chunk]
     _add(stages, "run_ats", time.perf_counter() - t)
@@ -421,7 +420,7 @@ async def _stage_batch(conn: Conn, chunk: Sequence[JobSpec], stages: Stages) -> 
     assert text
     _add(stages, "_copy: build the COPY text (replica)", build)
     t = time.perf_counter()
-    await q._copy(conn, chunk, ids, run_ats, now, trace=None)
+    await insert._copy(conn, q.sql, chunk, ids=ids, run_ats=run_ats, now=now, trace=None)
     _add(
         stages, "_copy: COPY send + server (_copy minus the above)", time.perf_counter() - t - build
     )
@@ -438,7 +437,7 @@ async def _stage_batch(conn: Conn, chunk: Sequence[JobSpec], stages: Stages) -> 
 
 
 async def bulk_breakdown(conn: Conn, n: int, batch: int) -> Stages:
-    """enqueue_bulk's steps (as in trioq/_queue.py) timed one by one; seconds for ``n`` jobs."""
+    """enqueue_bulk's steps (as in trioq/_db/insert.py) timed one by one; seconds for ``n`` jobs."""
     q, spec = Queue(), JobSpec(task="bench.task", queue=QUEUE_NAME)
     stages: Stages = {}
     t_all = time.perf_counter()
@@ -450,14 +449,15 @@ async def bulk_breakdown(conn: Conn, n: int, batch: int) -> Stages:
         runs = encode_args_runs(args, task="bench.task", max_bytes=q.max_payload_bytes)
         _add(stages, "encode_args_runs: json + checks", time.perf_counter() - t)
         t = time.perf_counter()
-        statements = trioq_queue._bulk_statements(runs)
+        statements = insert._bulk_statements(runs)
         _add(stages, "_bulk_statements: the JSON array text", time.perf_counter() - t)
         t = time.perf_counter()
         await conn.execute("BEGIN")
         _add(stages, "BEGIN (round trip)", time.perf_counter() - t)
         t = time.perf_counter()
         for jobs, text in statements:
-            await q._insert_bulk_one(conn, spec, jobs, text, True, trace=None)
+            await insert._bulk_one(conn, q.sql, spec, jobs=jobs, args_array=text, notify=True,
+                                   trace=None)
         _add(stages, "the statement: send, server, ids", time.perf_counter() - t)
         t = time.perf_counter()
         await conn.execute("COMMIT")
@@ -523,7 +523,7 @@ async def raw_copy_rate(conn: Conn, n: int, batch: int) -> dict[str, float]:
 
 # COPY rows are built for whatever column list trioq._db.statements's COPY statement has (it
 # changes as trioq evolves: e.g. 'state' was added for scheduled jobs). Each known column has
-# the Python expression trioq/_queue.py uses for it; the row function is compiled once from
+# the Python expression trioq/_db/insert.py uses for it; the row function is compiled once from
 # that list so the prototypes pay no per-row dispatch.
 _COPY_CELL = {
     "id": "job_id",
@@ -609,7 +609,7 @@ async def run_drain_prototypes(
         for name, (index, setup, claim) in variants.items():
             await conn.execute("DROP INDEX trioq.jobs_lease_idx")
             await conn.execute(index.encode())
-            with patched(Queue, "sql", sql_property(attrs.evolve(SQL, claim=claim))):
+            with patched(Queue, "sql", sql_property(SQL.replaced(claim=claim))):
                 for batch, clients in DRAIN_POINTS:
                     await reset_jobs(conn, jobs)
                     await quiet()

@@ -36,7 +36,7 @@ instead (this file is the app module); its handlers report over a UDP socket on 
 monkeypatched for the measurement: claims on a connection of each fetcher's own, and statements
 rendered to text once (see docs/scheduling-latency.md for the A/B result).
 
-``--trace`` (in-process only) wraps `Queue.claim`, `Queue.promote_due`, `Queue.next_due` and
+``--trace`` (in-process only) wraps `Driver.claim`, `Driver.promote_due`, `Driver.next_due` and
 `Runtime._wake` (monkeypatching, nothing under ``trioq/`` is edited) and splits each job's latency
 into its stages: scheduler wake-up (due -> promote called), the promote statement, promote ->
 claim called, the claim statement, claim -> handler start (scheduled); COMMIT sent ->
@@ -80,7 +80,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import attrs
 import psycopg
 import trio
 from _common import (
@@ -100,8 +99,9 @@ from _common import (
 from psycopg import sql
 
 import trioq
-from trioq import Queue, Runtime
-from trioq._db.statements import Statements, statements
+from trioq import Runtime
+from trioq._db.driver import Driver
+from trioq._db.statements import Statements, names, statements
 
 BENCH_DB = "trioq_bench_sched"
 QUEUE = "bench_sched"
@@ -332,10 +332,10 @@ class Tracer:
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         tracer = self
-        claim, promote_due, next_due = Queue.claim, Queue.promote_due, Queue.next_due
+        claim, promote_due, next_due = Driver.claim, Driver.promote_due, Driver.next_due
         wake = Runtime._wake
 
-        async def traced_claim(self: Queue, conn: Conn, queue: str, **kw: Any) -> Any:
+        async def traced_claim(self: Driver, conn: Conn, queue: str, **kw: Any) -> Any:
             c0, t0 = time.process_time(), time.perf_counter()
             jobs = await claim(self, conn, queue, **kw)
             c1, t1 = time.process_time(), time.perf_counter()
@@ -346,14 +346,14 @@ class Tracer:
                     tracer.claim_cpu[job.id] = (c0, c1)
             return jobs
 
-        async def traced_promote(self: Queue, conn: Conn, **kw: Any) -> Any:
+        async def traced_promote(self: Driver, conn: Conn, **kw: Any) -> Any:
             t0 = time.perf_counter()
             queues = await promote_due(self, conn, **kw)
             if len(tracer.promotes) < TRACE_CAP:
                 tracer.promotes.append((t0, time.perf_counter(), len(queues)))
             return queues
 
-        async def traced_next_due(self: Queue, conn: Conn) -> Any:
+        async def traced_next_due(self: Driver, conn: Conn) -> Any:
             due_in = await next_due(self, conn)
             if len(tracer.next_dues) < TRACE_CAP:
                 seconds = math.nan if due_in is None else due_in.total_seconds()
@@ -370,9 +370,9 @@ class Tracer:
         gc.callbacks.append(self._on_gc)
         try:
             with (
-                patched(Queue, "claim", traced_claim),
-                patched(Queue, "promote_due", traced_promote),
-                patched(Queue, "next_due", traced_next_due),
+                patched(Driver, "claim", traced_claim),
+                patched(Driver, "promote_due", traced_promote),
+                patched(Driver, "next_due", traced_next_due),
                 patched(Runtime, "_wake", traced_wake),
             ):
                 yield
@@ -512,7 +512,7 @@ def lean_claim() -> Iterator[None]:
         if conn is None or conn.closed:
             conn = conns[state.name] = await trioq.connect(self.dsn, autocommit=True)
         try:
-            claimed = await self.queue.claim(
+            claimed = await self.queue.driver.claim(
                 conn, state.name, owner=self.config.worker_id, limit=limit,
                 lease=dt.timedelta(seconds=self.config.lease),
             )  # fmt: skip
@@ -523,7 +523,7 @@ def lean_claim() -> Iterator[None]:
         self._claimed += len(claimed)
         return claimed
 
-    with patched(Runtime, "_claim", claim), patched(Queue, "sql", property(lambda q: rendered)):
+    with patched(Runtime, "_claim", claim), patched(Driver, "sql", property(lambda q: rendered)):
         yield
 
 
@@ -531,11 +531,11 @@ def statements_rendered() -> Statements:
     """trioq's statements for the schema ``trioq``, each rendered to text once."""
     composed = statements("trioq")
     fields = {
-        f.name: getattr(composed, f.name).as_string(None)
-        for f in attrs.fields(Statements)
-        if isinstance(getattr(composed, f.name), sql.Composable)
+        name: getattr(composed, name).as_string(None)
+        for name in names()
+        if isinstance(getattr(composed, name), sql.Composable)
     }
-    return attrs.evolve(composed, **fields)
+    return composed.replaced(**fields)
 
 
 async def close_prototype_connections(runtime: Runtime) -> None:

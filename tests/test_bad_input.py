@@ -27,10 +27,11 @@ import trioq
 import trioq._db.migrate
 from trioq import CronEntry, DatabaseReadOnlyError, InvalidDSNError, JobSpec
 from trioq._cli import main as cli_main
-from trioq._cron import fire_due, next_fire_time
+from trioq._cron import next_fire_time
 from trioq._db.migrate import Migration, latest_version
 from trioq._db.statements import statements
 from trioq._pg.dsn import configured_dsn
+from trioq._worker.services.scheduler import fire_due
 
 UTC = dt.UTC
 FAST: dict[str, Any] = {

@@ -13,7 +13,8 @@ import trio
 from croniter import croniter
 
 import trioq
-from trioq._cron import TICK_RETENTION, CronEntry, Fired, fire_due, next_fire_time
+from trioq._cron import TICK_RETENTION, CronEntry, next_fire_time
+from trioq._worker.services.scheduler import Fired, fire_due
 
 UTC = dt.UTC
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)  # a Tuesday, midnight

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import trioq
-import trioq._queue
+import trioq._db.insert
 from trioq import JobSpec, Queue
 
 UTC = dt.UTC
@@ -175,7 +175,7 @@ async def test_rolled_back_with_the_callers_transaction(dsn: str) -> None:
 async def test_one_notification_per_queue_per_transaction(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trioq._queue, "_BULK_STATEMENT_JOBS", 7)  # several statements per call
+    monkeypatch.setattr(trioq._db.insert, "_BULK_STATEMENT_JOBS", 7)  # several statements per call
     async with migrated(dsn) as conn, await trioq.connect(dsn, autocommit=True) as other:
         await other.execute("LISTEN trioq_trioq")
         async with conn.transaction():
@@ -194,7 +194,7 @@ async def test_one_notification_per_queue_per_transaction(
 async def test_several_statements_in_autocommit_are_one_transaction(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trioq._queue, "_BULK_STATEMENT_JOBS", 10)
+    monkeypatch.setattr(trioq._db.insert, "_BULK_STATEMENT_JOBS", 10)
     async with migrated(dsn) as conn:
         await conn.execute("ALTER TABLE trioq.jobs ADD CHECK (args->>'bad' IS NULL)")
         args: list[Any] = [{"i": i} for i in range(25)]
@@ -209,7 +209,7 @@ async def test_several_statements_in_autocommit_are_one_transaction(
 async def test_long_args_are_split_across_statements(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trioq._queue, "_BULK_STATEMENT_CHARS", 100)
+    monkeypatch.setattr(trioq._db.insert, "_BULK_STATEMENT_CHARS", 100)
     args: list[Any] = [{"i": i, "pad": "x" * (i % 40)} for i in range(30)]
     async with migrated(dsn) as conn, await trioq.connect(dsn, autocommit=True) as other:
         await other.execute("LISTEN trioq_trioq")

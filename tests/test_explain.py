@@ -42,7 +42,9 @@ from psycopg.adapt import PyFormat, Transformer
 
 import trioq
 from trioq import JobSpec, Queue
-from trioq._db.obs_statements import DEPTH_CAP, LIST_WINDOW, MAX_QUEUES, obs_statements
+from trioq._db.sql.lists import WINDOW as LIST_WINDOW
+from trioq._db.sql.status import DEPTH_CAP
+from trioq._db.sql.status import MAX_DEPTH_QUEUES as MAX_QUEUES
 from trioq._db.statements import statements
 
 pytestmark = pytest.mark.slow
@@ -384,9 +386,10 @@ def _assert_no_seq_scan(plan: Mapping[str, Any]) -> None:
 
 
 async def _observability_statements(conn: Any) -> None:
-    """The metrics' depth sample and `trioq jobs list` (trioq._db.obs_statements): indexes only, and
-    the depth sample's cost on this table (printed: docs/observability.md quotes it)."""
-    st = obs_statements("trioq")
+    """The metrics' depth sample and `trioq jobs list` (``trioq/_db/sql/status.py``, ``lists.py``):
+    indexes only, and the depth sample's cost on this table (printed: docs/observability.md
+    quotes it)."""
+    st = statements("trioq")
     depth = {"depth_available": st.depth_available, "depth_dead": st.depth_dead,
              "depth_scheduled_running": st.depth_scheduled_running,
              "depth_waiting": st.depth_waiting}  # fmt: skip
@@ -410,9 +413,10 @@ async def _observability_statements(conn: Any) -> None:
         {"queue": None, "task": None}, {"queue": TARGET, "task": None},
         {"queue": None, "task": "task_3"},
     ]  # fmt: skip
-    for state, statement in st.lists.items():
+    for state, statement in st.job_lists.items():
         for where in filters:
-            list_params = {**where, "window": LIST_WINDOW, "limit": 50}
+            list_params = {**where, "contains": None, "text": None, "window": LIST_WINDOW,
+                           "limit": 50, "offset": 0}  # what `trioq jobs list` sends
             analyzed = await _analyzed(conn, statement, list_params)
             _assert_no_seq_scan(analyzed["Plan"])
             assert analyzed["Execution Time"] < 2000, (state, where, _render(analyzed["Plan"]))

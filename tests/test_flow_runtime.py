@@ -15,6 +15,7 @@ import trio
 
 import trioq
 from trioq import QueueConfig, RateLimit
+from trioq._db.driver import Driver
 
 FAST: dict[str, Any] = {"lease": 3, "heartbeat_interval": 0.5, "sweep_interval": 0.3}
 Q = trioq.Queue()
@@ -157,14 +158,14 @@ async def test_a_rate_limited_worker_sleeps_until_the_window_opens(
     """3 starts a second, 9 jobs: three windows, and a handful of claims, not a busy loop."""
     tasks = trioq.Registry()
     claims = []
-    original = trioq.Queue.claim_limited
+    original = Driver.claim_limited  # what the runtime claims with
 
-    async def counted(self: trioq.Queue, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
+    async def counted(self: Driver, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
         got = await original(self, *args, **kwargs)
         claims.append(got)
         return got
 
-    monkeypatch.setattr(trioq.Queue, "claim_limited", counted)
+    monkeypatch.setattr(Driver, "claim_limited", counted)
     starts: list[Any] = []
 
     @tasks.task(queue="q")
@@ -259,14 +260,14 @@ async def test_a_full_queue_is_not_woken_by_another_queues_outcomes(
     release = trio.Event()
     quick_done = Gauge()
     claims: list[trioq.LimitedClaim] = []
-    original = trioq.Queue.claim_limited
+    original = Driver.claim_limited  # what the runtime claims with
 
-    async def counted(self: trioq.Queue, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
+    async def counted(self: Driver, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
         got = await original(self, *args, **kwargs)
         claims.append(got)
         return got
 
-    monkeypatch.setattr(trioq.Queue, "claim_limited", counted)
+    monkeypatch.setattr(Driver, "claim_limited", counted)
 
     @tasks.task(queue="limited")
     async def hold(job: trioq.JobContext) -> None:

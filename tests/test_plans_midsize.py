@@ -15,7 +15,7 @@ from typing import Any
 
 import trioq
 from trioq import Queue
-from trioq._db.statements import claim_query, statements
+from trioq._db.statements import rendered, statements
 
 JOBS = 20_000
 BATCH = 100
@@ -56,7 +56,7 @@ async def test_the_claim_and_the_fences_use_the_primary_key_on_a_midsize_table(d
         await trioq.migrate(conn)
         await _filled(conn)
         claim = {"queue": "default", "owner": OWNER, "limit": BATCH, "lease": LEASE}
-        scans = await _explain(conn, claim_query("trioq"), claim)
+        scans = await _explain(conn, rendered("trioq", "claim"), claim)
         assert ("Seq Scan", "jobs") not in scans, scans
         jobs = await Queue().claim(conn, "default", owner=OWNER, limit=BATCH, lease=LEASE)
         fence = {

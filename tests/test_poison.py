@@ -256,7 +256,8 @@ async def test_a_batch_that_fails_on_a_value_is_split_and_made_safe(dsn: str) ->
         ]
         written: list[Outcome] = []
         async with trioq.pg.Pool(dsn, max_size=2, connect_kwargs={"autocommit": True}) as pool:
-            completer = Completer(pool, queue, "w", capacity=len(outcomes), written=written.extend)
+            completer = Completer(pool, queue.driver, "w", capacity=len(outcomes),
+                                  written=written.extend)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(completer.run)
                 for outcome in outcomes:

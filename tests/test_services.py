@@ -55,7 +55,7 @@ async def claim_one(conn: Any, owner: str, lease: dt.timedelta = LEASE) -> trioq
 async def test_sweeper_returns_expired_leases_and_wakes_the_fetchers(dsn: str) -> None:
     async with database(dsn) as (conn, pool):
         woken: list[None] = []
-        sweeper = Sweeper(pool, Q, interval=1, reclaim_interval=1, grace=2,
+        sweeper = Sweeper(pool, Q.driver, interval=1, reclaim_interval=1, grace=2,
                           on_returned=lambda: woken.append(None))  # fmt: skip
         expired = await trioq.enqueue(conn, "t")
         await claim_one(conn, "crashed", lease=dt.timedelta(seconds=5))
@@ -94,7 +94,7 @@ async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> Non
         async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
             await set_clock(conn, pool, T0)  # long after the server started (its grace)
             woken: list[None] = []
-            sweeper = Sweeper(pool, Q, interval=60, reclaim_interval=1, grace=2,
+            sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
                               on_returned=lambda: woken.append(None))  # fmt: skip
             dead = await register(conn, "dead", seen_ago=10)
             slow = await register(conn, "slow", seen_ago=10)
@@ -129,7 +129,7 @@ async def test_a_worker_that_stops_holding_running_jobs_leaves_its_row_for_the_s
     is free, and the sweepers return those jobs within the grace, not at lease expiry."""
     async with database(dsn) as (conn, pool):
         for name, running in (("holding", True), ("clean", False)):
-            liveness = Liveness(dsn, pool, Q, name=name, queues={"default": 1}, interval=60,
+            liveness = Liveness(dsn, pool, Q.driver, name=name, queues={"default": 1}, interval=60,
                                 running=lambda: 0)  # fmt: skip
             async with trio.open_nursery() as nursery:
                 await nursery.start(liveness.run)
@@ -140,7 +140,7 @@ async def test_a_worker_that_stops_holding_running_jobs_leaves_its_row_for_the_s
             left = await rows(conn, "SELECT id FROM trioq.workers WHERE name = %s", name)
             assert left == ([(liveness.worker,)] if running else [])
         await set_clock(conn, pool, T0 + dt.timedelta(seconds=5))
-        sweeper = Sweeper(pool, Q, interval=60, reclaim_interval=1, grace=2,
+        sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
                           on_returned=lambda: None)  # fmt: skip
         assert (await sweeper.run_once(sweep=False)).reclaimed.returned == {job.id}
         assert await rows(conn, "SELECT name FROM trioq.workers") == []
@@ -156,7 +156,7 @@ def held_job(job: trioq.Job) -> HeldJob:
 async def test_heartbeat_extends_cancels_and_gives_up_lost_leases(dsn: str) -> None:
     async with database(dsn) as (conn, pool):
         held = HeldJobs()
-        beat = Heartbeat(pool, Q, held, owner="w", lease=60, interval=1)
+        beat = Heartbeat(pool, Q.driver, held, owner="w", lease=60, interval=1)
         assert await beat.run_once() == HeartbeatRound(
             extended=0, lost=(), cancelled=()
         )
@@ -194,7 +194,7 @@ async def test_heartbeat_ignores_a_lost_lease_whose_outcome_was_written(dsn: str
     """The heartbeat raced the completer: the job finished; nothing to cancel."""
     async with database(dsn) as (conn, pool):
         held = HeldJobs()
-        beat = Heartbeat(pool, Q, held, owner="w", lease=60, interval=1)
+        beat = Heartbeat(pool, Q.driver, held, owner="w", lease=60, interval=1)
         await trioq.enqueue(conn, "t")
         finished = held_job(await claim_one(conn, "w"))
         held.add([finished])
@@ -251,7 +251,7 @@ async def test_listener_dispatches_notifications_until_its_connection_is_lost(ds
         payloads: list[str] = []
         listening: list[None] = []
         listener = Listener(
-            dsn, Q, on_notify=payloads.append, on_listening=lambda: listening.append(None)
+            dsn, Q.driver, on_notify=payloads.append, on_listening=lambda: listening.append(None)
         )
         async with trio.open_nursery() as nursery:
             rounds: list[Any] = []
@@ -278,7 +278,7 @@ async def test_listener_dispatches_notifications_until_its_connection_is_lost(ds
 
 async def test_listener_raises_when_it_cannot_connect(unused_port: int) -> None:
     listener = Listener(
-        f"postgresql://nobody@127.0.0.1:{unused_port}/nothing", Q,
+        f"postgresql://nobody@127.0.0.1:{unused_port}/nothing", Q.driver,
         on_notify=lambda p: None, on_listening=lambda: None,
     )  # fmt: skip
     with pytest.raises(trioq.ConnectError):

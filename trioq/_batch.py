@@ -29,11 +29,12 @@ import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from ._dependencies import GraphJob
+from ._db.insert import GraphJob
 from ._enqueue import DEFAULT_QUEUE
 from ._exceptions import WorkflowError
 from ._job import JobSpec, check_job_id
-from ._queue import Conn, Queue
+from ._pg.connection import Conn
+from ._queue import Queue
 
 __all__ = ["MAX_BATCH_JOBS", "Batch", "BatchStatus", "EnqueuedBatch", "batch_status"]
 

@@ -41,6 +41,7 @@ import psycopg
 import trio
 from psycopg import sql
 
+from ._db.params import fence as _fence
 from ._db.statements import rendered
 from ._exceptions import SharedTransactionError
 from ._job import Lease
@@ -55,7 +56,7 @@ from ._job_transaction import (
 )
 from ._pg.pipeline import execute_pipelined
 from ._pg.pool import Pool
-from ._queue import Queue, _fence
+from ._queue import Queue
 
 __all__ = ["CompletionStatistics", "SharedCompletions", "check_statement", "complete_with"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from ._cron import CronEntry, check_entries
-from ._db.obs_statements import DEPTH_CAP
+from ._db.sql.status import DEPTH_CAP
 from ._db.statements import validate_schema_name
 from ._flow import RateLimit, check_limit, to_rate_limit
 from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule

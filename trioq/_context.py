@@ -23,9 +23,9 @@ from ._enqueue import without_first
 from ._exceptions import JobNotFoundError, Snooze
 from ._job import MAX_RETRY_DELAY, Job, JSONValue, Lease, to_delay
 from ._job_transaction import SharedTransactions, own_transaction
-from ._pg.connection import TrioConnection
+from ._pg.connection import Conn, TrioConnection
 from ._pg.pool import Pool
-from ._queue import Conn, Queue
+from ._queue import Queue
 
 __all__ = ["JobContext", "JobServices"]
 

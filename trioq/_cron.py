@@ -1,12 +1,11 @@
-"""Cron entries, and the tick firer the worker runtime's scheduler calls.
+"""Cron entries, and the arithmetic of their ticks.
 
 A `CronEntry` is a schedule (croniter syntax, read in an IANA timezone) and the
-job to enqueue at each of its ticks. `fire_due` enqueues each due tick exactly
-once across any number of processes: the tick's ``cron_ticks`` row is inserted
-(``ON CONFLICT DO NOTHING``) in the same transaction as its job, so whichever
-process inserts the row enqueues the job and every other one sees the conflict.
-`next_fire_time` tells the scheduler how long it may sleep. Both take ``now``
-from the caller (the database clock), so tests move time without sleeping.
+job to enqueue at each of its ticks. `decide` says what an entry does now, given its
+last recorded tick; the worker's scheduler (`trioq._worker.services.scheduler.fire_due`)
+records and enqueues each due tick exactly once across any number of processes.
+`next_fire_time` tells the scheduler how long it may sleep. Both take ``now`` from the
+caller (the database clock), so tests move time without sleeping.
 
 Ticks are wall-clock times in the entry's zone, mapped to instants:
 
@@ -14,24 +13,21 @@ Ticks are wall-clock times in the entry's zone, mapped to instants:
 - a wall time that never happens (clocks jump forward) fires at the jump, the
   first instant after the gap; several such ticks become one.
 
-The policies (first sight, ``skip``, ``run_once``) are in `_decide` and
+The policies (first sight, ``skip``, ``run_once``) are in `decide` and
 ``docs/cron.md``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import re
 import zoneinfo
 from collections.abc import Iterable
 from typing import Any, Literal
 
 import attrs
-import psycopg
 from croniter import CroniterBadDateError, croniter
 
-from ._db.statements import Statements, statements
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
     JSONValue,
@@ -44,21 +40,19 @@ from ._job import (
     encode_args,
     rule,
 )
-from ._queue import Queue
-from ._unique import Unique
 
 __all__ = [
     "DEFAULT_MISFIRE_GRACE",
     "TICK_RETENTION",
     "CronEntry",
-    "Fired",
     "Misfire",
     "check_entries",
-    "fire_due",
+    "check_now",
+    "decide",
+    "dedup_key",
     "next_fire_time",
 ]
 
-Conn = psycopg.AsyncConnection[Any]
 Misfire = Literal["skip", "run_once"]
 Validator = Any  # attrs validators: (instance, attribute, value) -> None
 
@@ -77,7 +71,6 @@ _HASHED_FIELD = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
 _SECOND = dt.timedelta(seconds=1)
 _PROBE = dt.datetime(2000, 1, 1)  # validation: a schedule must match after this
 
-logger = logging.getLogger("trioq.cron")
 
 # -- validation ---------------------------------------------------------------------------------
 
@@ -201,7 +194,7 @@ class CronEntry:
     def next_tick(self, after: dt.datetime) -> dt.datetime | None:
         """The first tick strictly after ``after`` (aware), in UTC; None if there is none."""
         zone = self.zone
-        wall, repeated = _wall(_check_aware("after", after), zone)
+        wall, repeated = _wall(check_now("after", after), zone)
         # In the second pass of a repeated interval its wall times are spent: resume at its end.
         start = _repeat_end(wall, after, zone) - _SECOND if repeated else wall
         ticks = croniter(self.schedule, start, ret_type=dt.datetime)
@@ -215,7 +208,7 @@ class CronEntry:
     def latest_tick(self, at: dt.datetime) -> dt.datetime | None:
         """The last tick at or before ``at`` (aware), in UTC; None if there is none."""
         zone = self.zone
-        wall, repeated = _wall(_check_aware("at", at), zone)
+        wall, repeated = _wall(check_now("at", at), zone)
         # In the second pass of a repeated interval, its wall times all fired in the first.
         bound = _repeat_end(wall, at, zone) if repeated else wall + _SECOND
         try:
@@ -225,19 +218,10 @@ class CronEntry:
         return _instant(previous, zone)
 
 
-@attrs.frozen(kw_only=True)
-class Fired:
-    """A tick this call of `fire_due` enqueued: the entry, the tick (UTC), and the job."""
-
-    name: str
-    tick: dt.datetime
-    job_id: int
-
-
 # -- wall clock <-> instants --------------------------------------------------------------------
 
 
-def _check_aware(what: str, value: dt.datetime) -> dt.datetime:
+def check_now(what: str, value: dt.datetime) -> dt.datetime:
     if not isinstance(value, dt.datetime) or value.utcoffset() is None:
         raise ValueError(f"{what} must be an aware datetime, got {value!r}")
     return value
@@ -291,44 +275,9 @@ def _offset(local: dt.datetime) -> dt.timedelta:
 
 def next_fire_time(entries: Iterable[CronEntry], now: dt.datetime) -> dt.datetime | None:
     """The earliest tick of any entry strictly after ``now`` (UTC), or None."""
-    _check_aware("now", now)
+    check_now("now", now)
     ticks = [tick for entry in entries if (tick := entry.next_tick(now)) is not None]
     return min(ticks, default=None)
-
-
-async def fire_due(
-    conn: Conn, queue: Queue, entries: Iterable[CronEntry], *, now: dt.datetime
-) -> list[Fired]:
-    """Enqueue the due tick of each entry, once across all processes; return those fired here.
-
-    ``now`` is the database clock (`trioq._db.statements.Statements.clock`). Each tick is
-    decided in its own ``conn.transaction()`` (a savepoint if the caller has a
-    transaction open): its ``cron_ticks`` row is inserted and, only if this
-    call inserted it, the job is enqueued and its id stored in the row.
-    """
-    _check_aware("now", now)
-    checked = check_entries(entries, max_payload_bytes=queue.max_payload_bytes)
-    if not checked:
-        return []
-    st = statements(queue.schema)
-    async with conn.transaction():
-        cur = await conn.execute(st.cron_last_ticks, {"names": [e.name for e in checked]})
-        last: dict[str, dt.datetime] = dict(await cur.fetchall())
-    fired: list[Fired] = []
-    for entry in checked:
-        decision = _decide(entry, last.get(entry.name), now)
-        if decision is None:
-            continue
-        tick, fire = decision
-        if fire:
-            if (job := await _fire(conn, queue, st, entry, tick)) is not None:
-                fired.append(job)
-        elif await _record(conn, st, entry.name, tick) and entry.name in last:
-            logger.info(
-                "cron entry %r: tick %s missed by %s (misfire_grace %s): skipped",
-                entry.name, tick.isoformat(), now - tick, entry.misfire_grace,
-            )  # fmt: skip
-    return fired
 
 
 def check_entries(entries: Iterable[CronEntry], *, max_payload_bytes: int) -> list[CronEntry]:
@@ -347,7 +296,7 @@ def check_entries(entries: Iterable[CronEntry], *, max_payload_bytes: int) -> li
     return checked
 
 
-def _decide(
+def decide(
     entry: CronEntry, last: dt.datetime | None, now: dt.datetime
 ) -> tuple[dt.datetime, bool] | None:
     """What ``entry`` does at ``now`` given its last recorded tick: nothing (None), or
@@ -366,28 +315,5 @@ def _decide(
     return latest, False  # skip: missed by more than the grace
 
 
-async def _record(conn: Conn, st: Statements, name: str, tick: dt.datetime) -> bool:
-    """Insert the tick's row; False if some process already recorded this tick."""
-    params = {"name": name, "tick": tick, "keep": TICK_RETENTION}
-    cur = await conn.execute(st.cron_record_tick, params)
-    return await cur.fetchone() is not None
-
-
-async def _fire(
-    conn: Conn, queue: Queue, st: Statements, entry: CronEntry, tick: dt.datetime
-) -> Fired | None:
-    async with conn.transaction():
-        if not await _record(conn, st, entry.name, tick):
-            return None
-        result = await queue.enqueue(
-            conn, entry.task, entry.args, queue=entry.queue, priority=entry.priority,
-            max_attempts=entry.max_attempts,
-            unique=Unique(key=_dedup_key(entry.name, tick), by_task=False),  # key:cron:...
-        )  # fmt: skip
-        params = {"job_id": result.job_id, "name": entry.name, "tick": tick}
-        await conn.execute(st.cron_set_job, params)
-    return Fired(name=entry.name, tick=tick, job_id=result.job_id)
-
-
-def _dedup_key(name: str, tick: dt.datetime) -> str:
+def dedup_key(name: str, tick: dt.datetime) -> str:
     return f"cron:{name}@{tick.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"

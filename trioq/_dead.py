@@ -10,15 +10,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
-import psycopg
 
 from ._db.statements import Statements
 from ._job import JSONValue
+from ._pg.connection import Conn
 from ._sanitize import decode_args
 
 __all__ = ["DeadFilter", "DeadJob", "list_dead", "purge_dead", "retry_dead"]
 
-Conn = psycopg.AsyncConnection[Any]
 
 
 def _ids(value: Iterable[int] | None) -> list[int] | None:

@@ -12,7 +12,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ._queue import Conn, Queue
+from ._pg.connection import Conn
+from ._queue import Queue
 
 __all__ = [
     "DEFAULT_QUEUE",

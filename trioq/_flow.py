@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import psycopg
 
 from ._db.statements import Statements
 from ._job import Job, check_queue_name
+from ._pg.connection import Conn
 from ._unique import to_period
 
 __all__ = [
@@ -30,12 +30,10 @@ __all__ = [
     "Unset",
     "change_settings",
     "check_limit",
-    "claim_limited",
     "read_settings",
     "to_rate_limit",
 ]
 
-Conn = psycopg.AsyncConnection[Any]
 
 #: Limits are int4 in the database.
 LIMIT_MAX = 2**31 - 1
@@ -216,25 +214,3 @@ async def change_settings(
     row = await cur.fetchone()
     assert row is not None
     return QueueSettings.from_row(row)
-
-
-async def claim_limited(
-    conn: Conn, sql: Statements, queue: str, *, owner: str, limit: int, lease: dt.timedelta
-) -> LimitedClaim:
-    """Lease up to ``limit`` due jobs of ``queue`` within its limits (see `LimitedClaim`).
-
-    Runs in one statement; needs READ COMMITTED (the default) or autocommit.
-    """
-    params = {"queue": queue, "owner": owner, "limit": limit, "lease": lease}
-    cur = await conn.execute(sql.claim_limited, params)
-    rows = await cur.fetchall()
-    reason: str | None = None
-    retry_in: float | None = None
-    jobs = []
-    for row in rows:
-        if row[0] is None:
-            reason, retry_in = row[10], row[11]
-        else:
-            jobs.append(row[:10])
-    jobs.sort(key=lambda r: (r[4], r[5], r[0]))  # priority, run_at, id (RETURNING keeps none)
-    return LimitedClaim(jobs=[Job.from_row(r) for r in jobs], reason=reason, retry_in=retry_in)

@@ -26,6 +26,7 @@ from ._sanitize import decode_args
 from ._unique import Unique, UniqueKey, check_dedup_key, unique_key
 
 __all__ = [
+    "CLAIMED_COLUMNS",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD",
     "DEPENDANT_NOT_UNIQUE",
@@ -556,3 +557,9 @@ class Job:
     def kwargs(self) -> Mapping[str, Any]:
         """``args`` when it is an object (handlers take it as keyword arguments)."""
         return self.args if isinstance(self.args, dict) else {}
+
+
+#: The columns of a claimed job's row, by name and in order: `Job.COLUMNS`, then the trace
+#: context. The claim returns them by these names (``trioq/_db/sql/common.py``).
+CLAIMED_COLUMNS = (*Job.COLUMNS, "trace_context")
+_TRACE_CONTEXT = CLAIMED_COLUMNS.index("trace_context")

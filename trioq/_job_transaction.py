@@ -41,13 +41,14 @@ import trio
 from psycopg.pq import TransactionStatus
 from psycopg.types.numeric import Int4, Int8
 
+from ._db.params import fence as _fence
 from ._db.statements import LEASE_LOST_SQLSTATE, rendered
 from ._exceptions import LeaseLostError, SharedTransactionError
 from ._job import Lease
 from ._pg.connection import TrioConnection
 from ._pg.pipeline import execute_pipelined
 from ._pg.pool import Pool
-from ._queue import Queue, _fence
+from ._queue import Queue
 
 __all__ = ["SharedTransactions", "own_transaction"]
 

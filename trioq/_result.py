@@ -36,6 +36,7 @@ from psycopg.pq import TransactionStatus
 from ._db.statements import Statements
 from ._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from ._job import JSONValue, check_job_id, to_delay
+from ._pg.connection import Conn
 
 __all__ = [
     "FINAL_STATES",
@@ -46,7 +47,6 @@ __all__ = [
     "wait_result",
 ]
 
-Conn = psycopg.AsyncConnection[Any]
 
 #: States a job does not leave (``unknown``: no such row, also final for a reader).
 FINAL_STATES = frozenset({"done", "cancelled", "dead"})

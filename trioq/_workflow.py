@@ -25,11 +25,12 @@ from typing import Any
 
 import attrs
 
-from ._dependencies import GraphJob
+from ._db.insert import GraphJob
 from ._enqueue import DEFAULT_QUEUE
 from ._exceptions import WorkflowError
 from ._job import MAX_DEPENDENCIES, JobSpec, JSONValue, check_dependency_policy, check_job_id
-from ._queue import Conn, Queue
+from ._pg.connection import Conn
+from ._queue import Queue
 from ._registry import Task
 
 __all__ = ["MAX_WORKFLOW_EDGES", "MAX_WORKFLOW_JOBS", "Step", "Workflow", "WorkflowJobs"]

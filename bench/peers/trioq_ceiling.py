@@ -5,7 +5,7 @@
 
 1. The queue layer alone: ``Queue.claim(limit=B)`` then ``Queue.complete_many`` of those
    leases, in a loop on one connection, no runtime (what pgbench does, through psycopg).
-2. The runtime alone: ``trioq.serve`` with ``Queue.claim`` and ``Queue.complete_many``
+2. The runtime alone: ``trioq.serve`` with ``Driver.claim`` and ``Driver.complete_many``
    replaced by in-memory fakes that build the same `Job` objects and cost one checkpoint:
    the jobs/s and CPU per job of `trioq._worker.runtime` + `trioq._worker.completer` with an
    infinitely fast database. ``--prototype`` applies `trioq_prototypes` first.
@@ -31,6 +31,7 @@ from psycopg.conninfo import make_conninfo
 
 import trioq
 from trioq import Job, Queue
+from trioq._db.driver import Driver
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:55432/postgres"
 DB = "trioq_peers_ceiling"
@@ -74,7 +75,7 @@ async def runtime_alone(dsn: str, jobs: int, concurrency: int, label: str) -> No
     ids = itertools.count(1)
     handed = [0]
 
-    async def fake_claim(self: Queue, conn: Any, queue: str, *, owner: str, limit: int,
+    async def fake_claim(self: Driver, conn: Any, queue: str, *, owner: str, limit: int,
                          lease: dt.timedelta) -> list[Job]:  # fmt: skip
         await trio.lowlevel.checkpoint()
         n = min(limit, jobs - handed[0])
@@ -84,13 +85,13 @@ async def runtime_alone(dsn: str, jobs: int, concurrency: int, label: str) -> No
             for _ in range(n)
         ]
 
-    async def fake_complete(self: Queue, conn: Any, *, owner: str, leases: Any,
+    async def fake_complete(self: Driver, conn: Any, *, owner: str, leases: Any,
                             results: Any = None) -> frozenset[int]:  # fmt: skip
         await trio.lowlevel.checkpoint()
         return frozenset(lease.job_id for lease in leases)
 
-    saved = Queue.claim, Queue.complete_many
-    Queue.claim, Queue.complete_many = fake_claim, fake_complete  # type: ignore[method-assign]
+    saved = Driver.claim, Driver.complete_many
+    Driver.claim, Driver.complete_many = fake_claim, fake_complete  # type: ignore[method-assign]
     tasks = trioq.Registry()
     ran = [0]
     all_ran = trio.Event()
@@ -114,7 +115,7 @@ async def runtime_alone(dsn: str, jobs: int, concurrency: int, label: str) -> No
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             runtime.stop(grace=False)
     finally:
-        Queue.claim, Queue.complete_many = saved  # type: ignore[method-assign]
+        Driver.claim, Driver.complete_many = saved  # type: ignore[method-assign]
     print(
         f"runtime alone, c={concurrency:3} {label}: {jobs / wall:>8,.0f} jobs/s  "
         f"CPU {cpu / jobs * 1e6:5.1f} us/job  (claim/complete faked in memory)"

@@ -100,10 +100,11 @@ class Stats:
         setattr(owner, method, timed)
 
     def install(self) -> None:
+        from trioq._db.driver import Driver  # private: what the runtime claims and completes with
         from trioq._worker.completer import Completer  # private: no public name for it
 
-        self.wrap(trioq.Queue, "claim", "claim", lambda result, *a, **k: len(result))
-        self.wrap(trioq.Queue, "complete_many", "complete", lambda r, *a, **k: len(k["leases"]))
+        self.wrap(Driver, "claim", "claim", lambda result, *a, **k: len(result))
+        self.wrap(Driver, "complete_many", "complete", lambda r, *a, **k: len(k["leases"]))
         self.wrap(Completer, "submit", "submit", lambda r, *a, **k: 1)
 
     def report(self) -> dict[str, Any]:

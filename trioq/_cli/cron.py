@@ -16,7 +16,7 @@ from typing import Any
 
 from .._config import Config
 from .._cron import CronEntry
-from .._db.obs_statements import obs_statements
+from .._db.statements import statements
 from .._queue import Queue
 from .ops import EXIT_OK, _command
 from .options import database_options
@@ -63,7 +63,7 @@ def _entries(spec: str | None) -> tuple[CronEntry, ...] | None:
 
 async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
     entries = _entries(args.app)
-    st = obs_statements(queue.schema)
+    st = statements(queue.schema)
     cur = await conn.execute(st.cron_last)
     last = {name: (tick, job_id, fired) for name, tick, job_id, fired in await cur.fetchall()}
     now = await queue.clock(conn)

@@ -15,7 +15,8 @@ from typing import Any
 
 import trio
 
-from .._db.obs_statements import LIST_STATES, LIST_WINDOW, obs_statements
+from .._db.sql.lists import WINDOW as LIST_WINDOW
+from .._db.statements import statements
 from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
@@ -67,6 +68,12 @@ def add_jobs_parser(
     wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 6)")
 
 
+#: The states `--state` takes, in the order the help lists them.
+LIST_STATES = ("available", "scheduled", "running", "done", "cancelled", "dead")
+#: The columns of a list row (``trioq/_db/sql/lists.py``), and those shown.
+_ROW = ("id", "queue", "task", "state", "priority", "attempt", "max_attempts", "run_at",
+        "enqueued_at", "lease_owner", "lease_expires_at", "finished_at", "last_error",
+        "args")  # fmt: skip
 _LIST_FIELDS = ("id", "queue", "task", "state", "priority", "attempt", "max_attempts", "run_at",
                 "enqueued_at", "lease_owner", "finished_at", "last_error")  # fmt: skip
 _LIVE = ("running", "available", "scheduled")
@@ -83,15 +90,17 @@ async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int,
     """Each state's jobs through the index that serves it (at most `LIST_WINDOW` rows read
     per state, then filtered): running by lease expiry, available in claim order, scheduled
     by due time, done / cancelled / dead newest first."""
-    st = obs_statements(queue.schema)
+    st = statements(queue.schema)
     jobs: list[dict[str, Any]] = []
     for state in (args.state,) if args.state else _LIVE:
-        params = {"queue": args.queue, "task": args.task, "window": LIST_WINDOW,
-                  "limit": args.limit - len(jobs)}  # fmt: skip
+        params = {"queue": args.queue, "task": args.task, "contains": None, "text": None,
+                  "window": LIST_WINDOW, "limit": args.limit - len(jobs), "offset": 0}  # fmt: skip
         if params["limit"] <= 0:
             break
-        cur = await conn.execute(st.lists[state], params)
-        jobs += [dict(zip(_LIST_FIELDS, row, strict=True)) for row in await cur.fetchall()]
+        cur = await conn.execute(st.job_lists[state], params)
+        for row in await cur.fetchall():
+            fields = dict(zip(_ROW, row, strict=True))
+            jobs.append({name: fields[name] for name in _LIST_FIELDS})
     return EXIT_OK, jobs, _list_text(jobs, args)
 
 

@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from .._db.migrate import check_current
-from .._db.obs_statements import obs_statements
+from .._db.statements import statements
 from .._dead import DeadFilter
 from .._pg.connection import connect
 from .._pg.dsn import database
@@ -236,7 +236,7 @@ async def _watch(conn: Any, queue: Queue, args: argparse.Namespace) -> None:
     """Redraw the status every ``args.interval`` s (a terminal is cleared first), until
     Ctrl-C or ``args.count`` frames."""
     redraw = sys.stdout.isatty() and not args.json
-    st = obs_statements(queue.schema)
+    st = statements(queue.schema)
     frame = 0
     while True:
         cur = await conn.execute(st.recent_rates, {"minutes": RATE_MINUTES})

@@ -7,7 +7,8 @@ validated (`trioq._db.statements.validate_schema_name`) and quoted with
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import contextlib
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import psycopg
@@ -20,7 +21,20 @@ from .._exceptions import (
 )
 from .statements import WRITABLE, statements, validate_schema_name
 
-__all__ = ["check_schema", "check_writable", "missing_tables", "schema_version"]
+__all__ = ["check_schema", "check_writable", "migrated", "missing_tables", "schema_version"]
+
+
+@contextlib.contextmanager
+def migrated(conn: psycopg.AsyncConnection[Any], schema: str) -> Iterator[None]:
+    """Say what to run when trioq's tables are missing, not 'relation does not exist'
+    (the same words as `check_schema`)."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as ex:
+        raise SchemaMissingError(
+            f"schema {schema!r} in database {conn.info.dbname!r} has no trioq tables: "
+            "run `trioq migrate`"
+        ) from ex
 
 
 async def schema_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -1,6 +1,6 @@
 """Queue depths at a bounded cost: per queue and state, a count that is exact up to a cap.
 
-`read_depths` runs the depth statements of `trioq._db.obs_statements` on one connection. The
+`read_depths` runs the depth statements (``trioq/_db/sql/status.py``) on one connection. The
 metrics' `DepthSampler` and ``trioq status`` (`Queue.status` with a ``cap``) both use it,
 so the two always agree; each statement reads at most about ``cap`` index entries per
 queue, whatever the size of the tables (docs/observability.md#queue-depth).
@@ -12,7 +12,8 @@ from typing import Any
 
 import attrs
 
-from .._db.obs_statements import MAX_QUEUES, ObsStatements
+from .._db.sql.status import MAX_DEPTH_QUEUES
+from .._db.statements import Statements
 
 __all__ = ["Depths", "read_depths"]
 
@@ -23,10 +24,10 @@ class Depths:
     head_wait: dict[str, float]  # queue -> how long its next job to be claimed has been due
 
 
-async def read_depths(conn: Any, sql: ObsStatements, cap: int) -> Depths:
+async def read_depths(conn: Any, sql: Statements, cap: int) -> Depths:
     """The capped counts of every queue's available, scheduled, running, waiting and dead
     jobs (states without jobs are absent), and the wait of each queue's head job."""
-    params = {"cap": cap, "max_queues": MAX_QUEUES}
+    params = {"cap": cap, "max_queues": MAX_DEPTH_QUEUES}
     counts: dict[tuple[str, str], int] = {}
     heads: dict[str, float] = {}
     cur = await conn.execute(sql.depth_available, params)

@@ -10,7 +10,7 @@ Nothing here is a Prometheus object: the runtime keeps plain counters, and a scr
   per batch);
 - gauges (slots, busy slots, prefetch depth, leases held, pools) are read at scrape time;
 - queue depths come from the database (`DepthSampler`): one bounded set of statements
-  (`trioq._db.obs_statements`), at most every ``Config.metrics_depth_interval`` per process, and
+  (``trioq/_db/sql/status.py``), at most every ``Config.metrics_depth_interval`` per process, and
   only when someone scrapes.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import attrs
 import trio
 
-from .._db.obs_statements import obs_statements
+from .._db.statements import statements
 from .._job import Job
 from .._pg.pool import Pool, PoolStatistics
 from .depth import read_depths
@@ -111,7 +111,7 @@ class DepthSampler:
 
     def __init__(self, pool: Pool, schema: str, *, interval: float, cap: int) -> None:
         self._pool = pool
-        self._sql = obs_statements(schema)
+        self._sql = statements(schema)
         self.interval = interval
         self.cap = cap
         self.last = _NO_DEPTH

@@ -49,11 +49,15 @@ from .pipeline import execute_pipelined
 from .wait import readable_now as _readable_now
 from .wait import wait_conn_gen, wait_gen
 
-__all__ = ["ConnectionLock", "Notifications", "TrioConnection", "connect"]
+__all__ = ["Conn", "ConnectionLock", "Notifications", "TrioConnection", "connect"]
 
 logger = logging.getLogger("trioq.pg")
 
 RV = TypeVar("RV")
+
+#: Any async psycopg connection: what every call of the library takes. trioq's own
+#: (`TrioConnection`) or one the caller made, in autocommit or inside its transaction.
+Conn = psycopg.AsyncConnection[Any]
 
 #: How long a cancelled query may take to acknowledge a server-side cancel
 #: before the connection is given up and closed.

@@ -28,10 +28,10 @@ import attrs
 import psycopg
 import trio
 
+from .._db.driver import Driver, FailResult
 from .._job import MAX_RETRY_DELAY, Failure, Lease, encode_args
 from .._outcome import CANCELLED, DEAD, DISCARDED, RETRIED, Kind, Outcome
 from .._pg.pool import Pool
-from .._queue import FailResult, Queue
 from .._sanitize import DATA_ERRORS as VALUE_ERRORS
 from .._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, safe_text
 
@@ -56,7 +56,7 @@ class Completer:
     def __init__(
         self,
         pool: Pool,
-        queue: Queue,
+        driver: Driver,
         owner: str,
         *,
         capacity: int,
@@ -64,7 +64,7 @@ class Completer:
         unknown_task_timeout: dt.timedelta = dt.timedelta(days=1),
     ) -> None:
         self._pool = pool
-        self._queue = queue
+        self._driver = driver
         self._owner = owner
         self._written = written
         self._unknown_timeout = unknown_task_timeout
@@ -173,7 +173,7 @@ class Completer:
         async with self._pool.connection() as conn:
             for kind, items in by_kind.items():
                 written = await write_kind(
-                    conn, self._queue, kind, items, owner=self._owner,
+                    conn, self._driver, kind, items, owner=self._owner,
                     unknown_task_timeout=self._unknown_timeout,
                 )  # fmt: skip
                 done.add(kind)
@@ -181,7 +181,7 @@ class Completer:
 
 
 async def write_kind(
-    conn: Any, q: Queue, kind: Kind, items: Sequence[Outcome], *, owner: str,
+    conn: Any, q: Driver, kind: Kind, items: Sequence[Outcome], *, owner: str,
     unknown_task_timeout: dt.timedelta = dt.timedelta(days=1),
 ) -> frozenset[int]:  # fmt: skip
     """Write ``items`` (outcomes of ``kind``) in one fenced statement; the ids written.
@@ -218,7 +218,7 @@ def _set_fates(items: Sequence[Outcome], result: FailResult) -> None:
 
 
 async def _write_leases(
-    conn: Any, q: Queue, kind: Kind, items: Sequence[Outcome], *, owner: str
+    conn: Any, q: Driver, kind: Kind, items: Sequence[Outcome], *, owner: str
 ) -> frozenset[int]:
     leases: list[Lease] = [o.lease for o in items]
     if kind is Kind.COMPLETE:

@@ -244,7 +244,7 @@ class Runtime:
             config.registry, services, sync_threads=config.sync_threads, tracing=tracing
         )
         self._completer = Completer(
-            self.pool, self.queue, owner,
+            self.pool, self.queue.driver, owner,
             capacity=sum(q.config.concurrency for q in self._queues.values()),
             written=self._written,
             unknown_task_timeout=dt.timedelta(seconds=config.unknown_task_timeout),
@@ -255,16 +255,16 @@ class Runtime:
         )  # fmt: skip
         self._lifecycle = Lifecycle(self._events, self.pool, config.schema)
         self._heartbeat = Heartbeat(
-            self.pool, self.queue, self._held, owner=owner, lease=config.lease,
+            self.pool, self.queue.driver, self._held, owner=owner, lease=config.lease,
             interval=config.heartbeat_interval, on_lost=self._lifecycle.lease_lost,
         )  # fmt: skip
         self._sweeper = Sweeper(
-            self.pool, self.queue, interval=config.sweep_interval,
+            self.pool, self.queue.driver, interval=config.sweep_interval,
             reclaim_interval=config.liveness_interval, grace=config.liveness_grace,
             on_returned=self._wake_all, on_swept=self._lifecycle.swept,
         )  # fmt: skip
         self._liveness = Liveness(
-            self.session_dsn, self.pool, self.queue, name=owner,
+            self.session_dsn, self.pool, self.queue.driver, name=owner,
             queues={name: q.config.concurrency for name, q in self._queues.items()},
             interval=config.liveness_interval,
             running=lambda: sum(q.active for q in self._queues.values()),
@@ -275,7 +275,7 @@ class Runtime:
         )  # fmt: skip
         self._watchdog = Watchdog(threshold=config.loop_blocked_warning)
         self._listener = Listener(
-            self.session_dsn, self.queue, on_notify=self._wake, on_listening=self._wake_all
+            self.session_dsn, self.queue.driver, on_notify=self._wake, on_listening=self._wake_all
         )
         self._history = History()  # fed by `_written`, written by its own service
         self._history_writer = HistoryWriter(

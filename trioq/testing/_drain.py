@@ -23,13 +23,12 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import attrs
-import psycopg
 
 from .._context import JobServices
 from .._exceptions import DrainLimitError
 from .._job import Job, Lease, to_delay
 from .._outcome import Kind, Outcome
-from .._pg.connection import TrioConnection
+from .._pg.connection import Conn, TrioConnection
 from .._pg.pool import Pool
 from .._queue import Queue
 from .._registry import Registry
@@ -39,7 +38,6 @@ from .._worker.execute import Executor
 
 __all__ = ["DrainResult", "Run", "advance_clock", "drain", "reset_clock", "set_clock"]
 
-Conn = psycopg.AsyncConnection[Any]
 
 #: The lease owner of jobs `drain` runs.
 OWNER = "trioq.testing.drain"
@@ -177,7 +175,7 @@ async def _first_scheduled(conn: Conn, queue: Queue, names: Sequence[str]) -> dt
 async def _run_one(conn: Conn, queue: Queue, executor: Executor, job: Job) -> Run:
     lease = Lease(job.id, job.attempt)
     outcome = await executor.run(job, lease)
-    await write_kind(conn, queue, outcome.kind, [outcome], owner=OWNER)
+    await write_kind(conn, queue.driver, outcome.kind, [outcome], owner=OWNER)
     if outcome.kind is Kind.UNKNOWN:  # given back (as a worker would), but in a test a bug
         known = ", ".join(sorted(t.name for t in executor.registry)) or "none"
         raise LookupError(

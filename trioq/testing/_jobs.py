@@ -11,16 +11,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
-
 from .._job import JSONValue, check_priority, check_queue_name, check_task_name, encode_args
+from .._pg.connection import Conn
 from .._queue import Queue
 from .._registry import Task
 from .._result import JobStatus
 
 __all__ = ["assert_enqueued", "enqueued_jobs", "refute_enqueued"]
 
-Conn = psycopg.AsyncConnection[Any]
 
 WAITING = ("scheduled", "available")
 _SHOWN = 20  # jobs listed in a failed assertion's message

@@ -11,7 +11,8 @@ service of your own, served by a trio ASGI server (Hypercorn's trio worker)::
     service = Starlette(routes=[Mount("/trioq", app=dashboard)])
 
 Layout: ``_config`` (`DashboardConfig`), ``_app`` (the routes and pages), ``_queries``
-(what the pages show) and ``_statements`` (their SQL, each of bounded cost),
+(what the pages show, with the library's statements) and ``_limits`` (the caps that keep each
+statement's cost bounded),
 ``_security`` (the token, CSRF, headers), ``_serve`` (Hypercorn on trio, for the CLI),
 ``templates/`` and ``static/`` (with the vendored htmx and uPlot, see VENDORED.md).
 """

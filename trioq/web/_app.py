@@ -31,11 +31,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from .._db.statements import statements
 from .._dead import DeadFilter, DeadJob
 from .._job import check_queue_name
 from .._pg.pool import Pool
 from .._queue import Queue
 from ._config import DashboardConfig
+from ._limits import COUNT_CAP, WINDOW
 from ._queries import (
     STATES,
     Count,
@@ -53,7 +55,6 @@ from ._queries import (
     search_terms,
 )
 from ._security import CSRF_COOKIE, Csrf, SecurityHeaders, TokenGuard
-from ._statements import COUNT_CAP, WINDOW, web_statements
 
 __all__ = ["ACTION_BATCH", "MAX_PER_ACTION", "Dashboard"]
 
@@ -88,7 +89,7 @@ class Dashboard:
 
     def __init__(self, config: DashboardConfig) -> None:
         self.config = config
-        self.statements = web_statements(config.schema)
+        self.statements = statements(config.schema)
         self.queue = Queue(schema=config.schema)
         self._pool: Pool | None = None
         self._csrf = Csrf(config.secret)
@@ -129,7 +130,7 @@ class Dashboard:
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Any]:
         if self._pool is None:
-            # Never prepared: each statement is planned with its values (see _statements).
+            # Never prepared: each statement is planned with its values (see _limits).
             kwargs = {"autocommit": True, "prepare_threshold": None}
             self._pool = Pool(self.config.dsn, max_size=self.config.pool_size,
                               connect_kwargs=kwargs)  # fmt: skip

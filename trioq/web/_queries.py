@@ -1,4 +1,4 @@
-"""What the pages show, read from the database: the statements of `trioq.web._statements`
+"""What the pages show, read from the database: the library's statements (`trioq._db.statements`)
 run on a connection, their rows turned into small frozen objects the templates render."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import psycopg
 
+from .._db.statements import Statements
 from .._dead import DeadJob
 from .._obs.history import percentile_ms
-from ._statements import (
+from .._pg.connection import Conn
+from ._limits import (
     COUNT_CAP,
     LEASE_CAP,
     MAX_QUEUES,
     STALE_PING,
     WINDOW,
     WORKER_CAP,
-    WebStatements,
 )
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "overview",
 ]
 
-Conn = psycopg.AsyncConnection[Any]
 
 #: The states a job list can show (dead is the dead_jobs table).
 STATES = ("running", "available", "scheduled", "waiting", "dead", "cancelled", "done")
@@ -109,7 +108,7 @@ class Overview:
 
 
 async def overview(
-    conn: Conn, st: WebStatements, *, now: float, paused: frozenset[str] = frozenset()
+    conn: Conn, st: Statements, *, now: float, paused: frozenset[str] = frozenset()
 ) -> Overview:
     """Every queue's counts, and the workers seen through their leases.
 
@@ -119,17 +118,17 @@ async def overview(
     """
     caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES, "lease_cap": LEASE_CAP}
     recent = await history_queues(conn, st, since=int(now) - 86400)
-    cur = await conn.execute(st.queues_available, caps)
+    cur = await conn.execute(st.depth_available, caps)
     available = {q: (n, wait) for q, n, wait in await cur.fetchall()}
-    cur = await conn.execute(st.queues_dead, caps)
+    cur = await conn.execute(st.depth_dead, caps)
     dead = dict(await cur.fetchall())
     cur = await conn.execute(st.queues_scheduled, caps)
     scheduled_rows = await cur.fetchall()
     scheduled = {q: n for q, n, _ in scheduled_rows}
     scheduled_capped = any(full for _, _, full in scheduled_rows)
-    cur = await conn.execute(st.leases, caps)
+    cur = await conn.execute(st.lease_rows, caps)
     lease_rows = await cur.fetchall()
-    cur = await conn.execute(st.workers, {"worker_cap": WORKER_CAP})
+    cur = await conn.execute(st.worker_rows, {"worker_cap": WORKER_CAP})
     worker_rows = await cur.fetchall()
     running: dict[str, int] = {}
     for _, queue, n, _, _ in lease_rows:
@@ -213,13 +212,13 @@ class HistoryPoint:
 
 
 async def history(
-    conn: Conn, st: WebStatements, *, since: int, queue: str | None = None
+    conn: Conn, st: Statements, *, since: int, queue: str | None = None
 ) -> tuple[float, list[HistoryPoint]]:
     """The database's clock and the per-minute points since ``since`` (epoch seconds)."""
-    cur = await conn.execute(st.clock)
+    cur = await conn.execute(st.clock_epoch)
     row = await cur.fetchone()
     now = float(row[0]) if row else 0.0
-    cur = await conn.execute(st.history, {"since": since, "queue": queue})
+    cur = await conn.execute(st.history_minutes, {"since": since, "queue": queue})
     points = []
     for (
         minute,
@@ -255,7 +254,7 @@ async def history(
     return now, points
 
 
-async def history_queues(conn: Conn, st: WebStatements, *, since: int) -> list[str]:
+async def history_queues(conn: Conn, st: Statements, *, since: int) -> list[str]:
     cur = await conn.execute(st.history_queues, {"since": since})
     return [q for (q,) in await cur.fetchall()]
 
@@ -325,9 +324,9 @@ class JobRow:
         return cls(**dict(zip(names, row, strict=True)))
 
 
-async def list_jobs(conn: Conn, st: WebStatements, where: JobFilter) -> tuple[list[JobRow], bool]:
+async def list_jobs(conn: Conn, st: Statements, where: JobFilter) -> tuple[list[JobRow], bool]:
     """One page of jobs, and whether there is a next one."""
-    cur = await conn.execute(st.lists[where.state], where.params())
+    cur = await conn.execute(st.job_lists[where.state], where.params())
     rows = [JobRow.from_row(r) for r in await cur.fetchall()]
     return rows[: where.limit], len(rows) > where.limit
 
@@ -367,7 +366,7 @@ class JobDetail:
         return self.state in live and not self.cancel_requested
 
 
-async def find_job(conn: Conn, st: WebStatements, job_id: int) -> JobDetail | DeadJob | None:
+async def find_job(conn: Conn, st: Statements, job_id: int) -> JobDetail | DeadJob | None:
     """The job with this id, live (or kept) in jobs, or in dead_jobs; None if neither."""
     cur = await conn.execute(st.job, {"id": job_id})
     row = await cur.fetchone()
@@ -382,7 +381,7 @@ async def find_job(conn: Conn, st: WebStatements, job_id: int) -> JobDetail | De
 
 
 async def dead_count(
-    conn: Conn, st: WebStatements, *, queue: str | None, task: str | None,
+    conn: Conn, st: Statements, *, queue: str | None, task: str | None,
     ids: list[int] | None,
 ) -> Count:  # fmt: skip
     if ids is not None:
@@ -394,7 +393,7 @@ async def dead_count(
 
 
 async def dead_ids(
-    conn: Conn, st: WebStatements, *, queue: str | None, task: str | None, after: int,
+    conn: Conn, st: Statements, *, queue: str | None, task: str | None, after: int,
     batch: int,
 ) -> list[int]:  # fmt: skip
     params = {"queue": queue, "task": task, "after": after, "batch": batch}
@@ -419,8 +418,8 @@ class CronRow:
 
 
 async def cron_ticks(
-    conn: Conn, st: WebStatements
+    conn: Conn, st: Statements
 ) -> dict[str, tuple[dt.datetime, int | None, dt.datetime]]:
     """Each cron entry's latest fired tick: (tick, job id, fired at), by name."""
-    cur = await conn.execute(st.cron)
+    cur = await conn.execute(st.cron_last)
     return {name: (tick, job_id, fired) for name, tick, job_id, fired in await cur.fetchall()}

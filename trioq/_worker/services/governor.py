@@ -30,8 +30,9 @@ import trio
 
 from ..._config import QueueConfig
 from ..._flow import LimitedClaim, QueueSettings
+from ..._pg.connection import Conn
 from ..._pg.pool import Pool
-from ..._queue import Conn, Queue
+from ..._queue import Queue
 from ..wakeup import Wakeup
 
 __all__ = ["Governor", "GovernorRound"]
@@ -109,12 +110,12 @@ class Governor:
         batches written before it began (for `wait`)."""
         written = self._written
         if self._settings[name].controlled:
-            got = await self._queue.claim_limited(conn, name, owner=owner, limit=limit,
+            got = await self._queue.driver.claim_limited(conn, name, owner=owner, limit=limit,
                                                   lease=lease)  # fmt: skip
         else:
-            got = LimitedClaim(
-                jobs=await self._queue.claim(conn, name, owner=owner, limit=limit, lease=lease)
-            )
+            jobs = await self._queue.driver.claim(conn, name, owner=owner, limit=limit,
+                                                  lease=lease)  # fmt: skip
+            got = LimitedClaim(jobs=jobs)
         return got, written
 
     async def wait(self, name: str, got: LimitedClaim, written: int, work: Wakeup) -> None:

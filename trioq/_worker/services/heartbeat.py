@@ -14,10 +14,10 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from ..._db.driver import Driver
 from ..._hooks import fields
 from ..._job import Lease
 from ..._pg.pool import Pool
-from ..._queue import Queue
 from ..leases import HeldJob, HeldJobs
 
 __all__ = ["Heartbeat", "HeartbeatRound"]
@@ -36,12 +36,12 @@ class HeartbeatRound:
 
 class Heartbeat:
     def __init__(
-        self, pool: Pool, queue: Queue, held: HeldJobs, *, owner: str, lease: float,
+        self, pool: Pool, driver: Driver, held: HeldJobs, *, owner: str, lease: float,
         interval: float, on_lost: Callable[[HeldJob], None] | None = None,
     ) -> None:  # fmt: skip
         self._pool = pool
         self._on_lost = on_lost  # a lease was found taken (after its handler was cancelled)
-        self._queue = queue
+        self._driver = driver
         self._held = held
         self._owner = owner
         self._lease = dt.timedelta(seconds=lease)
@@ -63,7 +63,7 @@ class Heartbeat:
             await trio.lowlevel.checkpoint()
             return HeartbeatRound(extended=0, lost=(), cancelled=())
         async with self._pool.connection() as conn:
-            beat = await self._queue.heartbeat(
+            beat = await self._driver.heartbeat(
                 conn, owner=self._owner, leases=leases, lease=self._lease
             )
         lost = []

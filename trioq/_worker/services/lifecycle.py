@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from ..._db.obs_statements import obs_statements
+from ..._db.statements import statements
 from ..._hooks import EventDispatcher, JobEvent, fields
 from ..._job import Job
 from ..._outcome import CANCELLED, DEAD, DISCARDED, RETRIED, Kind, Outcome
@@ -62,7 +62,7 @@ class Lifecycle:
     def __init__(self, dispatcher: EventDispatcher, pool: Pool, schema: str) -> None:
         self._dispatcher = dispatcher
         self._pool = pool
-        self._sql = obs_statements(schema)
+        self._sql = statements(schema)
         #: (event, queue, task) -> how many: lease_lost, discarded, unknown_task, swept_dead,
         #: swept_cancelled.
         self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()

@@ -14,8 +14,8 @@ import attrs
 import psycopg
 import trio
 
+from ..._db.driver import Driver
 from ..._pg.connection import connect
-from ..._queue import Queue
 
 __all__ = ["ListenRound", "Listener"]
 
@@ -36,11 +36,11 @@ class ListenRound:
 
 class Listener:
     def __init__(
-        self, dsn: str, queue: Queue, *, on_notify: Callable[[str], None],
+        self, dsn: str, driver: Driver, *, on_notify: Callable[[str], None],
         on_listening: Callable[[], None],
     ) -> None:  # fmt: skip
         self._dsn = dsn
-        self._listen = queue.sql.listen
+        self._listen = driver.sql.listen
         self._on_notify = on_notify  # a notification's payload
         self._on_listening = on_listening  # (re)connected: wake everything once
         self.reconnects = 0  # connections lost (and re-made) since the first (the metrics)

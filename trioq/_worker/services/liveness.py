@@ -4,7 +4,7 @@ Leases alone make a crashed worker's jobs wait for their expiry (30 s by default
 Instead each worker keeps a row in ``workers`` and, on a connection of its own, holds a
 session-level advisory lock keyed by its row's id, and pings the row every
 ``Config.liveness_interval``. Postgres drops the lock the moment the process (or that
-connection) dies. The sweepers of every process (`Queue.reclaim_dead_workers`) take a
+connection) dies. The sweepers of every process (`Driver.reclaim_dead_workers`) take a
 worker for dead only when both are true: its lock is free, and it has not pinged for
 ``Config.liveness_grace``; and a sweeper judges nobody on a connection younger than a
 couple of seconds, so that after a server restart (every lock free, every connection
@@ -34,10 +34,10 @@ from typing import Any
 import psycopg
 import trio
 
+from ..._db.driver import Driver
 from ..._exceptions import PoolClosedError
 from ..._pg.connection import connect
 from ..._pg.pool import Pool
-from ..._queue import Queue
 
 __all__ = ["Liveness"]
 
@@ -50,12 +50,12 @@ REMOVE_TIMEOUT = 5.0
 
 class Liveness:
     def __init__(
-        self, dsn: str, pool: Pool, queue: Queue, *, name: str, queues: Mapping[str, int],
+        self, dsn: str, pool: Pool, driver: Driver, *, name: str, queues: Mapping[str, int],
         interval: float, running: Callable[[], int],
     ) -> None:  # fmt: skip
         self._dsn = dsn
         self._pool = pool
-        self._queue = queue
+        self._sql = driver.sql
         self._name = name
         self._queues = json.dumps(dict(queues))
         self.interval = interval
@@ -92,7 +92,7 @@ class Liveness:
             await self._remove()
 
     async def _register_and_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        st = self._queue.sql
+        st = self._sql
         params = {"name": self._name, "host": socket.gethostname(), "pid": os.getpid(),
                   "queues": self._queues}  # fmt: skip
         cur = await conn.execute(st.worker_register, params)
@@ -110,7 +110,7 @@ class Liveness:
     async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """One ping; False if this worker's row is gone (it was taken for dead)."""
         params = {"id": self.worker, "running": self._running()}
-        cur = await conn.execute(self._queue.sql.worker_ping, params)
+        cur = await conn.execute(self._sql.worker_ping, params)
         return await cur.fetchone() is not None
 
     async def _remove(self) -> None:
@@ -120,7 +120,7 @@ class Liveness:
         with trio.move_on_after(REMOVE_TIMEOUT, shield=True):
             try:
                 async with self._pool.connection() as conn:
-                    cur = await conn.execute(self._queue.sql.worker_remove, {"id": self.worker})
+                    cur = await conn.execute(self._sql.worker_remove, {"id": self.worker})
                     if await cur.fetchone() is None:
                         logger.warning(
                             "this worker still holds running jobs at its stop: "

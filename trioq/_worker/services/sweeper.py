@@ -22,8 +22,8 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from ..._db.driver import Driver, SweepResult
 from ..._pg.pool import Pool
-from ..._queue import Queue, SweepResult
 
 __all__ = ["SweepRound", "Sweeper"]
 
@@ -42,12 +42,12 @@ class SweepRound:
 
 class Sweeper:
     def __init__(
-        self, pool: Pool, queue: Queue, *, interval: float, reclaim_interval: float,
+        self, pool: Pool, driver: Driver, *, interval: float, reclaim_interval: float,
         grace: float, on_returned: Callable[[], None],
         on_swept: Callable[[SweepRound], None] | None = None,
     ) -> None:  # fmt: skip
         self._pool = pool
-        self._queue = queue
+        self._driver = driver
         self.interval = interval
         self.reclaim_interval = reclaim_interval
         self._grace = dt.timedelta(seconds=grace)
@@ -72,11 +72,11 @@ class Sweeper:
 
     async def run_once(self, *, sweep: bool = True) -> SweepRound:
         async with self._pool.connection() as conn:
-            reclaimed = await self._queue.reclaim_dead_workers(conn, grace=self._grace)
-            swept = await self._queue.sweep(conn) if sweep else _NOTHING
+            reclaimed = await self._driver.reclaim_dead_workers(conn, grace=self._grace)
+            swept = await self._driver.sweep(conn) if sweep else _NOTHING
             queues = reclaimed.queues | swept.queues
             if queues:
-                await self._queue.notify_queues(conn, queues)
+                await self._driver.notify_queues(conn, queues)
         if reclaimed.returned or reclaimed.dead or reclaimed.cancelled:
             logger.warning("returned %d jobs of dead workers (%d more went to dead_jobs on "
                            "their last attempt)", len(reclaimed.returned),

@@ -1,0 +1,77 @@
+"""Fragments of statement text that several domains share, and the protocol's constants.
+
+Braces (``{jobs}``, ``{now}``, ``{fence}``) are filled where the statements are composed
+(`trioq._db.statements`): tables and functions by their qualified names, fragments by their
+text. ``%(name)s`` are parameters, never text.
+"""
+
+#: The clock of every statement: ``now()``, or the session's ``trioq.now`` when set.
+NOW = (
+    "coalesce(nullif(pg_catalog.current_setting('trioq.now', true), '')::timestamptz,"
+    " pg_catalog.now())"
+)
+
+LIVE = "('scheduled', 'available', 'running')"
+
+#: Notification payload for a job enqueued for later: wakes schedulers, not fetchers.
+#: (Queue names cannot contain '@'.)
+SCHEDULED_PAYLOAD = "@scheduled"
+
+#: Notification payload prefix for a running job whose cancel was requested: its worker
+#: stops the handler at once instead of at its next heartbeat. ``@cancel:<job id>``.
+CANCEL_PAYLOAD = "@cancel:"
+
+#: Notification payload when a queue's settings changed (paused, resumed, limits).
+QUEUES_PAYLOAD = "@queues"
+
+#: SQLSTATE of `lease_lost` when a lease was lost (its DETAIL: the job ids).
+LEASE_LOST_SQLSTATE = "TQ001"
+
+# Columns a worker needs of a claimed job, by the names of `trioq.Job`'s row and in its order
+# (``trioq._job.CLAIMED_COLUMNS``, checked where the claim is composed). They are the cheapest
+# types for psycopg to decode: args as JSON text (trioq runs json.loads on it: psycopg's
+# jsonb loader costs ~4 µs more per row), times as int8 microseconds since the Unix epoch
+# (`Job` makes datetimes of them when asked; most handlers never ask). date_part is float8:
+# exact to the µs within 285 years of 1970 (a claimed job's times are about now, unless
+# run_at was set centuries back: then a few µs off); extract is numeric, which costs
+# Postgres twice as much.
+CLAIMED = {
+    "id": "j.id",
+    "queue": "j.queue",
+    "task": "j.task",
+    "args": "j.args::text",
+    "priority": "j.priority",
+    "run_at": "(pg_catalog.date_part('epoch', j.run_at) * 1000000)::int8",
+    "attempt": "j.attempt",
+    "max_attempts": "j.max_attempts",
+    "enqueued_at": "(pg_catalog.date_part('epoch', j.enqueued_at) * 1000000)::int8",
+    "lease_expires_at": "(pg_catalog.date_part('epoch', j.lease_expires_at) * 1000000)::int8",
+    "trace_context": "j.trace_context::text",
+}
+
+# The fence of the statements that act on leased jobs (id, attempt, owner, running) and
+# join `unnest` for more per job (results, delays, errors). The `j.id = ANY (...)` repeats
+# the ids as an index condition on the primary key: from the join alone, Postgres estimated
+# the running jobs from statistics taken while none ran and scanned the whole table for
+# them (EXPLAIN ANALYZE, 100 jobs among 20,000: 3.1 ms against 1.9 ms; docs/benchmarks.md).
+FENCE = (
+    "j.id = ANY (%(ids)s::int8[]) AND j.id = f.id AND j.attempt = f.attempt"
+    " AND j.lease_owner = %(owner)s AND j.state = 'running'"
+)
+
+# The same for statements that need nothing else per job (heartbeat, complete, cancel):
+# no join at all, each row's attempt looked up by its id's position (ids are unique in a
+# batch; a repeated id can only match less, never more). An index scan of the primary key:
+# the same complete took 0.19 ms.
+FENCE_BY_ID = (
+    "j.id = ANY (%(ids)s::int8[])"
+    " AND j.attempt = (%(attempts)s::int4[])[pg_catalog.array_position(%(ids)s::int8[], j.id)]"
+    " AND j.lease_owner = %(owner)s AND j.state = 'running'"
+)
+
+# The columns of `trioq.JobStatus`, in order, for a row of jobs (`j`).
+STATUS_COLUMNS = (
+    "j.id, j.state, j.queue, j.task, j.args, j.priority, j.attempt, j.max_attempts, j.run_at, "
+    "j.enqueued_at, j.finished_at, j.lease_owner, j.lease_expires_at, j.cancel_requested, "
+    "j.dedup_key, j.result, j.last_error, NULL::text AS reason, NULL::text AS traceback"
+)

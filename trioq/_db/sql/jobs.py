@@ -1,0 +1,70 @@
+"""One job at a time: cancel, its status, waiting for its result, its detail page; the
+database's clock (and the session's ``trioq.now``); the listings of ``trioq.testing``."""
+
+CANCEL = """
+WITH now_cancelled AS (
+    UPDATE {jobs} SET state = 'cancelled', finished_at = {now}
+     WHERE id = %(id)s AND state IN ('waiting', 'scheduled', 'available')
+    RETURNING id
+), flagged AS (
+    UPDATE {jobs} SET cancel_requested = true
+     WHERE id = %(id)s AND state = 'running'
+    RETURNING id
+)
+SELECT (SELECT pg_catalog.count(*) FROM now_cancelled), (SELECT pg_catalog.count(*) FROM flagged),
+       (SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, '@cancel:' || f.id))
+          FROM flagged f)
+"""
+
+CLOCK = "SELECT {now}"
+
+CLOCK_EPOCH = "SELECT extract(epoch FROM {now})"
+
+# Sets (or, with '', unsets) the session's `trioq.now`, which `NOW` reads.
+SET_CLOCK = "SELECT set_config('trioq.now', %(now)s, false)"
+
+# One snapshot: a job is in jobs or in dead_jobs (they move in one statement), or nowhere.
+JOB_STATUS = """
+SELECT {status_columns} FROM {jobs} j WHERE j.id = %(id)s
+UNION ALL
+SELECT d.id, 'dead', d.queue, d.task, d.args, d.priority, d.attempt, d.max_attempts, NULL,
+       d.enqueued_at, d.died_at, NULL, NULL, false, d.dedup_key, NULL, d.last_error, d.reason,
+       d.traceback
+  FROM {dead} d WHERE d.id = %(id)s
+"""
+
+# A waiter flags the job so that its end notifies (the triggers of migration 5). Only a
+# job not flagged yet is written. A claim that met the row locked by this statement skipped
+# it: the queue's notification, sent at this commit, makes that worker claim again.
+WAIT_FLAG = """
+WITH flagged AS (
+    UPDATE {jobs} SET notify_finished = true
+     WHERE id = %(id)s AND state NOT IN ('done', 'cancelled') AND NOT notify_finished
+    RETURNING queue, state
+)
+SELECT state, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue)::text END
+  FROM flagged
+"""
+
+LISTENING = "SELECT %(channel)s::text = ANY(ARRAY(SELECT pg_listening_channels()))"
+
+LIST_JOBS = """
+SELECT {status_columns} FROM {jobs} j
+ WHERE j.state = ANY(%(states)s::text[])
+   AND (%(task)s::text IS NULL OR j.task = %(task)s)
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+   AND (%(args)s::jsonb IS NULL OR j.args @> %(args)s::jsonb)
+   AND (%(priority)s::int2 IS NULL OR j.priority = %(priority)s)
+ ORDER BY j.id
+"""
+
+FIRST_SCHEDULED = """
+SELECT min(run_at) FROM {jobs} WHERE state = 'scheduled' AND queue = ANY(%(queues)s::text[])
+"""
+
+JOB = """
+SELECT id, queue, task, state, args::text, priority, run_at, attempt, max_attempts,
+       lease_owner, lease_expires_at, dedup_key, cancel_requested, last_error, result::text,
+       enqueued_at, finished_at, {now}
+  FROM {jobs} WHERE id = %(id)s
+"""

@@ -1,0 +1,204 @@
+"""The claim, and every write fenced by a lease: the heartbeat, the outcomes (complete,
+keep, fail, release, unknown task, cancelled), and the fence and completion that run inside
+a handler's own transaction. `trioq._db.driver` runs them (the transactions' ones run from
+`trioq._job_transaction` and `trioq._complete_with`)."""
+
+# The claim. The UPDATE finds its rows by `id = ANY (ARRAY(...))`, an index scan of the
+# primary key, not by joining the CTE: with the join, Postgres planned a hash join over a
+# sequential scan of the whole jobs table once it held a few tens of thousands of rows
+# (EXPLAIN ANALYZE, 20,000 jobs, batch 100: 5.1 ms against 0.79 ms; docs/benchmarks.md).
+CLAIM = """
+WITH c AS (
+    SELECT id FROM {jobs}
+     WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled)
+     ORDER BY priority, run_at, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {jobs} j
+   SET state = 'running', attempt = j.attempt + 1,
+       lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s
+ WHERE j.id = ANY (ARRAY(SELECT id FROM c))
+RETURNING {job_columns}
+"""
+
+CLAIM_LIMITED = """
+SELECT * FROM {claim_limited}(%(queue)s, %(owner)s, %(limit)s, %(lease)s)
+"""
+
+HEARTBEAT = """
+UPDATE {jobs} j SET lease_expires_at = {now} + %(lease)s
+ WHERE {fence_by_id}
+RETURNING j.id, j.attempt, j.cancel_requested
+"""
+
+COMPLETE = """
+DELETE FROM {jobs} j
+ WHERE {fence_by_id}
+RETURNING j.id
+"""
+
+COMPLETE_KEEP = """
+UPDATE {jobs} j
+   SET state = 'done', result = f.result, finished_at = {now},
+       lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(results)s::jsonb[])
+       AS f(id, attempt, result)
+ WHERE {fence}
+RETURNING j.id
+"""
+
+# A job's completion inside its handler's transaction (`trioq._job_transaction`): the fenced
+# delete of _COMPLETE, then a call of migration 11's `lease_lost` (which raises SQLSTATE
+# TQ001) only when fewer rows were deleted than asked for; sent with COMMIT in one pipeline
+# (`execute_pipelined`), whose rest the error keeps from running. This form, for the jobs of
+# a shared transaction, takes arrays of any length: Postgres plans it each time (custom
+# plans), once per transaction of up to `Config.shared_transaction_jobs` jobs.
+COMPLETE_IN_TRANSACTION = """
+WITH done AS (
+    DELETE FROM {jobs} j WHERE {fence_by_id} RETURNING j.id
+)
+SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
+            THEN {lease_lost}(%(ids)s::int8[], pg_catalog.array_agg(done.id)) END
+  FROM done
+"""
+
+# The same for one job (`job.transaction()`'s own transaction), by its id, so that the
+# prepared statement's generic plan is the custom one and Postgres keeps it: planning the
+# statement costs the server more than running it (about 130 us against 60 on the jobs
+# table and its indexes).
+COMPLETE_ONE = """
+WITH done AS (
+    DELETE FROM {jobs}
+     WHERE id = %(id)s::int8 AND attempt = %(attempt)s::int4
+       AND lease_owner = %(owner)s::text AND state = 'running'
+    RETURNING id
+)
+SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM done
+"""
+
+# `job.complete_with()` (`trioq._complete_with`) sends these first: the fence, checked, and
+# the jobs' rows locked, so that the statement after it runs only for a live lease, sees the
+# job's row, and can run past the lease (the sweeper skips locked rows); its completion
+# (above) comes after the statement, with COMMIT. Same error as the completions.
+LOCK_ONE = """
+WITH held AS (
+    SELECT id FROM {jobs}
+     WHERE id = %(id)s::int8 AND attempt = %(attempt)s::int4
+       AND lease_owner = %(owner)s::text AND state = 'running'
+       FOR UPDATE
+)
+SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM held
+"""
+
+LOCK_IN_TRANSACTION = """
+WITH held AS (
+    SELECT j.id FROM {jobs} j WHERE {fence_by_id} FOR UPDATE
+)
+SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
+            THEN {lease_lost}(%(ids)s::int8[], pg_catalog.array_agg(held.id)) END
+  FROM held
+"""
+
+# A failure retries (attempts left, not fatal) or moves the job to dead_jobs.
+FAIL = """
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(delays)s::interval[],
+                         %(errors)s::text[], %(tracebacks)s::text[], %(fatal)s::bool[],
+                         %(reasons)s::text[])
+           AS f(id, attempt, delay, error, traceback, fatal, reason)
+), target AS (
+    SELECT j.id, (f.fatal OR j.attempt >= j.max_attempts) AS dies,
+           f.delay, f.error, f.traceback, f.fatal, f.reason
+      FROM {jobs} j JOIN f ON {fence}
+       FOR UPDATE OF j
+), died AS (
+    DELETE FROM {jobs} j USING target t WHERE j.id = t.id AND t.dies
+    RETURNING j.*, t.error AS error, t.traceback AS traceback,
+              coalesce(t.reason, CASE WHEN t.fatal THEN 'fatal error'
+                                      ELSE 'attempts exhausted' END) AS reason
+), buried AS (
+    INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+                        reason, last_error, traceback, enqueued_at, died_at, concurrency_key)
+    SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+           reason, error, traceback, enqueued_at, {now}, concurrency_key FROM died
+    RETURNING id
+), retried AS (
+    UPDATE {jobs} j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN t.delay > interval '0' THEN 'scheduled'
+                        ELSE 'available' END,
+           finished_at = CASE WHEN j.cancel_requested THEN {now} END,
+           run_at = {now} + t.delay, last_error = t.error,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM target t
+     WHERE j.id = t.id AND NOT t.dies
+    RETURNING j.id, j.state
+)
+SELECT id, 'dead' FROM buried
+UNION ALL SELECT id, CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'retry' END FROM retried
+"""
+
+# Aborted by us (shutdown) or snoozed: back to available (or scheduled, after a delay) with
+# the attempt refunded; cancelled instead if a cancel was requested meanwhile.
+RELEASE = """
+UPDATE {jobs} j
+   SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                    WHEN f.delay > interval '0' THEN 'scheduled'
+                    ELSE 'available' END,
+       finished_at = CASE WHEN j.cancel_requested THEN {now} END,
+       attempt = j.attempt - 1, run_at = {now} + f.delay,
+       lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(delays)s::interval[])
+       AS f(id, attempt, delay)
+ WHERE {fence}
+RETURNING j.id
+"""
+
+# A task the worker does not know: given back with the attempt refunded, for a worker that
+# knows it, after a delay that grows with how long it has been unknown (5 s to 5 min); moved
+# to dead_jobs once unknown for longer than the worker's timeout.
+RELEASE_UNKNOWN = """
+WITH f AS (
+    SELECT * FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(errors)s::text[])
+           AS f(id, attempt, error)
+), target AS (
+    SELECT j.id, f.error, j.cancel_requested, coalesce(j.unknown_since, {now}) AS since,
+           NOT j.cancel_requested
+               AND coalesce(j.unknown_since, {now}) <= {now} - %(timeout)s::interval AS dies
+      FROM {jobs} j JOIN f ON {fence}
+       FOR UPDATE OF j
+), died AS (
+    DELETE FROM {jobs} j USING target t WHERE j.id = t.id AND t.dies
+    RETURNING j.*, t.error AS error
+), buried AS (
+    INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+                        reason, last_error, enqueued_at, died_at, concurrency_key)
+    SELECT id, queue, task, args, priority, attempt - 1, max_attempts, dedup_key,
+           'unknown task', error, enqueued_at, {now}, concurrency_key FROM died
+    RETURNING id
+), released AS (
+    UPDATE {jobs} j
+       SET state = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'scheduled' END,
+           finished_at = CASE WHEN t.cancel_requested THEN {now} END,
+           attempt = j.attempt - 1,
+           run_at = {now} + least(greatest(({now} - t.since) / 10, interval '5 seconds'),
+                                  interval '5 minutes'),
+           unknown_since = t.since, last_error = t.error,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM target t
+     WHERE j.id = t.id AND NOT t.dies
+    RETURNING j.id, j.state
+)
+SELECT id, 'dead' FROM buried
+UNION ALL SELECT id, state FROM released
+"""
+
+# A running job whose cancellation was requested and whose handler was stopped.
+CANCEL_RUNNING = """
+UPDATE {jobs} j
+   SET state = 'cancelled', finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL
+ WHERE {fence_by_id}
+RETURNING j.id
+"""

@@ -1,0 +1,128 @@
+"""What keeps a queue moving without a caller: due jobs made available, expired leases and
+dead workers' jobs returned (or killed on their last attempt), and retention."""
+
+# Due scheduled jobs become available; the queues that got work are returned (to notify).
+PROMOTE = """
+WITH due AS (
+    SELECT id FROM {jobs}
+     WHERE state = 'scheduled' AND run_at <= {now}
+     ORDER BY run_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE {jobs} j SET state = 'available' FROM due WHERE j.id = due.id
+    RETURNING j.queue
+)
+SELECT queue, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(%(channel)s, queue)::text END
+  FROM (SELECT DISTINCT queue FROM promoted) AS q
+"""
+
+NEXT_DUE = """
+SELECT pg_catalog.min(run_at) - {now} FROM {jobs} WHERE state = 'scheduled'
+"""
+
+# Expired leases: back to available (the attempt stays spent), or dead on the last attempt.
+SWEEP_EXPIRED = """
+WITH expired AS (
+    SELECT id, attempt >= max_attempts OR cancel_requested AS final, cancel_requested
+      FROM {jobs}
+     WHERE state = 'running' AND lease_expires_at < {now}
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)"""
+
+# Workers that are provably gone: no ping for longer than the grace, and their liveness
+# lock free (Postgres drops it when the process or its connection dies; a live worker
+# holds it). After a server restart every lock is gone at once, and every connection is
+# new: a sweeper whose own connection is younger than the restart grace judges nobody, so
+# every worker has that long to reconnect (however long the server took to recover).
+# Their rows go; their running jobs are swept at once.
+RECLAIM_EXPIRED = """
+WITH stale AS MATERIALIZED (
+    SELECT id, name FROM {workers}
+     WHERE seen_at < {now} - %(grace)s::interval
+       AND (SELECT a.backend_start FROM pg_catalog.pg_stat_activity a
+             WHERE a.pid = pg_catalog.pg_backend_pid()) < {now} - %(restart_grace)s::interval
+), dead AS MATERIALIZED (
+    SELECT id, name FROM stale
+     WHERE pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext(%(space)s), id)
+), gone AS (
+    DELETE FROM {workers} w USING dead d WHERE w.id = d.id RETURNING w.id
+), expired AS (
+    SELECT j.id, j.attempt >= j.max_attempts OR j.cancel_requested AS final, j.cancel_requested
+      FROM {jobs} j
+     WHERE j.lease_expires_at IS NOT NULL  -- jobs_lease_idx: running jobs only
+       AND j.state = 'running' AND j.lease_owner IN (SELECT name FROM dead)
+       FOR UPDATE OF j SKIP LOCKED
+)"""
+
+# What the sweeper does with `expired` jobs: back to available (the attempt stays spent),
+# dead on the last attempt, cancelled if a cancel was requested.
+SWEEP_OUTCOMES = """, died AS (
+    DELETE FROM {jobs} j USING expired e
+     WHERE j.id = e.id AND e.final AND NOT e.cancel_requested
+    RETURNING j.*
+), buried AS (
+    INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+                        reason, last_error, enqueued_at, died_at, concurrency_key)
+    SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+           %(dead_reason)s, %(lost_error)s, enqueued_at, {now}, concurrency_key
+      FROM died
+    RETURNING id, queue
+), cancelled AS (
+    UPDATE {jobs} j
+       SET state = 'cancelled', finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id AND e.cancel_requested
+    RETURNING j.id, j.queue
+), returned AS (
+    UPDATE {jobs} j
+       SET state = 'available', run_at = {now}, last_error = %(lost_error)s,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id AND NOT e.final
+    RETURNING j.id, j.queue
+)
+SELECT id, 'dead', queue FROM buried
+UNION ALL SELECT id, 'cancelled', queue FROM cancelled
+UNION ALL SELECT id, 'available', queue FROM returned
+"""
+
+# What a sweep (of this process) killed or cancelled: the jobs' details, for their events.
+SWEPT_DETAILS = """
+SELECT d.id, 'dead', d.queue, d.task, d.attempt, d.args::text, d.reason, d.last_error
+  FROM {dead} d WHERE d.id = ANY(%(dead)s::int8[])
+UNION ALL
+SELECT j.id, 'cancelled', j.queue, j.task, j.attempt, j.args::text, NULL, j.last_error
+  FROM {jobs} j WHERE j.id = ANY(%(cancelled)s::int8[]) AND j.state = 'cancelled'
+"""
+
+# One bounded batch, oldest first, rows locked by another pruner skipped. The state is a
+# literal (not a parameter), so a generic plan still matches the partial index; the ids go
+# through an array, so the delete probes the primary key even when a generic plan guesses
+# the batch is 10% of the table (with a join it hashed the whole table instead).
+PRUNE_FINISHED = """
+WITH doomed AS (
+    SELECT id FROM {jobs} x
+     WHERE state = {state} AND finished_at < {now} - %(age)s
+       AND NOT (x.has_dependants AND EXISTS (  -- a live dependant may still read its result
+           SELECT 1 FROM {deps} e JOIN {jobs} d ON d.id = e.job_id
+            WHERE e.depends_on = x.id AND d.state NOT IN ('done', 'cancelled')))
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {jobs} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+"""
+
+PRUNE_DEAD = """
+WITH doomed AS (
+    SELECT id FROM {dead}
+     WHERE died_at < {now} - %(age)s
+     ORDER BY died_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {dead} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+"""
