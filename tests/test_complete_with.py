@@ -273,7 +273,7 @@ async def test_under_the_runtime_every_job_writes_exactly_once(dsn: str) -> None
         done.hit()
 
     async with ledger_jobs_served(dsn, tasks, done) as runtime:
-        shared = runtime._completions.statistics()
+        shared = runtime._services.completions.statistics()
         assert shared.jobs == 200 and shared.batches < 200 and shared.split == 0
 
 

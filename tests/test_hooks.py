@@ -317,7 +317,7 @@ async def test_a_callback_that_raises_or_hangs_changes_nothing(
                 return bool(await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0)
 
             await wait_until(drained)
-            stats = runtime._events.statistics()
+            stats = runtime._services.events.statistics()
     assert after.calls == [first.job_id, second.job_id]
     assert (stats.failed, stats.timed_out, stats.delivered) == (2, 2, 2)
     raised = [r for r in caplog.records if "raised" in r.getMessage()]

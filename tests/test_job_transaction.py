@@ -394,7 +394,7 @@ async def test_shared_transactions_under_the_runtime_are_exactly_once(dsn: str) 
         done.hit()
 
     async with ledger_jobs_served(dsn, tasks, done) as runtime:
-        shared = runtime._shared.statistics()
+        shared = runtime._services.shared.statistics()
         assert shared.jobs == 300 and shared.transactions < 300
 
 

@@ -81,6 +81,9 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
     yield "Queue.dead_retry", LIB.dead_retry, by_ids
     yield "Queue.dead_purge", LIB.dead_purge, {**by_ids, "before": None, "older_than": None}
     yield "Queue.cancel", LIB.cancel, {"id": 42, "channel": LIB.channel}
+    yield "Queue.clock", LIB.clock, {}
+    yield "Queue.queue_settings", LIB.queue_settings, {"names": None}
+    yield "Queue.queue_settings one", LIB.queue_settings, {"names": ["queue_3"]}
 
 
 def _nodes(plan: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:

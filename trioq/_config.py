@@ -18,55 +18,31 @@ from ._cron import CronEntry, check_entries
 from ._db.sql.status import DEPTH_CAP
 from ._db.statements import validate_schema_name
 from ._flow import RateLimit, check_limit, to_rate_limit
-from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name, rule
+from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name
 from ._pg.errors import check_dsn, redact_dsn
 from ._registry import Registry
-from ._worker.services.history_writer import DEFAULT_HISTORY_INTERVAL, DEFAULT_HISTORY_RETENTION
+from ._rules import (
+    boolean,
+    int_at_most,
+    is_number,
+    non_negative,
+    positive,
+    positive_int,
+    positive_or_none,
+    rule,
+    seconds,
+    seconds_or_none,
+)
 
 __all__ = ["Config", "QueueConfig", "parse_address"]
-
-
-def _number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _number(value) or not value > 0:
-        raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
-
-
-def _positive_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{attribute.name} must be a positive int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
-
-
-def _shared_jobs(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    _positive_int(_inst, attribute, value)
-    if value > MAX_SHARED_JOBS:
-        raise ValueError(
-            f"{attribute.name} must be at most {MAX_SHARED_JOBS} (each job is a savepoint, "
-            f"and a transaction of more than 64 subtransactions slows the whole server), "
-            f"got {value}"
-        )
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _number(value) or value < 0:
-        raise ValueError(f"{attribute.name} must be a finite number, not negative, got {value!r}")
-
-
-def _seconds(value: float | dt.timedelta) -> float:
-    return value.total_seconds() if isinstance(value, dt.timedelta) else value
 
 
 def _timedelta(value: float | dt.timedelta) -> dt.timedelta:
     if isinstance(value, dt.timedelta):
         return value
-    if not _number(value):
-        raise ValueError(f"history_retention must be a timedelta or seconds, got {value!r}")
-    if value <= 0:
+    if not is_number(value):
+        raise TypeError(f"history_retention must be a timedelta or seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
         raise ValueError(f"history_retention must be a positive duration, got {value!r}")
     try:
         return dt.timedelta(seconds=value)
@@ -79,17 +55,6 @@ def _positive_timedelta(
 ) -> None:
     if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
         raise ValueError(f"{attribute.name} must be a positive duration, got {value!r}")
-
-
-def _seconds_or_none(value: float | dt.timedelta | None) -> float | None:
-    return None if value is None else _seconds(value)
-
-
-def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and (not _number(value) or not value > 0):
-        raise ValueError(
-            f"{attribute.name} must be a positive finite number or None, got {value!r}"
-        )
 
 
 def _limit(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -105,28 +70,42 @@ def _key_rate(value: object) -> RateLimit | None:
 
 
 _DAY = 86400.0
+#: The job history (``docs/history.md``): written every 5 s, kept for a week.
+DEFAULT_HISTORY_INTERVAL = 5.0
+DEFAULT_HISTORY_RETENTION = dt.timedelta(days=7)
 #: Postgres caches 64 subtransaction ids per backend (PGPROC_MAX_CACHED_SUBXIDS).
 MAX_SHARED_JOBS = 64
+_positive = rule(positive)
+_positive_int = rule(positive_int)
+_non_negative = rule(non_negative)
+_positive_or_none = rule(positive_or_none)
+_shared_jobs = rule(int_at_most(MAX_SHARED_JOBS, (
+    " (each job is a savepoint, and a transaction of more than 64 subtransactions slows the "
+    "whole server)")))
+_depth_cap = rule(int_at_most(1_000_000))
 
 
-_DIGITS = re.compile(r"[0-9]{1,5}")
+#: HOST:PORT or HOST:FIRST-LAST; ASCII digits only (``isdigit()`` takes "٣").
+_ADDRESS = re.compile(r"(?P<host>\S+):(?P<first>[0-9]{1,5})(?:(?P<dash>-)(?P<last>[0-9]{1,5}))?")
 
 
 def parse_address(value: str, field: str = "metrics") -> tuple[str, int, int]:
     """(host, first port, last port) of ``host:port``, ``[v6]:port`` or ``host:first-last``
     (a range: the first free port of it is taken; port 0 picks any free one)."""
-    host, sep, ports = value.rpartition(":") if isinstance(value, str) else ("", "", "")
-    first, dash, last = ports.partition("-")
-    last = last if dash else first
-    ok = sep and host and host.isprintable() and " " not in host and (
-        _DIGITS.fullmatch(first) and _DIGITS.fullmatch(last)  # ASCII: isdigit() takes "٣"
-    )
-    if not ok or not 0 <= int(first) <= int(last) <= 65535 or (dash and int(first) == 0):
+    found = _ADDRESS.fullmatch(value) if isinstance(value, str) else None
+    if found is None or not found["host"].isprintable() or not _ports(found):
         raise ValueError(
             f"{field} must look like HOST:PORT (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100) "
             f"or HOST:FIRST-LAST (a range of ports), got {value!r}"
         )
-    return host.strip("[]"), int(first), int(last)
+    first = int(found["first"])
+    return found["host"].strip("[]"), first, int(found["last"] or first)
+
+
+def _ports(found: re.Match[str]) -> bool:
+    """Ports in order and at most 65535; a range does not start at 0 (any free port)."""
+    first, last = int(found["first"]), int(found["last"] or found["first"])
+    return first <= last <= 65535 and not (found["dash"] and first == 0)
 
 
 def _metrics_address(_inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -134,12 +113,6 @@ def _metrics_address(_inst: object, attribute: attrs.Attribute[Any], value: str 
         if not isinstance(value, str):
             raise TypeError(f"{attribute.name} must be a 'HOST:PORT' string or None, got {value!r}")
         parse_address(value, attribute.name)
-
-
-def _depth_cap(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    _positive_int(_inst, attribute, value)
-    if value > 1_000_000:
-        raise ValueError(f"{attribute.name} must be at most 1,000,000, got {value!r}")
 
 
 def _tracing(_inst: object, attribute: attrs.Attribute[Any], value: bool | None) -> None:
@@ -255,17 +228,17 @@ class Config:
     queues: dict[str, QueueConfig] = attrs.field(
         factory=dict, converter=_queues, validator=_check_queues
     )
-    lease: float = attrs.field(default=30.0, converter=_seconds, validator=_positive)
-    heartbeat_interval: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
+    lease: float = attrs.field(default=30.0, converter=seconds, validator=_positive)
+    heartbeat_interval: float = attrs.field(default=5.0, converter=seconds, validator=_positive)
     #: Fallback polling when no notification arrives (notifications are only a hint).
-    poll_interval: float = attrs.field(default=2.0, converter=_seconds, validator=_positive)
-    sweep_interval: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
+    poll_interval: float = attrs.field(default=2.0, converter=seconds, validator=_positive)
+    sweep_interval: float = attrs.field(default=5.0, converter=seconds, validator=_positive)
     #: How often the worker pings its row in ``workers``, and checks for dead workers.
-    liveness_interval: float = attrs.field(default=0.5, converter=_seconds, validator=_positive)
+    liveness_interval: float = attrs.field(default=0.5, converter=seconds, validator=_positive)
     #: A worker whose liveness lock is free and that has not pinged for this long is dead:
     #: its jobs are returned at once (a SIGKILLed worker's jobs run again within about 2 s).
-    liveness_grace: float = attrs.field(default=1.0, converter=_seconds, validator=_positive)
-    shutdown_grace: float = attrs.field(default=30.0, converter=_seconds, validator=_non_negative)
+    liveness_grace: float = attrs.field(default=1.0, converter=seconds, validator=_positive)
+    shutdown_grace: float = attrs.field(default=30.0, converter=seconds, validator=_non_negative)
     cron: tuple[CronEntry, ...] = attrs.field(default=(), converter=_cron)
     #: Threads for sync handlers (shared by all queues).
     sync_threads: int = attrs.field(default=10, validator=_positive_int)
@@ -286,16 +259,16 @@ class Config:
     #: A job whose task this process does not know is given back (attempt refunded) for a
     #: worker that knows it; once it has been unknown this long, it goes to dead_jobs.
     unknown_task_timeout: float = attrs.field(
-        default=86_400.0, converter=_seconds, validator=_positive
+        default=86_400.0, converter=seconds, validator=_positive
     )
     #: Warn (with the blocking handler's job and stack) when the trio loop has not run for
     #: this long: an async handler that blocks stops heartbeats, claims and outcomes.
-    loop_blocked_warning: float = attrs.field(default=5.0, converter=_seconds, validator=_positive)
+    loop_blocked_warning: float = attrs.field(default=5.0, converter=seconds, validator=_positive)
     #: Install SIGINT/SIGTERM handlers (main thread only): first = graceful, second = now.
-    handle_signals: bool = False
+    handle_signals: bool = attrs.field(default=False, validator=rule(boolean))
     #: How often a worker writes its per-minute job history (``job_history``, for charts).
     history_interval: float = attrs.field(
-        default=DEFAULT_HISTORY_INTERVAL, converter=_seconds, validator=_positive
+        default=DEFAULT_HISTORY_INTERVAL, converter=seconds, validator=_positive
     )
     #: History rows older than this are pruned (in batches, by every worker).
     history_retention: dt.timedelta = attrs.field(
@@ -304,24 +277,24 @@ class Config:
     #: Retention (the pruner, docs/results.md#retention): how long kept ``done`` rows,
     #: ``cancelled`` rows and dead jobs stay after they ended; None keeps them forever.
     retain_done: float | None = attrs.field(
-        default=_DAY, converter=_seconds_or_none, validator=_positive_or_none
+        default=_DAY, converter=seconds_or_none, validator=_positive_or_none
     )
     retain_cancelled: float | None = attrs.field(
-        default=_DAY, converter=_seconds_or_none, validator=_positive_or_none
+        default=_DAY, converter=seconds_or_none, validator=_positive_or_none
     )
     retain_dead: float | None = attrs.field(
-        default=7 * _DAY, converter=_seconds_or_none, validator=_positive_or_none
+        default=7 * _DAY, converter=seconds_or_none, validator=_positive_or_none
     )
     #: How often the pruner runs; None: this process runs no pruner.
     prune_interval: float | None = attrs.field(
-        default=60.0, converter=_seconds_or_none, validator=_positive_or_none
+        default=60.0, converter=seconds_or_none, validator=_positive_or_none
     )
     #: Rows one pruning statement deletes at most (per kind).
     prune_batch: int = attrs.field(default=1000, validator=_positive_int)
     #: Event callbacks (``@registry.on(...)``, docs/observability.md): each is cancelled after
     #: this long; at most ``hook_concurrency`` run at once; at most ``hook_buffer`` events
     #: wait for them (beyond that new ones are dropped and counted).
-    hook_timeout: float = attrs.field(default=10.0, converter=_seconds, validator=_positive)
+    hook_timeout: float = attrs.field(default=10.0, converter=seconds, validator=_positive)
     hook_concurrency: int = attrs.field(default=4, validator=_positive_int)
     hook_buffer: int = attrs.field(default=1000, validator=_positive_int)
     #: ``HOST:PORT`` to serve Prometheus metrics on (``/metrics``), or ``HOST:FIRST-LAST``
@@ -330,7 +303,7 @@ class Config:
     #: The queue depths the metrics show are read from the database at most this often
     #: (and only when scraped), each count exact up to ``metrics_depth_cap``.
     metrics_depth_interval: float = attrs.field(
-        default=5.0, converter=_seconds, validator=_positive
+        default=5.0, converter=seconds, validator=_positive
     )
     metrics_depth_cap: int = attrs.field(default=DEPTH_CAP, validator=_depth_cap)
     #: A span per execution (OpenTelemetry, ``pip install 'trioq[otel]'``): None traces

@@ -38,8 +38,8 @@ from ._job import (
     check_queue_name,
     check_task_name,
     encode_args,
-    rule,
 )
+from ._rules import rule
 
 __all__ = [
     "DEFAULT_MISFIRE_GRACE",

@@ -54,6 +54,21 @@ class Unset(enum.Enum):
 UNSET = Unset.UNSET
 
 
+def _setting_values(changes: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of the given settings, each checked (None: cleared, or not given)."""
+    paused = changes.get("paused")
+    if paused is not None and not isinstance(paused, bool):
+        raise TypeError(f"paused must be a bool, got {paused!r}")
+    values: dict[str, Any] = {"paused": paused}
+    for field in ("global_concurrency", "key_concurrency"):
+        values[field] = check_limit(changes.get(field), field)
+    for field, prefix in (("rate_limit", "rate"), ("key_rate_limit", "key_rate")):
+        rate = to_rate_limit(changes.get(field), field)
+        values[f"{prefix}_limit"] = None if rate is None else rate.limit
+        values[f"{prefix}_period"] = None if rate is None else rate.period
+    return values
+
+
 def check_limit(value: object, field: str) -> int | None:
     """None (no limit), or a positive int that fits the database."""
     if value is None:
@@ -184,6 +199,10 @@ async def read_settings(
     return [QueueSettings.from_row(row) for row in await cur.fetchall()]
 
 
+#: The settings `change_settings` takes, in the order of the statement's parameters.
+SETTINGS = ("paused", "global_concurrency", "rate_limit", "key_concurrency", "key_rate_limit")
+
+
 async def change_settings(
     conn: Conn, sql: Statements, name: str, changes: dict[str, Any]
 ) -> QueueSettings:
@@ -191,25 +210,14 @@ async def change_settings(
     every worker. ``changes`` keys: paused, global_concurrency, rate_limit,
     key_concurrency, key_rate_limit (None clears a limit)."""
     check_queue_name(name)
-    params: dict[str, Any] = {"name": name, "channel": sql.channel}
-    for field in ("paused", "global_concurrency", "rate_limit", "key_concurrency",
-                  "key_rate_limit"):  # fmt: skip
-        params[f"set_{field}"] = field in changes
-    unknown = sorted(set(changes) - {f[4:] for f in params if f.startswith("set_")})
+    unknown = sorted(set(changes) - set(SETTINGS))
     if unknown:
         raise TypeError(f"unknown queue settings {unknown}")
-    paused = changes.get("paused")
-    if paused is not None and not isinstance(paused, bool):
-        raise TypeError(f"paused must be a bool, got {paused!r}")
-    params["paused"] = paused
-    params["global_concurrency"] = check_limit(
-        changes.get("global_concurrency"), "global_concurrency"
-    )
-    params["key_concurrency"] = check_limit(changes.get("key_concurrency"), "key_concurrency")
-    for field, prefix in (("rate_limit", "rate"), ("key_rate_limit", "key_rate")):
-        rate = to_rate_limit(changes.get(field), field)
-        params[f"{prefix}_limit"] = None if rate is None else rate.limit
-        params[f"{prefix}_period"] = None if rate is None else rate.period
+    params: dict[str, Any] = {
+        "name": name, "channel": sql.channel,
+        **{f"set_{field}": field in changes for field in SETTINGS},
+        **_setting_values(changes),
+    }  # fmt: skip
     cur = await conn.execute(sql.change_queue, params)
     row = await cur.fetchone()
     assert row is not None

@@ -3,7 +3,8 @@ claims, and the lease it holds while it runs.
 
 The field rules are checked here and only here: `JobSpec`, `trioq.Task`,
 `trioq.Config`, `trioq.CronEntry` and the command line all call the `check_*`
-functions (attrs classes through `rule`). Each rule raises one error type
+functions (attrs classes through `trioq._rules.rule`; the numeric rules of configuration
+and policies are `trioq._rules`'). Each rule raises one error type
 wherever it is checked: a value of the wrong type is a ``TypeError``, a value of
 the right type out of range or form a ``ValueError`` (`PayloadTooLargeError`
 for the payload limit), and the message names the field as the caller knows it.
@@ -16,12 +17,13 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from ._exceptions import PayloadTooLargeError
+from ._rules import rule
 from ._sanitize import decode_args
 from ._unique import Unique, UniqueKey, check_dedup_key, unique_key
 
@@ -59,7 +61,6 @@ __all__ = [
     "check_task_name",
     "encode_args",
     "encode_args_runs",
-    "rule",
     "to_delay",
 ]
 
@@ -100,18 +101,6 @@ DEPENDANT_NOT_UNIQUE = (
 def _check_unique(value: object, field: str) -> None:
     if not isinstance(value, bool | Unique):
         raise TypeError(f"{field} must be a bool or a trioq.Unique, got {value!r}")
-
-
-Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
-
-
-def rule(check: Callable[[Any, str], object]) -> Validator:
-    """An attrs validator applying ``check(value, field)`` with the attribute's name."""
-
-    def validate(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        check(value, attribute.name)
-
-    return validate
 
 
 def _is_int(value: object) -> bool:

@@ -37,13 +37,13 @@ from ._job import (
     check_max_payload,
     check_payload,
     encode_args_runs,
-    rule,
 )
 from ._obs.carrier import carrier
 from ._obs.depth import read_depths
 from ._pg.connection import Conn
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
+from ._rules import rule
 from ._unique import Unique
 
 __all__ = [

@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import json
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
@@ -41,6 +40,7 @@ from ._job import (
     check_task_name,
 )
 from ._retry import RetryPolicy, Sidekiq
+from ._rules import positive_or_none
 from ._unique import Unique, check_dedup_key
 
 __all__ = ["KeyFrom", "Registry", "Task"]
@@ -90,11 +90,7 @@ def _timeout(value: float | dt.timedelta | None) -> float | None:
 
 
 def _check_timeout(value: float | None) -> None:
-    ok = value is None or (
-        not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
-    )
-    if not ok:
-        raise ValueError(f"timeout must be positive seconds, a timedelta or None, got {value!r}")
+    positive_or_none(value, "timeout")
 
 
 def _check_parameters(name: str, fn: Handler) -> None:

@@ -9,11 +9,12 @@ Sidekiq use: ``attempt**4 + 15 + random(0..29) * (attempt + 1)`` seconds.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import random
 from typing import Protocol
 
 import attrs
+
+from ._rules import at_least_one, non_negative, rule
 
 __all__ = ["Constant", "Exponential", "Linear", "RetryPolicy", "Sidekiq"]
 
@@ -22,21 +23,15 @@ class RetryPolicy(Protocol):
     def delay(self, attempt: int) -> dt.timedelta: ...
 
 
-def _non_negative(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value)) or value < 0:
-        raise ValueError(f"{attribute.name} must be a finite number, not negative, got {value}")
-
-
-def _at_least_one(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value)) or value < 1:
-        raise ValueError(f"{attribute.name} must be a finite number of at least 1, got {value}")
+_non_negative = rule(non_negative)
+_at_least_one = rule(at_least_one)
 
 
 @attrs.frozen(kw_only=True)
 class Sidekiq:
     """``attempt**4 + 15 + random(0..29) * (attempt + 1)`` seconds (about 20 days over 25)."""
 
-    jitter: bool = True
+    jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def delay(self, attempt: int) -> dt.timedelta:
         spread = random.randrange(30) if self.jitter else 0

@@ -116,7 +116,7 @@ def _states(value: object) -> tuple[str, ...] | None:
     unknown = sorted(str(s) for s in states - set(UNIQUE_STATES))
     if unknown:
         raise ValueError(f"states: unknown {unknown}; use some of {list(UNIQUE_STATES)}")
-    missing = [s for s in LIVE_STATES if s not in states]
+    missing = sorted(set(LIVE_STATES) - states, key=LIVE_STATES.index)
     if missing:
         raise ValueError(
             f"states must include every live state ({', '.join(LIVE_STATES)}); missing "
@@ -170,19 +170,19 @@ class Unique:
             return _fingerprint(task, queue, args)  # what unique=True has always stored
         if self.key is not None and not (self.by_args or self.by_queue):
             return f"task:{task}|{self.key}" if self.by_task else f"key:{self.key}"
-        parts: dict[str, Any] = {}
-        if self.key is not None:
-            parts["key"] = self.key
-        if self.by_task:
-            parts["task"] = task
-        if self.by_queue:
-            parts["queue"] = queue
+        digest = hashlib.sha256(canonical_json(self._parts(task, queue, args)).encode())
+        return f"u:{digest.hexdigest()}"
+
+    def _parts(self, task: str, queue: str, args: Any) -> dict[str, Any]:
+        """What counts, by name: the key, the task, the queue, the args or some of them."""
+        given = {"key": self.key, "task": task if self.by_task else None,
+                 "queue": queue if self.by_queue else None}  # fmt: skip
+        parts: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
         if self.by_args is True:
             parts["args"] = args
         elif self.by_args:
             parts["args"] = _fields(args, self.by_args, task)
-        digest = hashlib.sha256(canonical_json(parts).encode()).hexdigest()
-        return f"u:{digest}"
+        return parts
 
 
 def _fingerprint(task: str, queue: str, args: Any) -> str:

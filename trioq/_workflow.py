@@ -231,26 +231,13 @@ class Workflow:
         """A `WorkflowError` naming an unknown step or a cycle (Kahn's algorithm: the steps
         it cannot order are on or after a cycle)."""
         for name, deps in self._deps.items():
-            for dep in deps:
-                if isinstance(dep, str) and dep not in self._specs:
-                    raise WorkflowError(f"step {name!r} waits for {dep!r}, which is not a step "
-                                        "of this workflow")  # fmt: skip
+            unknown = [d for d in deps if isinstance(d, str) and d not in self._specs]
+            if unknown:
+                raise WorkflowError(f"step {name!r} waits for {unknown[0]!r}, which is not a "
+                                    "step of this workflow")  # fmt: skip
         waits = {name: {d for d in deps if isinstance(d, str)} for name, deps in self._deps.items()}
-        dependants: dict[str, list[str]] = {name: [] for name in self._specs}
-        for name, names in waits.items():
-            for dep in names:
-                dependants[dep].append(name)
-        left = {name: len(names) for name, names in waits.items()}
-        ready = [name for name in self._specs if not left[name]]
-        order: list[str] = []
-        while ready:
-            name = ready.pop()
-            order.append(name)
-            for nxt in dependants[name]:
-                left[nxt] -= 1
-                if not left[nxt]:
-                    ready.append(nxt)
-        if len(order) < len(self._specs):
+        left = _unordered(waits)
+        if any(left.values()):
             raise WorkflowError(
                 f"the workflow has a cycle: {_cycle(waits, left)} (each waits for the next)"
             )
@@ -291,6 +278,24 @@ class Workflow:
         if self._policy[name] is not None:
             changes["on_dependency_failure"] = self._policy[name]
         return attrs.evolve(spec, **changes) if changes else spec
+
+
+def _unordered(waits: dict[str, set[str]]) -> dict[str, int]:
+    """Kahn's algorithm over the steps (``waits``: what each waits for): how many of its
+    dependencies each step still waits for once every step that can be ordered is (a
+    step left with any is on or after a cycle)."""
+    dependants: dict[str, list[str]] = {name: [] for name in waits}
+    for name, names in waits.items():
+        for dep in names:
+            dependants[dep].append(name)
+    left = {name: len(names) for name, names in waits.items()}
+    ready = [name for name in waits if not left[name]]
+    while ready:
+        for nxt in dependants[ready.pop()]:
+            left[nxt] -= 1
+            if not left[nxt]:
+                ready.append(nxt)
+    return left
 
 
 def _cycle(waits: dict[str, set[str]], left: dict[str, int]) -> str:

@@ -18,8 +18,9 @@ from typing import Any
 import attrs
 
 from .._flow import LimitedClaim
-from .._job import Failure, Job, JSONValue, Lease, encode_args, rule
+from .._job import Failure, Job, JSONValue, Lease, encode_args
 from .._pg.connection import Conn
+from .._rules import rule
 from .params import columns, fence
 from .statements import Statements, rendered, statements, validate_schema_name
 

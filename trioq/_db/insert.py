@@ -166,29 +166,43 @@ async def many(
     """Jobs of any kind, in one transaction; results in input order (see the module docs).
     The jobs with dependencies, and those with unique windows (in input order, so the first
     of two twins wins), go after the others."""
-    after = [i for i, spec in enumerate(specs) if spec.after]
-    windows = [i for i, s in enumerate(specs) if not s.after and _has_window(s)]
-    if not after and not windows:
+    kinds = _Kinds.of(specs)
+    if not kinds.after and not kinds.windows:
         return await _plain(conn, sql, specs, notify, trace)
-    special = set(after) | set(windows)
-    rest = [i for i in range(len(specs)) if i not in special]
     results: dict[int, EnqueueResult] = {}
     async with own_transaction(conn):
-        if rest:
-            done = await _plain(conn, sql, [specs[i] for i in rest], notify, trace)
-            results.update(zip(rest, done, strict=True))
-        for i in windows:
+        if kinds.rest:
+            done = await _plain(conn, sql, [specs[i] for i in kinds.rest], notify, trace)
+            results.update(zip(kinds.rest, done, strict=True))
+        for i in kinds.windows:
             results[i] = await windowed(conn, sql, specs[i], notify=notify)
-        if after:
-            jobs = [GraphJob(spec=specs[i]) for i in after]
+        if kinds.after:
+            jobs = [GraphJob(spec=specs[i]) for i in kinds.after]
             ids = await graph(conn, sql, jobs, notify=notify, trace=trace)
-            results.update(zip(after, map(EnqueueResult, ids), strict=True))
+            results.update(zip(kinds.after, map(EnqueueResult, ids), strict=True))
     return [results[i] for i in range(len(specs))]
 
 
-def _has_window(spec: JobSpec) -> bool:
-    found = spec.uniqueness()
-    return found is not None and found.windowed
+@attrs.frozen
+class _Kinds:
+    """Positions of the jobs with dependencies, those with unique windows, and the rest."""
+
+    after: list[int]
+    windows: list[int]
+    rest: list[int]
+
+    @classmethod
+    def of(cls, specs: Sequence[JobSpec]) -> _Kinds:
+        kinds = cls([], [], [])
+        for i, spec in enumerate(specs):
+            found = spec.uniqueness()  # a job with dependencies has none
+            if spec.after:
+                kinds.after.append(i)
+            elif found is not None and found.windowed:
+                kinds.windows.append(i)
+            else:
+                kinds.rest.append(i)
+        return kinds
 
 
 async def _plain(
@@ -198,7 +212,7 @@ async def _plain(
     differ, else their ids reserved, then COPY (no keys) or unnest (dedup or concurrency
     keys); conflicts answered with the live twins' ids."""
     keys = [spec.effective_dedup_key() for spec in specs]
-    keyed = any(keys) or any(spec.concurrency_key for spec in specs)
+    keyed = _keyed(specs, keys)
     if not keyed and _only_args_differ(specs):
         ids = await bulk(conn, sql, specs[0], _args_runs(specs), notify=notify, trace=trace)
         return [EnqueueResult(job_id) for job_id in ids]
@@ -212,9 +226,21 @@ async def _plain(
         inserted = set(ids)
     results = await _with_twins(conn, sql, ids, inserted, keys)
     if notify:
-        new = [(s, r) for s, r, i in zip(specs, run_ats, ids, strict=True) if i in inserted]
-        await _notify(conn, sql, notify_payloads(new, now))
+        await _notify(conn, sql, notify_payloads(_inserted(specs, run_ats, ids, inserted), now))
     return results
+
+
+def _keyed(specs: Sequence[JobSpec], keys: Sequence[str | None]) -> bool:
+    """Whether any job has a dedup key or a concurrency key (COPY cannot write them)."""
+    return any(keys) or any(spec.concurrency_key for spec in specs)
+
+
+def _inserted(
+    specs: Sequence[JobSpec], run_ats: Sequence[dt.datetime], ids: Sequence[int],
+    inserted: set[int],
+) -> list[tuple[JobSpec, dt.datetime]]:  # fmt: skip
+    """The specs that went in (not duplicates), each with its run time."""
+    return [(s, r) for s, r, i in zip(specs, run_ats, ids, strict=True) if i in inserted]
 
 
 async def _with_twins(
@@ -406,10 +432,15 @@ async def _lock_existing(
     cur = await conn.execute(sql.dependencies_lock, {"ids": wanted})
     rows = await cur.fetchall()
     _check_known(tuple(r[0] for r in rows if r[1] == "unknown"))
-    flag = [r[0] for r in rows if r[1] != "dead" and not r[5]]
+    flag = [r[0] for r in rows if r[1] != "dead" and not r[5]]  # no dependant yet
     if flag:
         await conn.execute(sql.dependencies_flag,
                            {"ids": flag, "channel": sql.channel, "notify": notify})  # fmt: skip
+    return _ended(rows)
+
+
+def _ended(rows: Sequence[tuple[Any, ...]]) -> list[tuple[int, str, str | None, str | None]]:
+    """The locked dependencies that had ended: (id, outcome, task, detail)."""
     return [(r[0], _ENDED[r[1]], r[2], r[3]) for r in rows if r[1] in _ENDED]
 
 

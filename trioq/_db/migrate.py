@@ -112,15 +112,7 @@ async def migrate(
         raise ValueError(f"target must be between 0 and {latest_version()}, got {target}")
     try:
         async with conn.transaction():
-            await _lock(conn, schema, on_wait)
-            if await schema_version(conn, schema) is None:  # no DDL when there is nothing to do
-                await _create_bookkeeping(conn, schema)
-            current = await _current_version(conn, schema)
-            pending = [m for m in migrations() if current < m.version <= goal]
-            if current and not pending:
-                await _check_tables(conn, schema, current)
-            for migration in pending:
-                await _apply(conn, schema, migration)
+            current, pending = await _migrate_locked(conn, schema, goal, on_wait)
     except psycopg.errors.InsufficientPrivilege as ex:
         raise MigrationError(
             f"the role {conn.info.user!r} may not create or change schema {schema!r} in database "
@@ -137,6 +129,24 @@ async def migrate(
         version=max(current, goal),
         applied=tuple(m.version for m in pending),
     )
+
+
+async def _migrate_locked(
+    conn: psycopg.AsyncConnection[Any], schema: str, goal: int,
+    on_wait: Callable[[str], None] | None,
+) -> tuple[int, list[Migration]]:  # fmt: skip
+    """Inside the migration's transaction: take the lock, then apply what is pending; the
+    version found, and what was applied."""
+    await _lock(conn, schema, on_wait)
+    if await schema_version(conn, schema) is None:  # no DDL when there is nothing to do
+        await _create_bookkeeping(conn, schema)
+    current = await _current_version(conn, schema)
+    pending = [m for m in migrations() if current < m.version <= goal]
+    if current and not pending:
+        await _check_tables(conn, schema, current)
+    for migration in pending:
+        await _apply(conn, schema, migration)
+    return current, pending
 
 
 async def _lock(

@@ -123,13 +123,16 @@ def classify(outcome: Outcome) -> str | None:
     if kind is Kind.COMPLETE or kind is Kind.KEEP or (kind is Kind.NOTHING and outcome.committed):
         return COMPLETED
     if kind is Kind.FAIL:
-        failure, job = outcome.failure, outcome.job
-        if failure is not None and (
-            failure.fatal or (job is not None and failure.lease.attempt >= job.max_attempts)
-        ):
-            return DEAD
-        return RETRIED
+        return DEAD if _dies(outcome) else RETRIED
     return CANCELLED if kind is Kind.CANCELLED else None
+
+
+def _dies(outcome: Outcome) -> bool:
+    """A failure that ends the job: fatal, or on its last attempt."""
+    failure, job = outcome.failure, outcome.job
+    if failure is None:
+        return False
+    return failure.fatal or (job is not None and failure.lease.attempt >= job.max_attempts)
 
 
 @attrs.define

@@ -59,15 +59,19 @@ def banner(
             },
         )
     ]
+    return [*lines, *_mismatches(queues, registry)]
+
+
+def _mismatches(queues: Mapping[str, QueueConfig], registry: Registry) -> list[Line]:
+    """What looks wrong: a served queue no task uses, tasks whose queue is not served."""
     used = registry.queues()
-    for name in queues:
-        if name not in used and len(registry):
-            lines.append(Line(
-                level=logging.WARNING,
-                message=f"queue {name!r} is served but no registered task uses it (tasks use "
-                f"{', '.join(sorted(used)) or 'no queue'}): is it misspelt?",
-                extra={"queue": name},
-            ))  # fmt: skip
+    unused = [name for name in queues if name not in used and len(registry)]
+    lines = [Line(
+        level=logging.WARNING,
+        message=f"queue {name!r} is served but no registered task uses it (tasks use "
+        f"{', '.join(sorted(used)) or 'no queue'}): is it misspelt?",
+        extra={"queue": name},
+    ) for name in unused]  # fmt: skip
     for queue, tasks in sorted(used.items()):
         if queue not in queues:
             lines.append(Line(

@@ -23,38 +23,17 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 import trio
 
-from .._complete_with import SharedCompletions
 from .._config import Config, QueueConfig
-from .._context import JobServices
-from .._db.migrate import check_current
-from .._db.statements import CANCEL_PAYLOAD, QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
+from .._db.sql.common import CANCEL_PAYLOAD, QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
 from .._flow import LimitedClaim
-from .._hooks import EventDispatcher, fields
+from .._hooks import fields
 from .._job import Lease
-from .._job_transaction import SharedTransactions
-from .._obs.history import History
-from .._obs.metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
+from .._obs.metrics import QueueGauges
 from .._outcome import Kind, Outcome
-from .._pg.pool import Pool
-from .._queue import Queue
-from .banner import banner
-from .completer import Completer
-from .execute import Executor, aborted
+from .execute import aborted
 from .leases import HeldJob, HeldJobs
-from .pooling import prepare_threshold, session_dsn
-from .services.governor import Governor
-from .services.heartbeat import Heartbeat
-from .services.history_writer import HistoryWriter
-from .services.lifecycle import Lifecycle
-from .services.listener import Listener
-from .services.liveness import Liveness
-from .services.pruner import Pruner
-from .services.scheduler import Scheduler
-from .services.sweeper import Sweeper
-from .tracing import Tracing
-from .tracing import enabled as tracing_enabled
 from .wakeup import Wakeup
-from .watchdog import Watchdog
+from .wiring import RuntimeHooks, Services
 
 __all__ = ["Runtime", "RuntimeStatistics"]
 
@@ -62,8 +41,6 @@ logger = logging.getLogger("trioq.runtime")
 
 #: Backoff of a fetcher whose claims fail (a notification cuts it short).
 CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 0.5
-#: Bound on the shielded cleanup at shutdown (flushing outcomes).
-FLUSH_TIMEOUT = 10.0
 #: Bound on one (shielded) claim statement.
 CLAIM_TIMEOUT = 10.0
 #: A slot that finds its next job already buffered takes it without a checkpoint, but
@@ -202,17 +179,6 @@ class Runtime:
     def __init__(self, config: Config, dsn: str) -> None:
         self.config = config
         self.dsn = dsn
-        #: LISTEN and the liveness lock: never through a transaction pooler
-        #: (`trioq._worker.pooling`).
-        self.session_dsn = session_dsn(config, dsn)
-        self.queue = Queue(schema=config.schema, max_payload_bytes=config.max_payload_bytes)
-        threshold = prepare_threshold(config, dsn, self.session_dsn)
-        self._prepared = threshold is not None
-        pooled = {"autocommit": True, "prepare_threshold": threshold}
-        #: Claims, outcomes, heartbeats and maintenance: never starved by handlers.
-        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=pooled)
-        #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``).
-        self.app_pool = Pool(dsn, max_size=config.app_pool_size, connect_kwargs=pooled)
         self._queues = {
             name: _QueueState(name, cfg) for name, cfg in config.served_queues().items()
         }
@@ -225,76 +191,26 @@ class Runtime:
         self._started = False
         self._job_finished = Wakeup()
         self._claimed = 0
-        self._schema_version = 0  # checked at start
-        owner = config.worker_id
-        self._shared = SharedTransactions(
-            self.app_pool, self.queue, owner, lanes=config.shared_transactions,
-            max_jobs=config.shared_transaction_jobs,
-        )  # fmt: skip
-        self._completions = SharedCompletions(
-            self.app_pool, self.queue, owner, lanes=config.shared_transactions,
-            max_jobs=config.shared_transaction_jobs,
-        )  # fmt: skip
-        services = JobServices(
-            app_pool=self.app_pool, queue=self.queue, owner=owner, forget=self._held.forget,
-            shared=self._shared, completions=self._completions,
-        )  # fmt: skip
-        tracing = Tracing() if tracing_enabled(config.tracing) else None
-        self._executor = Executor(
-            config.registry, services, sync_threads=config.sync_threads, tracing=tracing
-        )
-        self._completer = Completer(
-            self.pool, self.queue.driver, owner,
-            capacity=sum(q.config.concurrency for q in self._queues.values()),
-            written=self._written,
-            unknown_task_timeout=dt.timedelta(seconds=config.unknown_task_timeout),
-        )  # fmt: skip
-        self._events = EventDispatcher(
-            config.registry.hooks.callbacks, timeout=config.hook_timeout,
-            concurrency=config.hook_concurrency, buffer=config.hook_buffer,
-        )  # fmt: skip
-        self._lifecycle = Lifecycle(self._events, self.pool, config.schema)
-        self._heartbeat = Heartbeat(
-            self.pool, self.queue.driver, self._held, owner=owner, lease=config.lease,
-            interval=config.heartbeat_interval, on_lost=self._lifecycle.lease_lost,
-        )  # fmt: skip
-        self._sweeper = Sweeper(
-            self.pool, self.queue.driver, interval=config.sweep_interval,
-            reclaim_interval=config.liveness_interval, grace=config.liveness_grace,
-            on_returned=self._wake_all, on_swept=self._lifecycle.swept,
-        )  # fmt: skip
-        self._liveness = Liveness(
-            self.session_dsn, self.pool, self.queue.driver, name=owner,
-            queues={name: q.config.concurrency for name, q in self._queues.items()},
-            interval=config.liveness_interval,
-            running=lambda: sum(q.active for q in self._queues.values()),
-        )  # fmt: skip
-        self._scheduler = Scheduler(
-            self.pool, self.queue, config.cron, poll_interval=config.poll_interval,
-            on_due=self._wake,
-        )  # fmt: skip
-        self._watchdog = Watchdog(threshold=config.loop_blocked_warning)
-        self._listener = Listener(
-            self.session_dsn, self.queue.driver, on_notify=self._wake, on_listening=self._wake_all
-        )
-        self._history = History()  # fed by `_written`, written by its own service
-        self._history_writer = HistoryWriter(
-            self.pool, config.schema, self._history, interval=config.history_interval,
-            retention=config.history_retention,
-        )  # fmt: skip
-        self._claim_errors: collections.Counter[str] = collections.Counter()
-        self._meter = None if config.metrics is None else ClaimMeter()
-        self.metrics_url: str | None = None  # where /metrics is served, once serving
-        self._pruner = None if config.prune_interval is None else Pruner(
-            self.pool, self.queue.sql, interval=config.prune_interval, batch=config.prune_batch,
-            retain_done=config.retain_done, retain_cancelled=config.retain_cancelled,
-            retain_dead=config.retain_dead,
-        )  # fmt: skip
-        self._governor = Governor(
-            self.pool, self.queue, {name: q.config for name, q in self._queues.items()},
-            poll_interval=config.poll_interval, on_change=self._wake,
-            on_paused=self._release_buffered,
-        )  # fmt: skip
+        #: The pools, the queue, the executor, the completer and the services
+        #: (`trioq._worker.wiring`), built from the config.
+        self._services = Services(config, dsn, RuntimeHooks(
+            held=self._held, wake=self._wake, wake_all=self._wake_all, running=self._running,
+            written=self._written, release_buffered=self._release_buffered,
+            gauges=self._gauges,
+        ))  # fmt: skip
+        #: The pools (claims, outcomes and maintenance; handlers) and the queue it serves.
+        self.pool, self.app_pool = self._services.pool, self._services.app_pool
+        self.queue = self._services.queue
+
+    @property
+    def session_dsn(self) -> str:
+        """LISTEN and the liveness lock: never through a transaction pooler."""
+        return self._services.session_dsn
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where ``/metrics`` is served, once serving (`Config.metrics`)."""
+        return self._services.metrics_url
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -314,8 +230,8 @@ class Runtime:
             running=sum(q.active for q in self._queues.values()),
             held_leases=len(self._held),
             claimed=self._claimed,
-            completed_batches=self._completer.batches,
-            outcomes_written=self._completer.outcomes,
+            completed_batches=self._services.completer.batches,
+            outcomes_written=self._services.completer.outcomes,
             stopping=self._stop_requested.is_set(),
         )
 
@@ -343,46 +259,16 @@ class Runtime:
             task_status.started(self)
 
     async def _start_and_run(self, task_status: trio.TaskStatus[Runtime]) -> None:
-        async with self.pool, self.app_pool:
-            await self._check_schema()
-            async with trio.open_nursery() as services:
-                await services.start(self._liveness.run)
-                await services.start(self._listener.run)
-                await services.start(self._governor.run)
-                services.start_soon(self._completer.run)
-                services.start_soon(self._heartbeat.run)
-                services.start_soon(self._sweeper.run)
-                services.start_soon(self._scheduler.run)
-                services.start_soon(self._watchdog.run)
-                services.start_soon(self._history_writer.run)
-                services.start_soon(self._events.run)
-                services.start_soon(self._lifecycle.run)
-                if self._pruner is not None:
-                    services.start_soon(self._pruner.run)
-                if self.config.metrics is not None:
-                    self.metrics_url = await services.start(self._serve_metrics)
+        services = self._services
+        async with services.pools():
+            await services.check_schema()
+            async with trio.open_nursery() as nursery:
+                await services.start(nursery)
                 await self._run_jobs(task_status)
-                await self._flush()
-                await self._flush_history()
-                await self._flush_events()
-                services.cancel_scope.cancel()
+                await services.flush()
+                nursery.cancel_scope.cancel()
 
     # -- startup and shutdown -------------------------------------------------------------------
-
-    async def _check_schema(self) -> None:
-        async with self.pool.connection() as conn:
-            self._schema_version = await check_current(conn, self.config.schema)
-
-    def _log_banner(self) -> None:
-        """The start-up lines (`trioq._worker.banner`): where, what, and what looks wrong."""
-        config = self.config
-        for line in banner(
-            dsn=self.dsn, schema=config.schema, version=self._schema_version,
-            worker_id=config.worker_id, queues=config.served_queues(),
-            registry=config.registry, metrics_url=self.metrics_url,
-            session_dsn=self.session_dsn, prepared=self._prepared,
-        ):  # fmt: skip
-            logger.log(line.level, "%s", line.message, extra=dict(line.extra))
 
     async def _run_jobs(self, task_status: trio.TaskStatus[Runtime]) -> None:
         async with trio.open_nursery() as jobs:
@@ -391,7 +277,7 @@ class Runtime:
                     for _ in range(state.config.concurrency):
                         jobs.start_soon(self._slot, state)
                     fetchers.start_soon(self._fetch_loop, state)
-                self._log_banner()
+                self._services.log_banner()
                 self._started = True  # from here a stop is graceful
                 task_status.started(self)
                 await self._stop_requested.wait()
@@ -405,68 +291,14 @@ class Runtime:
             for held in [*self._held, *self._holding]:
                 held.abort("shutdown")
 
-    async def _flush(self) -> None:
-        """Write every outcome submitted so far (shielded, bounded), then stop the completer."""
-        with trio.move_on_after(FLUSH_TIMEOUT, shield=True) as scope:
-            await self._completer.close()
-            await self._completer.finished.wait()
-        if scope.cancelled_caught:
-            logger.warning("%d job outcomes not written at shutdown: their leases will expire",
-                           len(self._held))  # fmt: skip
+    def _gauges(self) -> tuple[QueueGauges, ...]:
+        """Each served queue's slots, busy and buffered (``/metrics``)."""
+        return tuple(QueueGauges(queue=name, concurrency=q.config.concurrency, busy=q.active,
+                                 buffered=len(q.buffer))
+                     for name, q in self._queues.items())  # fmt: skip
 
-    async def _flush_history(self) -> None:
-        """Write the job history gathered since the last round (shielded, bounded)."""
-        with trio.move_on_after(FLUSH_TIMEOUT, shield=True):
-            try:
-                await self._history_writer.run_once()
-            except Exception as ex:  # history is for charts: it must not fail the shutdown
-                logger.warning("writing job history at shutdown failed: %s", ex)
-
-    async def _flush_events(self) -> None:
-        """Let the event callbacks finish what is buffered (shielded, bounded)."""
-        with trio.move_on_after(FLUSH_TIMEOUT, shield=True) as scope:
-            await self._events.close()
-            await self._events.finished.wait()
-        if scope.cancelled_caught:
-            logger.warning("event callbacks had not finished at shutdown: %d events not "
-                           "delivered", self._events.statistics().pending)  # fmt: skip
-
-    async def _serve_metrics(self, *, task_status: trio.TaskStatus[str]) -> None:
-        from .._config import parse_address
-        from .._obs.prometheus import MetricsServer, trioq_version
-
-        assert self.config.metrics is not None
-        host, first, last = parse_address(self.config.metrics)
-        depth = DepthSampler(self.pool, self.config.schema,
-                             interval=self.config.metrics_depth_interval,
-                             cap=self.config.metrics_depth_cap)  # fmt: skip
-        server = MetricsServer(host, range(first, last + 1), sample=self._metrics_sample,
-                               depth=depth, version=trioq_version())  # fmt: skip
-        await server.run(task_status=task_status)
-
-    def _metrics_sample(self) -> Sample:
-        """What a scrape shows (`trioq._obs.metrics`), taken at once on the trio thread."""
-        meter = self._meter or ClaimMeter()
-        return Sample(
-            worker_id=self.config.worker_id, schema=self.config.schema,
-            queues=tuple(
-                QueueGauges(queue=name, concurrency=q.config.concurrency, busy=q.active,
-                            buffered=len(q.buffer))
-                for name, q in self._queues.items()
-            ),
-            held_leases=len(self._held), history=self._history.totals(),
-            claimed=dict(meter.jobs), claim_sizes={q: list(c) for q, c in meter.sizes.items()},
-            claim_size_sums=dict(meter.size_sums),
-            claim_errors={name: self._claim_errors[name] for name in self._queues},
-            events=dict(self._lifecycle.counts),
-            swept={"returned": self._sweeper.returned, "dead": self._sweeper.dead,
-                   "cancelled": self._sweeper.cancelled},
-            write_errors=self._completer.write_errors,
-            outcomes_written=self._completer.outcomes,
-            listener_reconnects=self._listener.reconnects,
-            pools={"runtime": self.pool.statistics(), "app": self.app_pool.statistics()},
-            hooks=attrs.asdict(self._events.statistics()),
-        )  # fmt: skip
+    def _running(self) -> int:
+        return sum(q.active for q in self._queues.values())
 
     async def _signal_loop(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
@@ -494,7 +326,7 @@ class Runtime:
                 try:
                     got, written = await self._claim(state, wanted)
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
-                    self._claim_errors[state.name] += 1
+                    self._services.claim_errors[state.name] += 1
                     logger.warning("claiming from queue %r failed: %s", state.name, ex)
                     # Back off, but a notification (or the listener's reconnect) means
                     # the database is answering again: try at once rather than up to
@@ -512,23 +344,24 @@ class Runtime:
                 self._held.add(batch)
                 state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
                 if len(claimed) < wanted:  # drained or limited: wait for news, or poll
-                    await self._governor.wait(state.name, got, written, state.wakeup)
+                    await self._services.governor.wait(state.name, got, written, state.wakeup)
         finally:
             state.close()  # the slots release what is left in the buffer, then end
 
     async def _claim(self, state: _QueueState, limit: int) -> tuple[LimitedClaim, int]:
-        async with self.pool.connection() as conn:
+        services = self._services
+        async with services.pool.connection() as conn:
             # Shielded: a claim cut short by the stop may have committed, and its jobs would
             # be held by nobody here. (Should it time out, the worker's row stays at the stop:
             # see `Liveness`.)
             with trio.move_on_after(CLAIM_TIMEOUT, shield=True):
-                got = await self._governor.claim(
+                got = await services.governor.claim(
                     conn, state.name, owner=self.config.worker_id, limit=limit,
                     lease=dt.timedelta(seconds=self.config.lease),
                 )  # fmt: skip
                 self._claimed += len(got[0].jobs)
-                if self._meter is not None:
-                    self._meter.claimed(state.name, got[0].jobs)
+                if services.meter is not None:
+                    services.meter.claimed(state.name, got[0].jobs)
                 return got
         raise TimeoutError(f"the claim took longer than {CLAIM_TIMEOUT} s")
 
@@ -538,7 +371,7 @@ class Runtime:
         while state.buffer:
             held = state.buffer.pop()
             held.abort("paused")  # keeps an earlier reason: a lost lease, a cancel request
-            await self._completer.submit(aborted(held.reason, held.lease))
+            await self._services.completer.submit(aborted(held.reason, held.lease))
 
     async def _slot(self, state: _QueueState) -> None:
         """One of the queue's ``concurrency`` slots: run buffered jobs one after another.
@@ -559,10 +392,10 @@ class Runtime:
             if current:
                 running = current.pop()
                 outcome = self._aborted(running)
-                if (thread := self._executor.thread_of(running.job.id)) is not None:
+                if (thread := self._services.executor.thread_of(running.job.id)) is not None:
                     outcome = await self._hold_for_thread(running, thread, outcome)
                 self._finish(state, running)
-                await self._completer.submit(outcome)
+                await self._services.completer.submit(outcome)
 
     async def _slot_jobs(
         self, state: _QueueState, scope: trio.CancelScope, current: list[HeldJob]
@@ -572,7 +405,7 @@ class Runtime:
         while (running := await state.take(checkpoint=streak >= SLOT_YIELD_EVERY)) is not None:
             streak = streak + 1 if streak < SLOT_YIELD_EVERY else 1
             if running.reason is not None or self._stop_requested.is_set():
-                await self._completer.submit(self._aborted(running))
+                await self._services.completer.submit(self._aborted(running))
                 continue
             if scope.cancel_called:  # a job aborted as it returned: a fresh scope, please
                 state.buffer.appendleft(running)
@@ -583,7 +416,7 @@ class Runtime:
             outcome = await self._execute(running)  # Cancelled: abort(); the caller deals
             current.pop()
             self._finish(state, running)
-            await self._completer.submit(outcome)
+            await self._services.completer.submit(outcome)
 
     async def _hold_for_thread(
         self, running: HeldJob, thread: trio.Event, outcome: Outcome
@@ -600,14 +433,15 @@ class Runtime:
                            extra=fields(job.id, job.task, job.queue, job.attempt))  # fmt: skip
             return Outcome(kind=Kind.NOTHING, lease=running.lease)
         if why == "cancel":
-            await self._completer.submit(outcome)  # marked cancelled now
+            await self._services.completer.submit(outcome)  # marked cancelled now
             outcome = Outcome(kind=Kind.NOTHING, lease=running.lease)
         with trio.CancelScope() as scope:
             running.scope = scope  # a shutdown's abort() ends the wait
             self._holding.add(running)
             try:
-                await self._executor.outlived(job, "it was cancelled" if why == "cancel" else
-                                              "its lease was lost")  # fmt: skip
+                await self._services.executor.outlived(
+                    job, "it was cancelled" if why == "cancel" else "its lease was lost"
+                )
             finally:
                 self._holding.discard(running)
         if scope.cancelled_caught:
@@ -625,7 +459,7 @@ class Runtime:
     async def _execute(self, running: HeldJob) -> Outcome:
         """Run the job's handler; raises Cancelled if the job is aborted while it runs."""
         started = time.monotonic()
-        outcome = await self._executor.run(running.job, running.lease)
+        outcome = await self._services.executor.run(running.job, running.lease)
         if running.reason == "lost":  # its handler ran on, but the outcome is not ours
             logger.warning("job %d (%s) attempt %d: its handler finished after its lease was "
                            "lost (the job was returned or taken by another worker): its "
@@ -647,15 +481,16 @@ class Runtime:
         return outcome
 
     def _written(self, batch: Sequence[Outcome]) -> None:
-        self._history.record(batch)
-        self._lifecycle.written(batch)  # logs, events and counts of retries, deaths, ...
-        queues = self._queues_of(batch) if self._governor.waiting else None
+        services = self._services
+        services.history.record(batch)
+        services.lifecycle.written(batch)  # logs, events and counts of retries, deaths, ...
+        queues = self._queues_of(batch) if services.governor.waiting else None
         forget = self._held.forget
         for outcome in batch:
             forget(outcome.lease)
-        self._governor.outcomes_written(queues)
+        services.governor.outcomes_written(queues)
         if any(o.kind in _SCHEDULES or (o.kind is Kind.RELEASE and o.delay) for o in batch):
-            self._scheduler.wake()  # a retry or snooze may now be the next job due
+            services.scheduler.wake()  # a retry or snooze may now be the next job due
 
     def _queues_of(self, batch: Sequence[Outcome]) -> set[str | None]:
         """The queues of the jobs whose outcomes these are (None: no longer held)."""
@@ -668,9 +503,9 @@ class Runtime:
         """A notification: a queue got due work, (``@scheduled``) a job for later, or
         (``@cancel:<id>``) a cancel of a running job, maybe one of ours."""
         if payload == SCHEDULED_PAYLOAD:
-            self._scheduler.wake()
+            self._services.scheduler.wake()
         elif payload == QUEUES_PAYLOAD:
-            self._governor.wake()
+            self._services.governor.wake()
         elif payload.startswith(CANCEL_PAYLOAD):
             self._cancel(payload[len(CANCEL_PAYLOAD) :])
         elif (state := self._queues.get(payload)) is not None:
@@ -689,5 +524,5 @@ class Runtime:
     def _wake_all(self) -> None:
         for state in self._queues.values():
             state.wakeup.set()
-        self._scheduler.wake()
-        self._governor.wake()
+        self._services.scheduler.wake()
+        self._services.governor.wake()

@@ -9,8 +9,8 @@ import attrs
 
 from .._cron import CronEntry
 from .._db.statements import validate_schema_name
-from .._job import rule
 from .._pg.errors import check_dsn, redact_dsn
+from .._rules import boolean, positive_int, rule
 
 __all__ = ["MIN_TOKEN_LENGTH", "DashboardConfig", "check_token"]
 
@@ -49,9 +49,12 @@ def _cron(value: Iterable[CronEntry] | None) -> tuple[CronEntry, ...]:
     return entries
 
 
-def _pool_size(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
+_pool_size = rule(positive_int)
+
+
+def _secret(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, bytes):
+        raise TypeError(f"{attribute.name} must be bytes or None, got {type(value).__name__}")
 
 
 @attrs.frozen(kw_only=True)
@@ -61,7 +64,7 @@ class DashboardConfig:
     dsn: str = attrs.field(validator=_dsn, repr=lambda dsn: repr(redact_dsn(dsn)))
     schema: str = attrs.field(default="trioq", validator=rule(validate_schema_name))
     #: Hide every action and refuse every POST (403).
-    read_only: bool = False
+    read_only: bool = attrs.field(default=False, validator=rule(boolean))
     #: Required on every request when set (see `trioq.web._security.TokenGuard`).
     token: str | None = attrs.field(default=None, validator=_token, repr=False)
     #: The app's cron entries, for their schedules and next ticks on the cron page.
@@ -70,4 +73,4 @@ class DashboardConfig:
     pool_size: int = attrs.field(default=4, validator=_pool_size)
     #: Signs the forms' CSRF tokens; random per process when None (give every process
     #: behind one address the same secret).
-    secret: bytes | None = attrs.field(default=None, repr=False)
+    secret: bytes | None = attrs.field(default=None, repr=False, validator=_secret)

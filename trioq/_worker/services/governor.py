@@ -34,6 +34,7 @@ from ..._pg.connection import Conn
 from ..._pg.pool import Pool
 from ..._queue import Queue
 from ..wakeup import Wakeup
+from .loop import every
 
 __all__ = ["Governor", "GovernorRound"]
 
@@ -158,13 +159,8 @@ class Governor:
         await self.apply_config()
         await self.run_once()
         task_status.started()
-        while True:
-            with trio.move_on_after(self._poll):
-                await self._changed.wait()
-            try:
-                await self.run_once()
-            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
-                logger.warning("reading queue settings failed: %s", ex)
+        await every(self._poll, self.run_once, failed="reading queue settings failed",
+                    wakeup=self._changed, wait_first=True)  # fmt: skip
 
     async def apply_config(self) -> list[QueueSettings]:
         """Store the limits given in the served queues' `QueueConfig` (the database is the
@@ -190,6 +186,18 @@ class Governor:
         """Read the settings of the served queues; act on what changed."""
         async with self._pool.connection() as conn:
             found = {s.name: s for s in await self._queue.queue_settings(conn, list(self._configs))}
+        changed, paused = self._update(found)
+        for name in paused:
+            await self._on_paused(name)
+        for name in changed:
+            self._flow[name].set()
+            self._on_change(name)
+        settings = tuple(self._settings[name] for name in self._settings)
+        return GovernorRound(settings=settings, changed=tuple(changed), paused=tuple(paused))
+
+    def _update(self, found: Mapping[str, QueueSettings]) -> tuple[list[str], list[str]]:
+        """Keep the settings ``found``; the queues whose settings changed, and those paused
+        since the last round (a pause and a resume are logged)."""
         changed, paused = [], []
         for name, old in self._settings.items():
             new = found.get(name, QueueSettings(name=name))
@@ -202,10 +210,4 @@ class Governor:
                 logger.info("queue %r paused", name)
             elif old.paused and not new.paused:
                 logger.info("queue %r resumed", name)
-        for name in paused:
-            await self._on_paused(name)
-        for name in changed:
-            self._flow[name].set()
-            self._on_change(name)
-        settings = tuple(self._settings[name] for name in self._settings)
-        return GovernorRound(settings=settings, changed=tuple(changed), paused=tuple(paused))
+        return changed, paused

@@ -19,6 +19,7 @@ from ..._hooks import fields
 from ..._job import Lease
 from ..._pg.pool import Pool
 from ..leases import HeldJob, HeldJobs
+from .loop import every
 
 __all__ = ["Heartbeat", "HeartbeatRound"]
 
@@ -49,12 +50,7 @@ class Heartbeat:
 
     async def run(self) -> None:
         """Every ``interval``, one round; a failed round is logged and the next one tries."""
-        while True:
-            await trio.sleep(self.interval)
-            try:
-                await self.run_once()
-            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
-                logger.warning("heartbeat failed: %s", ex)
+        await every(self.interval, self.run_once, failed="heartbeat failed", wait_first=True)
 
     async def run_once(self) -> HeartbeatRound:
         """Extend every held lease; cancel the handlers of those lost or asked to stop."""

@@ -17,15 +17,14 @@ import logging
 from typing import Any
 
 import attrs
-import trio
 
+from ..._db.params import columns
 from ..._db.statements import statements
 from ..._obs.history import BUCKETS, Cell, CellKey, History
 from ..._pg.pool import Pool
+from .loop import every
 
 __all__ = [
-    "DEFAULT_HISTORY_INTERVAL",
-    "DEFAULT_HISTORY_RETENTION",
     "PRUNE_BATCH",
     "HistoryRound",
     "HistoryWriter",
@@ -33,8 +32,6 @@ __all__ = [
 
 logger = logging.getLogger("trioq.runtime")
 
-DEFAULT_HISTORY_INTERVAL = 5.0
-DEFAULT_HISTORY_RETENTION = dt.timedelta(days=7)
 #: Rows pruned per round at most: a week of one queue and task is 10,080 rows.
 PRUNE_BATCH = 5000
 
@@ -60,12 +57,8 @@ class HistoryWriter:
 
     async def run(self) -> None:
         """A round every ``interval``; a failed round is logged and the next one retries."""
-        while True:
-            await trio.sleep(self.interval)
-            try:
-                await self.run_once()
-            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
-                logger.warning("writing job history failed: %s", ex)
+        await every(self.interval, self.run_once, failed="writing job history failed",
+                    wait_first=True)  # fmt: skip
 
     async def run_once(self) -> HistoryRound:
         """Write what was gathered since the last round, then prune one batch."""
@@ -84,24 +77,19 @@ class HistoryWriter:
         return HistoryRound(written=len(cells), pruned=int(row[0]) if row else 0)
 
 
+#: The upsert's array parameters taken from each `Cell`, by the field of the cell.
+_SUMS = ("completed", "retried", "dead", "cancelled", "runs", "exec_us_sum", "exec_us_max",
+         "wait_us_sum", "wait_us_max")  # fmt: skip
+
+
 def upsert_params(cells: dict[CellKey, Cell]) -> dict[str, Any]:
     """The upsert's parameters: one array per column, rows sorted by key (lock order)."""
     keys = sorted(cells)
     rows = [cells[key] for key in keys]
+    minutes, queues, tasks = ([key[i] for key in keys] for i in range(3))
     return {
-        "buckets": BUCKETS,
-        "minutes": [key[0] for key in keys],
-        "queues": [key[1] for key in keys],
-        "tasks": [key[2] for key in keys],
-        "completed": [c.completed for c in rows],
-        "retried": [c.retried for c in rows],
-        "dead": [c.dead for c in rows],
-        "cancelled": [c.cancelled for c in rows],
-        "runs": [c.runs for c in rows],
-        "exec_us_sum": [c.exec_us_sum for c in rows],
-        "exec_us_max": [c.exec_us_max for c in rows],
+        "buckets": BUCKETS, "minutes": minutes, "queues": queues, "tasks": tasks,
+        **columns(rows, **{name: name for name in _SUMS}),
         "exec_hists": [n for c in rows for n in c.exec_hist],
-        "wait_us_sum": [c.wait_us_sum for c in rows],
-        "wait_us_max": [c.wait_us_max for c in rows],
         "wait_hists": [n for c in rows for n in c.wait_hist],
-    }
+    }  # fmt: skip

@@ -81,15 +81,18 @@ class Lifecycle:
                 kind is _COMPLETE or kind is _KEEP or kind is _RELEASE or kind is _NOTHING
             ):
                 continue  # the common case: nothing to say
-            job = outcome.job
-            if job is None:
-                continue  # not run by this runtime: nothing to name it by
-            if fate == DISCARDED:
-                self._discarded(outcome, job)
-            elif kind is Kind.FAIL or kind is Kind.UNKNOWN:
-                self._failed(outcome, job, fate)
-            elif kind is Kind.CANCELLED:
-                self._cancelled(job, outcome.lease.attempt)
+            self._report(outcome)
+
+    def _report(self, outcome: Outcome) -> None:
+        job, kind, fate = outcome.job, outcome.kind, outcome.fate
+        if job is None:
+            return  # not run by this runtime: nothing to name it by
+        if fate == DISCARDED:
+            self._discarded(outcome, job)
+        elif kind is Kind.FAIL or kind is Kind.UNKNOWN:
+            self._failed(outcome, job, fate)
+        elif kind is Kind.CANCELLED:
+            self._cancelled(job, outcome.lease.attempt)
 
     def _failed(self, outcome: Outcome, job: Job, fate: str | None) -> None:
         attempt = outcome.lease.attempt

@@ -21,6 +21,7 @@ import trio
 
 from ..._db.statements import Statements
 from ..._pg.pool import Pool
+from .loop import every
 
 __all__ = ["FULL_BATCH_PAUSE", "PruneRound", "Pruner", "prune"]
 
@@ -88,19 +89,22 @@ class Pruner:
     async def run(self) -> None:
         """Every ``interval``, rounds until one is not full; errors are logged, and the
         next interval tries again."""
-        while True:
-            await trio.sleep(self.interval)
-            total = PruneRound()
-            try:
-                while (round_ := await self.run_once()).full:
-                    total = _add(total, round_)
-                    await trio.sleep(FULL_BATCH_PAUSE)
+        await every(self.interval, self.run_until_done, failed="pruning failed", wait_first=True)
+
+    async def run_until_done(self) -> PruneRound:
+        """Rounds until one is not full (a backlog goes in batches, with a pause between
+        them); what they deleted in all is logged, also when one fails."""
+        total = PruneRound()
+        try:
+            while (round_ := await self.run_once()).full:
                 total = _add(total, round_)
-            except Exception as ex:  # the database, mostly; Cancelled is not an Exception
-                logger.warning("pruning failed: %s", ex)
+                await trio.sleep(FULL_BATCH_PAUSE)
+            total = _add(total, round_)
+        finally:
             if total.deleted:
                 logger.info("pruned %d done, %d cancelled and %d dead jobs",
                             total.done, total.cancelled, total.dead)  # fmt: skip
+        return total
 
     async def run_once(self) -> PruneRound:
         async with self._pool.connection() as conn:

@@ -18,8 +18,6 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import attrs
-import psycopg
-import trio
 
 from ..._cron import (
     TICK_RETENTION,
@@ -36,6 +34,7 @@ from ..._pg.pool import Pool
 from ..._queue import Queue
 from ..._unique import Unique
 from ..wakeup import Wakeup
+from .loop import every
 
 __all__ = ["MAX_SLEEP", "Fired", "ScheduleRound", "Scheduler", "fire_due"]
 
@@ -81,19 +80,15 @@ class Scheduler:
         self._wakeup.set()
 
     async def run(self) -> None:
-        """Rounds until cancelled; a failed round is logged, the next one follows a poll
-        interval later. A bad cron entry must not stop the workers."""
-        while True:
-            try:
-                sleep = (await self.run_once()).sleep
-            except psycopg.OperationalError as ex:
-                logger.warning("scheduler failed: %s", ex)
-                sleep = self._poll_interval
-            except Exception:
-                logger.exception("scheduler failed")
-                sleep = self._poll_interval
-            with trio.move_on_after(sleep):
-                await self._wakeup.wait()
+        """Rounds until cancelled, each followed by the sleep it asks for (or woken); a
+        failed round is logged, the next one follows a poll interval later. A bad cron
+        entry must not stop the workers (its error is logged with its traceback)."""
+
+        def sleep(round_: ScheduleRound | None) -> float:
+            return self._poll_interval if round_ is None else round_.sleep
+
+        await every(sleep, self.run_once, failed="scheduler failed", wakeup=self._wakeup,
+                    tracebacks=True)  # fmt: skip
 
     async def run_once(self) -> ScheduleRound:
         """Promote due jobs, fire due cron ticks."""

@@ -24,6 +24,7 @@ import trio
 
 from ..._db.driver import Driver, SweepResult
 from ..._pg.pool import Pool
+from .loop import every
 
 __all__ = ["SweepRound", "Sweeper"]
 
@@ -60,15 +61,17 @@ class Sweeper:
         """Dead workers every ``reclaim_interval``, expired leases every ``interval``; a
         failed round is logged."""
         next_sweep = trio.current_time()
-        while True:
+
+        async def round_() -> SweepRound:
+            nonlocal next_sweep
             sweep = trio.current_time() >= next_sweep
             try:
-                await self.run_once(sweep=sweep)
-            except Exception as ex:  # Cancelled is not an Exception
-                logger.warning("sweep failed: %s", ex)
-            if sweep:
-                next_sweep = trio.current_time() + self.interval
-            await trio.sleep(min(self.reclaim_interval, self.interval))
+                return await self.run_once(sweep=sweep)
+            finally:
+                if sweep:
+                    next_sweep = trio.current_time() + self.interval
+
+        await every(min(self.reclaim_interval, self.interval), round_, failed="sweep failed")
 
     async def run_once(self, *, sweep: bool = True) -> SweepRound:
         async with self._pool.connection() as conn:
