@@ -172,9 +172,13 @@ async def test_serve_prunes_kept_results_past_their_age(dsn: str) -> None:
 
 @pytest.mark.parametrize("field", ["retain_done", "retain_cancelled", "retain_dead",
                                    "prune_interval"])  # fmt: skip
-@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "60", True])
-def test_bad_retention_settings_are_named(field: str, value: Any) -> None:
-    with pytest.raises(ValueError, match=f"^{field} must be a positive finite number or None"):
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(0, ValueError), (-1, ValueError), (float("inf"), ValueError), (float("nan"), ValueError),
+     ("60", TypeError), (True, TypeError)],  # a wrong type is a TypeError (trioq._rules)
+)  # fmt: skip
+def test_bad_retention_settings_are_named(field: str, value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=f"^{field} must be a positive finite number or None"):
         trioq.Config(registry=trioq.Registry(), **{field: value})
 
 

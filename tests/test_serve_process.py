@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import psycopg.sql
 import pytest
 
 import trioq  # noqa: F401 - the subprocesses import it; fail early here if broken
@@ -111,6 +112,36 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=30)
+
+
+def test_schema_on_the_command_line_wins_over_the_apps(
+    dsn: str, procs: list[subprocess.Popen[str]]
+) -> None:
+    """``--app serve_app:config`` is a Config for schema trioq; ``--schema elsewhere`` serves
+    elsewhere: the job enqueued there runs, the one in trioq does not (issue 21: the option
+    was dropped silently when the app was a Config)."""
+    _setup(dsn)  # migrates schema trioq
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config",
+         "--schema", "elsewhere", "--migrate"],
+        env=_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=0,
+    )  # fmt: skip
+    procs.append(proc)
+    _read_until(proc, "schema elsewhere")  # the banner says which
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for schema in ("trioq", "elsewhere"):
+            conn.execute(
+                psycopg.sql.SQL(
+                    "INSERT INTO {}.jobs (task, queue, args)"
+                    " VALUES ('sleepy', 'default', '{{\"first_seconds\": 0}}')"
+                ).format(psycopg.sql.Identifier(schema))
+            )
+        conn.execute("SELECT pg_notify('trioq_elsewhere', 'default')")
+    _wait_for(dsn, "SELECT count(*) FROM elsewhere.jobs", [(0,)])
+    assert _query(dsn, "SELECT count(*) FROM runs") == [(1,)]
+    assert _query(dsn, "SELECT state FROM trioq.jobs") == [("available",)]
+    out = _stop(proc)
+    assert proc.returncode == 0, out
 
 
 def test_sigterm_stops_gracefully_and_releases_unfinished_jobs(

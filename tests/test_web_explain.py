@@ -105,7 +105,7 @@ def _render(plan: Mapping[str, Any], depth: int = 0) -> Iterator[str]:
 def dashboard_statements() -> set[str]:
     """The statements the dashboard's code reads (``st.name``, ``queue.name``: every attribute
     of the package's source named like a statement of `Statements`)."""
-    known = set(names())
+    known = {*names(), "job_lists"}  # job_lists: the list_<state> statements, by state
     read = set()
     for path in Path(trioq.web.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,29 +1,34 @@
 """trioq: a Postgres-backed job queue and worker runtime for trio.
 
-General layout (``docs/architecture.md`` has the module map and the nursery tree):
+General layout (``docs/architecture.md`` draws the module map and the nursery tree; a
+test checks that every module is named here and there):
 
-- Public names are re-exported here and from ``trioq.pg`` and ``trioq.retry``; every
-  implementation module is private (``trioq._x``) and shows up as ``trioq.X`` in reprs
-  and tracebacks.
-- What a job is: ``_job`` (the field rules, `JobSpec`, `Job`, `Lease`, `Failure`),
-  ``_exceptions`` (every exception), ``_registry`` (tasks), ``_retry``, ``_cron``.
-- The queue as a library: ``_queue`` (enqueue, claim, outcomes, sweep, status), ``_dead``,
-  ``_enqueue`` (the default queue), ``_flow`` (queue settings, the limited claim),
-  ``_unique`` (dedup keys, `Unique`), ``_dependencies`` (jobs that wait for others),
-  ``_workflow`` and ``_batch`` (`Workflow`, `Batch`), and ``_sql``, which holds every
-  statement.
-- The worker runtime: ``_serve`` -> ``_runtime`` (fetchers and slots), ``_execute``
-  (handlers and their outcomes), ``_context`` (what a handler gets), ``_leases``,
-  ``_completer``, and one module per service: ``_listener``, ``_heartbeat``,
-  ``_sweeper``, ``_scheduler``.
-- Seeing what it does: ``_hooks`` (middleware, `JobEvent` callbacks), ``_lifecycle``
-  (retries, deaths, cancels logged and reported once), ``_metrics`` and ``_prometheus``
-  (``/metrics``), ``_tracing`` (OpenTelemetry spans), ``_obs_sql`` (their statements).
-- The database: ``_pg``, ``_pg_wait``, ``_pg_errors``, ``_pool`` (psycopg on trio),
-  ``_schema`` and ``_migrate`` (the version check, migrations), ``_embedded`` and
-  ``_dsn`` (the private Postgres used when no DSN is configured).
+- The faces: this module re-exports every public name (each shows up as ``trioq.X`` in
+  reprs and tracebacks: ``_metadata``), and ``pg``, ``retry`` (and ``web``, ``testing``)
+  are the public submodules; ``_exceptions`` defines every exception.
+- ``trioq/`` (the API users touch, one concept a module): ``_job``, ``_rules``,
+  ``_unique``, ``_retry``, ``_outcome``, ``_sanitize``, ``_registry``, ``_hooks``,
+  ``_config``, ``_cron``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
+  ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_context``,
+  ``_job_transaction``, ``_complete_with``, ``_lanes``.
+- ``_pg/`` (psycopg 3 on trio): ``connection``, ``wait``, ``pipeline``, ``pool``,
+  ``errors``, ``dsn``, ``embedded``.
+- ``_db/`` (trioq's tables): ``statements``, ``insert``, ``driver``, ``params``,
+  ``version``, ``migrate``.
+- ``_db/sql/`` (the text of every statement, by domain): ``common``, ``enqueue``,
+  ``leases``, ``maintenance``, ``workers``, ``jobs``, ``status``, ``lists``, ``dead``,
+  ``queues``, ``cron``, ``history``, ``schema``, ``workflows``.
+- ``_worker/`` (the runtime): ``serve``, ``runtime``, ``wiring``, ``execute``,
+  ``completer``, ``leases``, ``wakeup``, ``watchdog``, ``banner``, ``tracing``,
+  ``pooling``.
+- ``_worker/services/`` (one module a maintenance service): ``loop``, ``listener``,
+  ``heartbeat``, ``liveness``, ``sweeper``, ``scheduler``, ``governor``,
+  ``history_writer``, ``pruner``, ``lifecycle``.
+- ``_obs/`` (seeing what it does): ``metrics``, ``prometheus``, ``history``, ``depth``,
+  ``carrier``.
 - Tools built on all this, which no library module imports: ``_cli`` (the ``trioq``
-  command) and ``_stress`` (``trioq stress``, the load tester).
+  command), ``_stress`` (``trioq stress``), ``web`` (the dashboard), ``testing`` (for
+  users' tests) and ``examples``.
 """
 
 from . import pg as pg

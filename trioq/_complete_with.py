@@ -54,6 +54,7 @@ from ._job_transaction import (
     _lost_ids,
     _nested_transaction,
 )
+from ._lanes import Lanes
 from ._pg.pipeline import execute_pipelined
 from ._pg.pool import Pool
 from ._queue import Queue
@@ -168,17 +169,13 @@ class CompletionStatistics:
     split: int  # batches that did not commit: their jobs were sent again one at a time
 
 
-class SharedCompletions:
+class SharedCompletions(Lanes[_Lane]):
     """The lanes of ``job.complete_with(..., shared=True)`` in one worker (module docs)."""
 
     def __init__(
         self, pool: Pool, queue: Queue, owner: str, *, lanes: int, max_jobs: int
     ) -> None:
-        self._pool = pool
-        self._queue = queue
-        self._owner = owner
-        self._lanes = [_Lane() for _ in range(lanes)]
-        self.max_jobs = max_jobs
+        super().__init__(pool, queue, owner, lanes=lanes, max_jobs=max_jobs, lane=_Lane)
         self._batches = self._jobs = self._split = 0
 
     def statistics(self) -> CompletionStatistics:
@@ -188,7 +185,7 @@ class SharedCompletions:
         self, lease: Lease, forget: Forget, query: Any, params: Any = None
     ) -> psycopg.AsyncCursor[Any]:
         """``query`` and the job's completion, committed in a batch; the statement's cursor."""
-        lane = min(self._lanes, key=_Lane.load)
+        lane = self._least_busy(_Lane.load)
         request = _Request(lease, forget, query, params)
         lane.pending.append(request)
         try:

@@ -45,6 +45,7 @@ from ._db.params import fence as _fence
 from ._db.statements import LEASE_LOST_SQLSTATE, rendered
 from ._exceptions import LeaseLostError, SharedTransactionError
 from ._job import Lease
+from ._lanes import Lanes
 from ._pg.connection import TrioConnection
 from ._pg.pipeline import execute_pipelined
 from ._pg.pool import Pool
@@ -194,17 +195,13 @@ class SharedStatistics:
     failed: int  # transactions that did not commit
 
 
-class SharedTransactions:
+class SharedTransactions(Lanes[_Lane]):
     """The lanes of ``job.transaction(shared=True)`` in one worker (see the module docs)."""
 
     def __init__(
         self, pool: Pool, queue: Queue, owner: str, *, lanes: int, max_jobs: int
     ) -> None:
-        self._pool = pool
-        self._queue = queue
-        self._owner = owner
-        self._lanes = [_Lane() for _ in range(lanes)]
-        self.max_jobs = max_jobs
+        super().__init__(pool, queue, owner, lanes=lanes, max_jobs=max_jobs, lane=_Lane)
         self._committed = self._jobs = self._failed = 0
 
     def statistics(self) -> SharedStatistics:
@@ -215,7 +212,7 @@ class SharedTransactions:
     @asynccontextmanager
     async def member(self, lease: Lease, forget: Forget) -> AsyncIterator[TrioConnection[Any]]:
         """A turn in a shared transaction for the job of ``lease``; returns once committed."""
-        lane = min(self._lanes, key=lambda lane: lane.users)
+        lane = self._least_busy(lambda lane: lane.users)
         lane.users += 1
         try:
             await lane.lock.acquire()

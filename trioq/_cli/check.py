@@ -35,6 +35,7 @@ from .._pg.connection import connect
 from .._pg.dsn import configured_dsn
 from .._pg.embedded import EmbeddedPostgres
 from .._pg.errors import redact_dsn
+from .options import command
 
 __all__ = ["EXIT_SCHEMA", "EXIT_UNREACHABLE", "add_check_parser"]
 
@@ -44,9 +45,8 @@ EXIT_OK, EXIT_UNREACHABLE, EXIT_SCHEMA = 0, 1, 3
 def add_check_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    sub = commands.add_parser(
-        "check",
-        parents=[common],
+    sub = command(
+        commands, "check", parents=[common],
         help="health probe: exit 0 if the database answers and the schema is current "
         "(1 unreachable, 3 schema missing, outdated, newer or read-only)",
         description="Health probe: exit 0 if the database answers within --timeout and "
@@ -54,8 +54,7 @@ def add_check_parser(
         "missing, outdated, newer than this trioq, incomplete, or read-only.",
         epilog="examples:\n  trioq check\n  trioq check --timeout 2 --json\n"
         "  # Kubernetes: readinessProbe: {exec: {command: [trioq, check]}}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    )  # fmt: skip
     sub.add_argument("--timeout", type=_timeout, default=5.0, help="seconds (default 5)")
     sub.set_defaults(handler=_check)
 

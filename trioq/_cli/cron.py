@@ -19,7 +19,7 @@ from .._cron import CronEntry
 from .._db.statements import statements
 from .._queue import Queue
 from .ops import EXIT_OK, _command
-from .options import database_options
+from .options import group
 
 __all__ = ["add_cron_parser"]
 
@@ -27,16 +27,12 @@ __all__ = ["add_cron_parser"]
 def add_cron_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    cron = commands.add_parser(
-        "cron",
-        parents=[common],  # so `trioq cron --dsn URL list` is used, as for `trioq dead`
+    subs, common = group(
+        commands, common, "cron",
         help="list cron entries with their last and next ticks",
         description="List cron entries with their last and next ticks.",
         epilog="examples:\n  trioq cron list --app myapp.jobs:config\n  trioq cron list --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    subs = cron.add_subparsers(dest="cron_command", required=True, metavar="COMMAND")
-    common = database_options(in_group=True)
+    )  # fmt: skip
     listing = _command(
         subs, common, "list", _list,
         help="each entry: schedule, task, queue, last tick (and its job), next tick",

@@ -17,6 +17,8 @@ from pathlib import Path
 from trioq._exceptions import EmbeddedPostgresError
 from trioq._pg.embedded import EmbeddedPostgres, EmbeddedStatus
 
+from .options import command
+
 __all__ = ["EXIT_ERROR", "EXIT_NOT_RUNNING", "EXIT_OK", "add_db_parser"]
 
 EXIT_OK = 0
@@ -59,13 +61,11 @@ _HELP = {
 
 def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``db`` and its subcommands on the top-level ``trioq`` subparsers."""
-    db = subparsers.add_parser(
-        "db",
-        help="manage the embedded Postgres server",
+    db = command(
+        subparsers, "db", help="manage the embedded Postgres server",
         description="Manage the embedded Postgres server trioq uses when no DSN is configured.",
         epilog=_DB_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    )  # fmt: skip
     commands = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -82,14 +82,7 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     }
     for name, handler in handlers.items():
         summary, example = _HELP[name]
-        parser = commands.add_parser(
-            name,
-            parents=[common],
-            help=summary,
-            description=summary[0].upper() + summary[1:] + ".",
-            epilog=example,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        parser = command(commands, name, parents=[common], help=summary, epilog=example)
         parser.set_defaults(handler=_reporting_errors(name, handler))
         if name == "status":
             parser.add_argument("--json", action="store_true", help="print the status as JSON")

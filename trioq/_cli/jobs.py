@@ -21,7 +21,7 @@ from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
-from .options import database_options
+from .options import group
 
 __all__ = ["add_jobs_parser"]
 
@@ -31,17 +31,13 @@ EXIT_NO_RESULT, EXIT_TIMEOUT = 5, 6
 def add_jobs_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    jobs = commands.add_parser(
-        "jobs",
-        parents=[common],  # so `trioq jobs --dsn URL` is a usage error that names no DSN
+    subs, common = group(
+        commands, common, "jobs",
         help="look at jobs: list them, show one's status, wait for its result",
         description="Look at jobs: list them, show one's status, wait for its result.",
         epilog="examples:\n  trioq jobs list --state running\n  trioq jobs show 42\n"
         "  trioq jobs wait 42 --timeout 30",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    subs = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
-    common = database_options(in_group=True)
+    )  # fmt: skip
     listing = _command(
         subs, common, "list", _list,
         help="list jobs of one state (default: running, then available, then scheduled), "

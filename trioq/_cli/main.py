@@ -31,7 +31,7 @@ from .db import add_db_parser
 from .demo import DEMO_QUEUE, DEMO_SCHEMA, demo
 from .jobs import add_jobs_parser
 from .ops import add_ops_parsers
-from .options import database_options
+from .options import command, database_options
 from .queues import add_queue_parser
 from .serve import add_serve_parser
 from .stress import add_stress_parser
@@ -91,7 +91,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         f"on its own queue ({DEMO_QUEUE}) and run them with a worker",
         example="trioq demo\n  trioq demo --json",
     ).set_defaults(schema=DEMO_SCHEMA)
-    add_serve_parser(commands, common)
+    serve_options = database_options(  # its own: see set_defaults there
+        schema_help="trioq's schema (default: the app's Config.schema, else trioq)"
+    )
+    add_serve_parser(commands, serve_options)
     add_stress_parser(commands, common)
     add_ops_parsers(commands, common)
     add_jobs_parser(commands, common)
@@ -112,14 +115,7 @@ def _add(
     help: str,
     example: str,
 ) -> argparse.ArgumentParser:
-    sub = commands.add_parser(
-        name,
-        parents=[common],
-        help=help,
-        description=help[0].upper() + help[1:] + ".",
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    sub = command(commands, name, parents=[common], help=help, epilog=f"example:\n  {example}")
     sub.set_defaults(handler=handler)
     return sub
 

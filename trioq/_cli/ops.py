@@ -25,7 +25,7 @@ from .._pg.connection import connect
 from .._pg.dsn import database
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
-from .options import database_options
+from .options import command, group
 
 __all__ = ["add_ops_parsers"]
 
@@ -77,14 +77,8 @@ def _command(
     example: str,
     extra: argparse.ArgumentParser | None = None,
 ) -> argparse.ArgumentParser:
-    sub = commands.add_parser(
-        name,
-        parents=[common] if extra is None else [common, extra],
-        help=help,
-        description=help[0].upper() + help[1:] + ".",
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    sub = command(commands, name, parents=[common] if extra is None else [common, extra],
+                  help=help, epilog=f"example:\n  {example}")  # fmt: skip
     sub.set_defaults(handler=lambda args: _run(action, args))
     return sub
 
@@ -339,17 +333,13 @@ async def _cancel(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
 def _dead_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    dead = commands.add_parser(
-        "dead",
-        parents=[common],  # so `trioq dead --dsn URL` is a usage error that names no DSN
+    subs, common = group(
+        commands, common, "dead",
         help="list, retry or purge dead jobs",
         description="List, retry or purge dead jobs (filters combine with AND).",
         epilog="examples:\n  trioq dead list --queue email\n  trioq dead retry --id 42 --id 43\n"
         "  trioq dead purge --task send_welcome --older-than 7d",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    subs = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND")
-    common = database_options(in_group=True)
+    )  # fmt: skip
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
     filters.add_argument("--queue")

@@ -1,14 +1,23 @@
-"""The database options every command takes: ``--dsn``, ``--schema``, ``--json``."""
+"""The database options every command takes (``--dsn``, ``--schema``, ``--json``), and the
+two shapes of a command: `command` (``trioq check``) and `group` (``trioq dead list``)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["database_options"]
+__all__ = ["Commands", "command", "database_options", "group"]
+
+if TYPE_CHECKING:  # subscriptable for type checkers only
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    Commands = argparse._SubParsersAction
 
 
-def database_options(*, in_group: bool = False) -> argparse.ArgumentParser:
+def database_options(
+    *, in_group: bool = False, schema_help: str = "trioq's schema (default: trioq)"
+) -> argparse.ArgumentParser:
     """The options, for ``parents=[...]``.
 
     ``in_group``: for the subcommands of a group (``trioq dead list``), whose group parser
@@ -24,7 +33,34 @@ def database_options(*, in_group: bool = False) -> argparse.ArgumentParser:
         **given,
     )
     options.add_argument(
-        "--schema", help="trioq's schema (default: trioq)", **(given or {"default": "trioq"})
+        "--schema", help=schema_help, **(given or {"default": "trioq"})
     )
     options.add_argument("--json", action="store_true", help="print JSON instead of text", **given)
     return options
+
+
+def command(
+    commands: Commands, name: str, *, help: str, epilog: str | None = None,
+    parents: Sequence[argparse.ArgumentParser] = (), description: str | None = None,
+) -> argparse.ArgumentParser:  # fmt: skip
+    """A command: its line in ``--help``, its description (by default the help as a
+    sentence) and its examples (``epilog``, printed as written)."""
+    return commands.add_parser(
+        name, parents=list(parents), help=help,
+        description=description or help[0].upper() + help[1:] + ".", epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+
+
+def group(
+    commands: Commands, common: argparse.ArgumentParser, name: str, *, help: str,
+    description: str, epilog: str,
+) -> tuple[Commands, argparse.ArgumentParser]:  # fmt: skip
+    """A command with subcommands (``trioq dead list``): its subcommands, and the database
+    options to give each of them. The group takes the options too, so ``trioq dead --dsn
+    URL list`` uses the URL and ``trioq dead --dsn URL`` is a usage error that names no
+    DSN; its subcommands' options set only what is given (see `database_options`)."""
+    parser = command(commands, name, parents=[common], help=help, description=description,
+                     epilog=epilog)  # fmt: skip
+    subs = parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+    return subs, database_options(in_group=True)

@@ -15,7 +15,7 @@ from .._flow import QueueSettings, RateLimit, check_limit
 from .._job import check_queue_name
 from .._queue import Queue
 from .ops import EXIT_OK, _run
-from .options import database_options
+from .options import command, group
 
 __all__ = ["add_queue_parser"]
 
@@ -25,9 +25,8 @@ _NONE = "none"
 def add_queue_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    parser = commands.add_parser(
-        "queue",
-        parents=[common],  # so `trioq queue --dsn URL` is a usage error that names no DSN
+    subs, common = group(
+        commands, common, "queue",
         help="pause, resume and limit queues (across every worker)",
         description="Pause, resume and limit queues. Settings live in the database and hold "
         "across every worker process; workers hear of a change within milliseconds.",
@@ -35,10 +34,7 @@ def add_queue_parser(
         "  trioq queue set email --global-concurrency 5 --rate 100/1m\n"
         "  trioq queue set sync --key-concurrency 1\n"
         "  trioq queue set email --rate none   # remove the rate limit",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    subs = parser.add_subparsers(dest="queue_command", required=True, metavar="COMMAND")
-    common = database_options(in_group=True)
+    )  # fmt: skip
     _sub(subs, common, "list", _list, "show every queue's settings and depth")
     _sub(subs, common, "pause", _pause, "stop every worker from claiming from a queue", named=True)
     _sub(subs, common, "resume", _resume, "let workers claim from a paused queue again", named=True)
@@ -68,8 +64,7 @@ def _sub(
     *,
     named: bool = False,
 ) -> argparse.ArgumentParser:
-    sub = subs.add_parser(name, parents=[common], help=help,
-                          description=help[0].upper() + help[1:] + ".")  # fmt: skip
+    sub = command(subs, name, parents=[common], help=help)
     if named:
         sub.add_argument("name", type=_queue_name, help="the queue")
     sub.set_defaults(handler=lambda args: _run(action, args) if _checked(args) else 1)

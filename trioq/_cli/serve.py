@@ -22,6 +22,7 @@ from .._pg.errors import check_dsn
 from .._registry import Registry
 from .._worker.pooling import SESSION_DSN_VAR, session_dsn
 from .logs import LOG_FORMAT, LOG_LEVELS, RedactingFormatter, setup_logging
+from .options import command
 from .supervisor import parent_fd_from_env, stop_when_orphaned, supervise
 
 __all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app"]
@@ -56,14 +57,12 @@ class AppError(ValueError):
 def add_serve_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    sub = commands.add_parser(
-        "serve",
-        parents=[common],
+    sub = command(
+        commands, "serve", parents=[common],
         help="run a worker process for an app's tasks",
         description="Run a worker process: claim jobs, run their handlers, record outcomes.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    )  # fmt: skip
     sub.add_argument("--app", required=True, help="MODULE:ATTRIBUTE of a Config or Registry")
     sub.add_argument("--queues", help="comma-separated queues to serve (default: the app's)")
     sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")
@@ -95,7 +94,10 @@ def add_serve_parser(
         help="text lines (default) or one JSON object per line",
     )  # fmt: skip
     sub.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
-    sub.set_defaults(handler=_serve)
+    # --schema: given, it wins over the app's Config.schema, as --queues, --metrics and the
+    # other options do; not given, the app's (a Registry's: trioq). So no default here (on
+    # options of serve's own: set_defaults changes the default of the parent's actions).
+    sub.set_defaults(handler=_serve, schema=None)
 
 
 def load_app(spec: str) -> Config | Registry:
@@ -113,7 +115,9 @@ def load_app(spec: str) -> Config | Registry:
 
 
 def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Config:
-    config = app if isinstance(app, Config) else Config(registry=app, schema=args.schema)
+    config = app if isinstance(app, Config) else Config(registry=app)
+    if args.schema is not None:
+        config = attrs.evolve(config, schema=args.schema)
     queues = (
         [q.strip() for q in args.queues.split(",") if q.strip()]
         if args.queues
@@ -190,8 +194,10 @@ def _environment(name: str, value: str | None) -> Iterator[None]:
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
     """The workers' command line: no DSN (it is in their environment, `CHILD_DSN_VAR`)."""
-    argv = ["serve", "--app", args.app, "--schema", args.schema,
+    argv = ["serve", "--app", args.app,
             "--log-format", args.log_format, "--log-level", args.log_level]  # fmt: skip
+    if args.schema is not None:
+        argv += ["--schema", args.schema]
     if args.queues:
         argv += ["--queues", args.queues]
     if args.concurrency:

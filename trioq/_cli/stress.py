@@ -16,6 +16,7 @@ from .._pg.embedded import EmbeddedPostgres
 from .._pg.errors import check_dsn
 from .._stress.report import StressReport, render
 from .._stress.run import MODES, TRANSACTIONS, StressError, StressOptions, Target, run_stress
+from .options import command
 
 __all__ = ["add_stress_parser"]
 
@@ -55,14 +56,13 @@ def add_stress_parser(
     ``--json`` takes a file, so only ``--dsn`` is shared (re-declared alike).
     """
     del common
-    sub = commands.add_parser(
-        "stress",
+    sub = command(
+        commands, "stress",
         help="load-test Postgres with real workers: throughput, latency, exactly-once check",
         description="Enqueue jobs, run them in real worker processes, measure throughput, "
         "pickup latency and CPU, and verify that every job completed exactly once.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    )  # fmt: skip
     sub.add_argument(
         "--dsn", help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded one)"
     )

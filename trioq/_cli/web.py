@@ -23,6 +23,7 @@ from .._db.migrate import latest_version
 from .._db.version import check_schema
 from .._pg.connection import connect
 from .._pg.dsn import DSN_ENV_VARS, database
+from .options import command
 from .serve import LOG_FORMAT, RedactingFormatter, load_app
 
 if TYPE_CHECKING:
@@ -47,14 +48,12 @@ Behind a reverse proxy that authenticates, keep the default bind. See docs/web.m
 def add_web_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    sub = commands.add_parser(
-        "web",
-        parents=[common],
+    sub = command(
+        commands, "web", parents=[common],
         help="serve the live dashboard (needs pip install 'trioq[web]')",
         description="Serve the live dashboard: queues, jobs, dead jobs, cron, history.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    )  # fmt: skip
     sub.add_argument(
         "--bind", default="127.0.0.1:8089", help="HOST:PORT or unix:PATH (default 127.0.0.1:8089)"
     )

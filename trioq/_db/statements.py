@@ -136,12 +136,16 @@ _JOB_COLUMNS = ", ".join(
 )
 assert tuple(common.CLAIMED) == CLAIMED_COLUMNS, "the claim's columns are Job's row"
 
-#: Fragments of text the statements share, by the name they give them in braces.
+#: Fragments of text the statements share, by the name they give them in braces (a fragment
+#: may name the schema's objects in braces too).
 _FRAGMENTS = {
     "now": NOW,
     "live": common.LIVE,
     "fence": common.FENCE,
     "fence_by_id": common.FENCE_BY_ID,
+    "fence_one": common.FENCE_ONE,
+    "lost_unless_all": common.LOST_UNLESS_ALL.strip(),
+    "lost_unless_one": common.LOST_UNLESS_ONE.strip(),
     "job_columns": _JOB_COLUMNS,
     "status_columns": common.STATUS_COLUMNS,
     "job_row": lists.JOB_ROW,
@@ -155,9 +159,10 @@ _FRAGMENTS = {
 class Statement:
     """One statement of `Statements`: its text (from ``trioq/_db/sql/``), composed for the
     schema of the `Statements` it is read from, once (the result is kept on the instance).
-    ``parts`` fill braces of the text that are not among the shared names."""
+    ``parts`` fill braces of the text that are not among the shared names: a `sql.Composable`,
+    or the name of one of the schema's objects (``table="dead"``)."""
 
-    def __init__(self, text: str, **parts: sql.Composable) -> None:
+    def __init__(self, text: str, /, **parts: sql.Composable | str) -> None:
         self.text = text.strip()
         self.parts = parts
         self.name = ""
@@ -177,30 +182,6 @@ class Statement:
         return composed
 
 
-class StatementMap:
-    """Statements by key (one per state, say), composed like `Statement`."""
-
-    def __init__(self, texts: dict[str, str]) -> None:
-        self.texts = {key: text.strip() for key, text in texts.items()}
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> StatementMap: ...
-    @overload
-    def __get__(self, obj: Statements, owner: type) -> dict[str, sql.Composed]: ...
-    def __get__(
-        self, obj: Statements | None, owner: type
-    ) -> StatementMap | dict[str, sql.Composed]:
-        if obj is None:
-            return self
-        composed = {key: obj.compose(text) for key, text in self.texts.items()}
-        obj.__dict__[self.name] = composed
-        return composed
-
-
 class Statements:
     """The statements of one schema, each composed when first read (`statements` keeps one
     instance per schema). ``traced``: the inserting statements (insert, insert_many,
@@ -214,11 +195,14 @@ class Statements:
         self.channel = f"trioq_{schema}"
         #: The first key of every worker's liveness lock (the second is its id).
         self.lock_space = f"trioq.worker:{schema}"
-        self._names: dict[str, sql.Composable] = {
+        objects: dict[str, sql.Composable] = {
             "schema": sql.Identifier(schema),
             "channel": sql.Identifier(self.channel),
             **{key: qualified(schema, table) for key, table in _OBJECTS.items()},
-            **{key: sql.SQL(text) for key, text in _FRAGMENTS.items()},
+        }
+        self._names: dict[str, sql.Composable] = {
+            **objects,
+            **{key: sql.SQL(text).format(**objects) for key, text in _FRAGMENTS.items()},
             "trace_column": sql.SQL(", trace_context" if traced else ""),
             "trace_value": sql.SQL(", %(trace)s::jsonb" if traced else ""),
         }
@@ -226,8 +210,11 @@ class Statements:
     def __repr__(self) -> str:
         return f"Statements({self.schema!r}, traced={self.traced})"
 
-    def compose(self, text: str, **parts: sql.Composable) -> sql.Composed:
-        return sql.SQL(text).format(**self._names, **parts)
+    def compose(self, text: str, **parts: sql.Composable | str) -> sql.Composed:
+        """``text`` with its braces filled: the shared names, then ``parts`` (a string part
+        names one of the schema's objects)."""
+        given = {k: self._names[v] if isinstance(v, str) else v for k, v in parts.items()}
+        return sql.SQL(text).format(**self._names, **given)
 
     def replaced(self, **statements: sql.Composable | str) -> Statements:
         """A copy in which the named statements are these (benchmarks try variants)."""
@@ -273,7 +260,7 @@ class Statements:
     swept_details = Statement(maintenance.SWEPT_DETAILS)
     prune_done = Statement(maintenance.PRUNE_FINISHED, state=sql.Literal("done"))
     prune_cancelled = Statement(maintenance.PRUNE_FINISHED, state=sql.Literal("cancelled"))
-    prune_dead = Statement(maintenance.PRUNE_DEAD)
+    prune_dead = Statement(maintenance.PRUNE_ENDED, table="dead", ended=sql.Identifier("died_at"))
     # -- workers: registration, the liveness lock, pings -----------------------------------------
     worker_register = Statement(workers.WORKER_REGISTER)
     worker_lock = Statement(workers.WORKER_LOCK)
@@ -303,8 +290,19 @@ class Statements:
     queues_scheduled = Statement(status.QUEUES_SCHEDULED)
     lease_rows = Statement(status.LEASES)
     worker_rows = Statement(status.WORKERS)
-    # -- job lists, one per state (the dashboard and ``trioq jobs list``) -------------------------
-    job_lists = StatementMap(lists.LISTS)
+    # -- job lists, one per state (the dashboard and ``trioq jobs list``: `job_lists`) ----------
+    list_available = Statement(lists.LISTS["available"])
+    list_scheduled = Statement(lists.LISTS["scheduled"])
+    list_running = Statement(lists.LISTS["running"])
+    list_waiting = Statement(lists.LISTS["waiting"])
+    list_done = Statement(lists.LISTS["done"])
+    list_cancelled = Statement(lists.LISTS["cancelled"])
+    list_dead = Statement(lists.LISTS["dead"])
+
+    @property
+    def job_lists(self) -> dict[str, sql.Composed]:
+        """The job list of each state, by state."""
+        return {state: getattr(self, f"list_{state}") for state in lists.LISTS}
     # -- dead letters ------------------------------------------------------------------------------
     dead_list = Statement(dead.DEAD_LIST)
     dead_retry = Statement(dead.DEAD_RETRY)
@@ -350,14 +348,15 @@ class Statements:
     batch_status = Statement(workflows.BATCH_STATUS)
     dependencies = Statement(workflows.DEPENDENCIES)
     dependants = Statement(workflows.DEPENDANTS)
-    prune_batches = Statement(workflows.PRUNE_BATCHES)
+    prune_batches = Statement(maintenance.PRUNE_ENDED, table="batches",
+                              ended=sql.Identifier("finished_at"))  # fmt: skip
 
 
 def names() -> list[str]:
     """The name of every statement of `Statements` (the tests explain or run each)."""
     return [
         name for name, value in vars(Statements).items()
-        if isinstance(value, Statement | StatementMap)
+        if isinstance(value, Statement)
     ]  # fmt: skip
 
 

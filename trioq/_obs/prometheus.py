@@ -19,7 +19,7 @@ import errno
 import importlib.metadata
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import prometheus_client
@@ -124,13 +124,10 @@ def _outcomes(sample: Sample) -> Iterator[Metric]:
             if e == event:
                 family.add_metric([queue, task], n)
         yield family
-    family = CounterMetricFamily(
-        "trioq_jobs_swept", "Jobs of dead workers or expired leases this process's sweeper "
-        "returned, moved to dead_jobs or cancelled", labels=["outcome"],
-    )  # fmt: skip
-    for outcome, n in sorted(sample.swept.items()):
-        family.add_metric([outcome], n)
-    yield family
+    yield _family(CounterMetricFamily, "trioq_jobs_swept",
+                  "Jobs of dead workers or expired leases this process's sweeper returned, "
+                  "moved to dead_jobs or cancelled", ["outcome"],
+                  sorted(sample.swept.items()))  # fmt: skip
     yield CounterMetricFamily(
         "trioq_outcomes_written", "Job outcomes the completer wrote", value=sample.outcomes_written
     )
@@ -141,12 +138,7 @@ def _histogram(
 ) -> Metric:
     family = HistogramMetricFamily(name, help_text, labels=["queue", "task"])
     for (queue, task), cell in sorted(cells.items()):
-        hist: list[int] = getattr(cell, attr)
-        cumulative, buckets = 0, []
-        for bound, n in zip(_TIME_BOUNDS, hist, strict=False):
-            cumulative += n
-            buckets.append((_le(bound), cumulative))
-        buckets.append(("+Inf", cumulative + hist[-1]))
+        buckets = _buckets(_TIME_BOUNDS, getattr(cell, attr))
         family.add_metric([queue, task], buckets, getattr(cell, sum_attr) / 1e6)
     return family
 
@@ -166,41 +158,49 @@ def _le(bound: float) -> str:
     return repr(float(bound)) if bound != float("inf") else "+Inf"
 
 
+def _buckets(bounds: Iterable[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """Cumulative buckets from per-bucket ``counts`` (the last one above every bound)."""
+    cumulative = 0
+    buckets: list[tuple[str, float]] = []
+    for bound, n in zip(bounds, counts, strict=False):
+        cumulative += n
+        buckets.append((_le(float(bound)), cumulative))
+    buckets.append(("+Inf", cumulative + counts[-1]))
+    return buckets
+
+
+def _family(
+    kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, labels: list[str],
+    values: Iterable[tuple[Any, float]],
+) -> Metric:  # fmt: skip
+    """A family with one metric per (label value or values, value)."""
+    family = kind(name, doc, labels=labels)
+    for key, value in values:
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family
+
+
 def _claims(sample: Sample) -> Iterator[Metric]:
-    claimed = CounterMetricFamily(
-        "trioq_jobs_claimed", "Jobs claimed by this worker", labels=["queue", "task"]
-    )
-    for (queue, task), n in sorted(sample.claimed.items()):
-        claimed.add_metric([queue, task], n)
-    yield claimed
+    yield _family(CounterMetricFamily, "trioq_jobs_claimed", "Jobs claimed by this worker",
+                  ["queue", "task"], sorted(sample.claimed.items()))  # fmt: skip
     sizes = HistogramMetricFamily(
         "trioq_claim_batch_size", "Jobs per claim statement that returned any",
         labels=["queue"],
     )  # fmt: skip
     for queue, counts in sorted(sample.claim_sizes.items()):
-        cumulative, buckets = 0, []
-        for bound, n in zip(CLAIM_BUCKETS, counts, strict=False):
-            cumulative += n
-            buckets.append((_le(float(bound)), cumulative))
-        buckets.append(("+Inf", cumulative + counts[-1]))
-        sizes.add_metric([queue], buckets, float(sample.claim_size_sums.get(queue, 0)))
+        sizes.add_metric([queue], _buckets(CLAIM_BUCKETS, counts),
+                         float(sample.claim_size_sums.get(queue, 0)))  # fmt: skip
     yield sizes
 
 
 def _gauges(sample: Sample) -> Iterator[Metric]:
-    slots = GaugeMetricFamily("trioq_slots", "Slots (concurrency) per served queue",
-                              labels=["queue"])  # fmt: skip
-    busy = GaugeMetricFamily("trioq_slots_busy", "Slots running a handler", labels=["queue"])
-    buffered = GaugeMetricFamily(
-        "trioq_prefetch_depth", "Claimed jobs waiting for a slot", labels=["queue"]
-    )
-    for q in sample.queues:
-        slots.add_metric([q.queue], q.concurrency)
-        busy.add_metric([q.queue], q.busy)
-        buffered.add_metric([q.queue], q.buffered)
-    yield slots
-    yield busy
-    yield buffered
+    for name, doc, attr in (
+        ("trioq_slots", "Slots (concurrency) per served queue", "concurrency"),
+        ("trioq_slots_busy", "Slots running a handler", "busy"),
+        ("trioq_prefetch_depth", "Claimed jobs waiting for a slot", "buffered"),
+    ):
+        yield _family(GaugeMetricFamily, name, doc, ["queue"],
+                      ((q.queue, getattr(q, attr)) for q in sample.queues))  # fmt: skip
     yield GaugeMetricFamily(
         "trioq_leases_held", "Leases this worker holds: running, buffered, or outcome not "
         "written yet", value=sample.held_leases,
@@ -208,13 +208,9 @@ def _gauges(sample: Sample) -> Iterator[Metric]:
 
 
 def _errors(sample: Sample) -> Iterator[Metric]:
-    claims = CounterMetricFamily(
-        "trioq_claim_errors", "Claim statements that failed (retried with backoff)",
-        labels=["queue"],
-    )  # fmt: skip
-    for queue, n in sorted(sample.claim_errors.items()):
-        claims.add_metric([queue], n)
-    yield claims
+    yield _family(CounterMetricFamily, "trioq_claim_errors",
+                  "Claim statements that failed (retried with backoff)", ["queue"],
+                  sorted(sample.claim_errors.items()))  # fmt: skip
     yield CounterMetricFamily(
         "trioq_outcome_write_errors", "Outcome writes that failed and were retried",
         value=sample.write_errors,
@@ -226,38 +222,30 @@ def _errors(sample: Sample) -> Iterator[Metric]:
 
 
 def _pools(sample: Sample) -> Iterator[Metric]:
-    waits = CounterMetricFamily(
-        "trioq_pool_waits", "Checkouts that waited for a connection (all were in use)",
-        labels=["pool"],
-    )  # fmt: skip
-    waited = CounterMetricFamily(
-        "trioq_pool_wait_seconds", "Time checkouts spent waiting for a connection",
-        labels=["pool"],
-    )  # fmt: skip
-    conns = GaugeMetricFamily(
-        "trioq_pool_connections", "Open connections", labels=["pool", "state"]
-    )
-    waiting = GaugeMetricFamily(
-        "trioq_pool_waiting", "Tasks waiting for a connection now", labels=["pool"]
-    )
-    size = GaugeMetricFamily("trioq_pool_max_size", "Connections at most", labels=["pool"])
-    for name, stats in sorted(sample.pools.items()):
-        waits.add_metric([name], stats.waits)
-        waited.add_metric([name], stats.wait_seconds)
-        conns.add_metric([name, "idle"], stats.idle)
-        conns.add_metric([name, "in_use"], stats.in_use)
-        waiting.add_metric([name], stats.tasks_waiting)
-        size.add_metric([name], stats.max_size)
-    yield from (waits, waited, conns, waiting, size)
+    pools = sorted(sample.pools.items())
+    for kind, name, doc, attr in (
+        (CounterMetricFamily, "trioq_pool_waits",
+         "Checkouts that waited for a connection (all were in use)", "waits"),
+        (CounterMetricFamily, "trioq_pool_wait_seconds",
+         "Time checkouts spent waiting for a connection", "wait_seconds"),
+    ):  # fmt: skip
+        yield _family(kind, name, doc, ["pool"], ((p, getattr(s, attr)) for p, s in pools))
+    yield _family(GaugeMetricFamily, "trioq_pool_connections", "Open connections",
+                  ["pool", "state"], [((p, state), getattr(s, state)) for p, s in pools
+                                      for state in ("idle", "in_use")])  # fmt: skip
+    for name, doc, attr in (
+        ("trioq_pool_waiting", "Tasks waiting for a connection now", "tasks_waiting"),
+        ("trioq_pool_max_size", "Connections at most", "max_size"),
+    ):
+        yield _family(GaugeMetricFamily, name, doc, ["pool"],
+                      ((p, getattr(s, attr)) for p, s in pools))  # fmt: skip
 
 
 def _hooks(sample: Sample) -> Iterator[Metric]:
-    calls = CounterMetricFamily(
-        "trioq_hook_callbacks", "Event callbacks run, by how they ended", labels=["result"]
-    )
-    for result, key in (("ok", "delivered"), ("error", "failed"), ("timeout", "timed_out")):
-        calls.add_metric([result], sample.hooks.get(key, 0))
-    yield calls
+    results = (("ok", "delivered"), ("error", "failed"), ("timeout", "timed_out"))
+    yield _family(CounterMetricFamily, "trioq_hook_callbacks",
+                  "Event callbacks run, by how they ended", ["result"],
+                  ((result, sample.hooks.get(key, 0)) for result, key in results))  # fmt: skip
     yield CounterMetricFamily(
         "trioq_hook_events_dropped", "Events dropped because the callbacks fell behind",
         value=sample.hooks.get("dropped", 0),
@@ -285,13 +273,9 @@ def _depth(depth: DepthSample, served: list[str], cap: int) -> Iterator[Metric]:
             for state in _STATES:
                 counts.add_metric([queue, state], depth.counts.get((queue, state), 0))
     yield counts
-    heads = GaugeMetricFamily(
-        "trioq_queue_oldest_wait_seconds", "How long the next job to be claimed has been due",
-        labels=["queue"],
-    )  # fmt: skip
-    for queue, seconds in sorted(depth.head_wait.items()):
-        heads.add_metric([queue], seconds)
-    yield heads
+    yield _family(GaugeMetricFamily, "trioq_queue_oldest_wait_seconds",
+                  "How long the next job to be claimed has been due", ["queue"],
+                  sorted(depth.head_wait.items()))  # fmt: skip
     yield GaugeMetricFamily(
         "trioq_queue_depth_cap", "Depth counts stop at this (Config.metrics_depth_cap)",
         value=cap,

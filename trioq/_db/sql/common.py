@@ -69,6 +69,26 @@ FENCE_BY_ID = (
     " AND j.lease_owner = %(owner)s AND j.state = 'running'"
 )
 
+# One job's fence, by its id (`job.transaction()`, `job.complete_with()`), every parameter
+# typed so that the prepared statement's generic plan is the custom one.
+FENCE_ONE = (
+    "id = %(id)s::int8 AND attempt = %(attempt)s::int4"
+    " AND lease_owner = %(owner)s::text AND state = 'running'"
+)
+
+# The end of the statements that fence jobs inside their handler's transaction: a call of
+# migration 11's `lease_lost` (SQLSTATE TQ001, the lost ids in its DETAIL) when the CTE
+# `fenced` holds fewer rows than the jobs asked for (a shared transaction's) or none (one
+# job's); the error keeps the rest of the pipeline, COMMIT included, from running.
+LOST_UNLESS_ALL = """
+SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
+            THEN {lease_lost}(%(ids)s::int8[], pg_catalog.array_agg(fenced.id)) END
+  FROM fenced
+"""
+LOST_UNLESS_ONE = """
+SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM fenced
+"""
+
 # The columns of `trioq.JobStatus`, in order, for a row of jobs (`j`).
 STATUS_COLUMNS = (
     "j.id, j.state, j.queue, j.task, j.args, j.priority, j.attempt, j.max_attempts, j.run_at, "

@@ -56,12 +56,10 @@ RETURNING j.id
 # a shared transaction, takes arrays of any length: Postgres plans it each time (custom
 # plans), once per transaction of up to `Config.shared_transaction_jobs` jobs.
 COMPLETE_IN_TRANSACTION = """
-WITH done AS (
+WITH fenced AS (
     DELETE FROM {jobs} j WHERE {fence_by_id} RETURNING j.id
 )
-SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
-            THEN {lease_lost}(%(ids)s::int8[], pg_catalog.array_agg(done.id)) END
-  FROM done
+{lost_unless_all}
 """
 
 # The same for one job (`job.transaction()`'s own transaction), by its id, so that the
@@ -69,13 +67,10 @@ SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
 # statement costs the server more than running it (about 130 us against 60 on the jobs
 # table and its indexes).
 COMPLETE_ONE = """
-WITH done AS (
-    DELETE FROM {jobs}
-     WHERE id = %(id)s::int8 AND attempt = %(attempt)s::int4
-       AND lease_owner = %(owner)s::text AND state = 'running'
-    RETURNING id
+WITH fenced AS (
+    DELETE FROM {jobs} WHERE {fence_one} RETURNING id
 )
-SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM done
+{lost_unless_one}
 """
 
 # `job.complete_with()` (`trioq._complete_with`) sends these first: the fence, checked, and
@@ -83,22 +78,17 @@ SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END F
 # job's row, and can run past the lease (the sweeper skips locked rows); its completion
 # (above) comes after the statement, with COMMIT. Same error as the completions.
 LOCK_ONE = """
-WITH held AS (
-    SELECT id FROM {jobs}
-     WHERE id = %(id)s::int8 AND attempt = %(attempt)s::int4
-       AND lease_owner = %(owner)s::text AND state = 'running'
-       FOR UPDATE
+WITH fenced AS (
+    SELECT id FROM {jobs} WHERE {fence_one} FOR UPDATE
 )
-SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM held
+{lost_unless_one}
 """
 
 LOCK_IN_TRANSACTION = """
-WITH held AS (
+WITH fenced AS (
     SELECT j.id FROM {jobs} j WHERE {fence_by_id} FOR UPDATE
 )
-SELECT CASE WHEN count(*) < pg_catalog.cardinality(%(ids)s::int8[])
-            THEN {lease_lost}(%(ids)s::int8[], pg_catalog.array_agg(held.id)) END
-  FROM held
+{lost_unless_all}
 """
 
 # A failure retries (attempts left, not fatal) or moves the job to dead_jobs.

@@ -116,13 +116,15 @@ WITH doomed AS (
 DELETE FROM {jobs} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """
 
-PRUNE_DEAD = """
+# The same for a table of ended rows that need no other condition (dead jobs by died_at,
+# batches by finished_at): {table} and {ended} are given where it is composed.
+PRUNE_ENDED = """
 WITH doomed AS (
-    SELECT id FROM {dead}
-     WHERE died_at < {now} - %(age)s
-     ORDER BY died_at
+    SELECT id FROM {table}
+     WHERE {ended} < {now} - %(age)s
+     ORDER BY {ended}
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {dead} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """

@@ -100,14 +100,3 @@ SELECT e.depends_on, coalesce(j.task, d.task, e.task),
 DEPENDANTS = """
 SELECT job_id FROM {deps} WHERE depends_on = %(id)s ORDER BY job_id LIMIT %(limit)s
 """
-
-PRUNE_BATCHES = """
-WITH doomed AS (
-    SELECT id FROM {batches}
-     WHERE finished_at < {now} - %(age)s
-     ORDER BY finished_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {batches} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
-"""
