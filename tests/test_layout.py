@@ -213,7 +213,8 @@ def test_the_docs_name_files_and_modules_that_exist() -> None:
     """Every ``trioq/...`` path in the docs is a file or folder of the package, and every
     ``trioq._x.y`` a module or one of its attributes (the maps cannot drift again)."""
     root = PACKAGE.parent
-    pages = [*sorted((root / "docs").glob("*.md")), root / "README.md", root / "bench" / "README.md"]
+    pages = [*sorted((root / "docs").glob("*.md")), root / "README.md",
+             root / "bench" / "README.md"]  # fmt: skip
     paths: set[str] = set()
     dotted: set[str] = set()
     for page in pages:

@@ -172,11 +172,8 @@ class CompletionStatistics:
 class SharedCompletions(Lanes[_Lane]):
     """The lanes of ``job.complete_with(..., shared=True)`` in one worker (module docs)."""
 
-    def __init__(
-        self, pool: Pool, queue: Queue, owner: str, *, lanes: int, max_jobs: int
-    ) -> None:
-        super().__init__(pool, queue, owner, lanes=lanes, max_jobs=max_jobs, lane=_Lane)
-        self._batches = self._jobs = self._split = 0
+    LANE = _Lane
+    _batches = _jobs = _split = 0  # counts (each instance's own once it counts)
 
     def statistics(self) -> CompletionStatistics:
         return CompletionStatistics(batches=self._batches, jobs=self._jobs, split=self._split)

@@ -10,6 +10,7 @@ a real pool without running a worker.
 from __future__ import annotations
 
 import datetime as dt
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
@@ -28,9 +29,6 @@ from ._pg.pool import Pool
 from ._queue import Queue
 
 __all__ = ["JobContext", "JobServices"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 @attrs.frozen(kw_only=True)
@@ -51,6 +49,10 @@ class JobServices:
     completions: SharedCompletions | None = None
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
 def _on_app_connection(
     method: Callable[Concatenate[Queue, Conn, P], Awaitable[R]],
 ) -> Callable[Concatenate[JobContext, P], Awaitable[R]]:
@@ -68,6 +70,11 @@ def _on_app_connection(
     return call
 
 
+def _of_job(name: str) -> Any:
+    """A read-only property: the running job's ``name``."""
+    return property(operator.attrgetter(f"job.{name}"), doc=f"The job's ``{name}``.")
+
+
 class JobContext:
     """The running job: ``job.id``, ``job.attempt``, ``job.queue``, ... and helpers."""
 
@@ -77,29 +84,13 @@ class JobContext:
         self.completed_in_transaction = False
         self._in_transaction = False  # inside a job.transaction() block
 
-    @property
-    def id(self) -> int:
-        return self.job.id
-
-    @property
-    def attempt(self) -> int:
-        return self.job.attempt
-
-    @property
-    def max_attempts(self) -> int:
-        return self.job.max_attempts
-
-    @property
-    def queue(self) -> str:
-        return self.job.queue
-
-    @property
-    def task(self) -> str:
-        return self.job.task
-
-    @property
-    def enqueued_at(self) -> dt.datetime:
-        return self.job.enqueued_at
+    # The running job's fields, read-only (as on `trioq.Job`).
+    id: int = _of_job("id")
+    attempt: int = _of_job("attempt")
+    max_attempts: int = _of_job("max_attempts")
+    queue: str = _of_job("queue")
+    task: str = _of_job("task")
+    enqueued_at: dt.datetime = _of_job("enqueued_at")
 
     @property
     def lease(self) -> Lease:

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from ._exceptions import PayloadTooLargeError
-from ._rules import rule
+from ._rules import name, rule
 from ._sanitize import decode_args
 from ._unique import Unique, UniqueKey, check_dedup_key, unique_key
 
@@ -108,27 +108,15 @@ def _is_int(value: object) -> bool:
 
 
 def check_task_name(value: object, field: str = "task") -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{field} must be a string, got {value!r}")
-    if not value:
+    if value == "":
         raise ValueError(f"{field} must be a non-empty string, got {value!r}")
-    if not TASK_NAME_RE.fullmatch(value):
-        raise ValueError(
-            f"{field} {value!r} is invalid: use up to 200 letters, digits, '_', '.', "
-            "':' or '-', starting with a letter or '_'"
-        )
-    return value
+    return name(value, field, TASK_NAME_RE, "up to 200 letters, digits, '_', '.', ':' or '-', "
+                "starting with a letter or '_'")  # fmt: skip
 
 
 def check_queue_name(value: object, field: str = "queue") -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{field} must be a string, got {value!r}")
-    if not QUEUE_NAME_RE.fullmatch(value):
-        raise ValueError(
-            f"{field} {value!r} is invalid: use 1-64 letters, digits, '_', '.', ':' "
-            "or '-', not starting with a punctuation mark"
-        )
-    return value
+    return name(value, field, QUEUE_NAME_RE, "1-64 letters, digits, '_', '.', ':' or '-', not "
+                "starting with a punctuation mark")  # fmt: skip
 
 
 def check_priority(value: object, field: str = "priority") -> int:

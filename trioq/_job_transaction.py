@@ -198,11 +198,8 @@ class SharedStatistics:
 class SharedTransactions(Lanes[_Lane]):
     """The lanes of ``job.transaction(shared=True)`` in one worker (see the module docs)."""
 
-    def __init__(
-        self, pool: Pool, queue: Queue, owner: str, *, lanes: int, max_jobs: int
-    ) -> None:
-        super().__init__(pool, queue, owner, lanes=lanes, max_jobs=max_jobs, lane=_Lane)
-        self._committed = self._jobs = self._failed = 0
+    LANE = _Lane
+    _committed = _jobs = _failed = 0  # counts (each instance's own once it counts)
 
     def statistics(self) -> SharedStatistics:
         return SharedStatistics(

@@ -22,17 +22,19 @@ L = TypeVar("L")
 
 
 class Lanes(Generic[L]):
-    """``lanes`` lanes (each made by ``lane``) on ``pool``, for the jobs ``owner`` leases in
+    """``lanes`` lanes (each a `LANE`) on ``pool``, for the jobs ``owner`` leases in
     ``queue``'s schema, at most ``max_jobs`` in one transaction."""
 
+    #: What one lane holds (a subclass's own class).
+    LANE: Callable[[], L]
+
     def __init__(
-        self, pool: Pool, queue: Queue, owner: str, *, lanes: int, max_jobs: int,
-        lane: Callable[[], L],
-    ) -> None:  # fmt: skip
+        self, pool: Pool, queue: Queue, owner: str, *, lanes: int, max_jobs: int
+    ) -> None:
         self._pool = pool
         self._queue = queue
         self._owner = owner
-        self._lanes = [lane() for _ in range(lanes)]
+        self._lanes = [self.LANE() for _ in range(lanes)]
         self.max_jobs = max_jobs
 
     def _least_busy(self, load: Callable[[L], int]) -> L:

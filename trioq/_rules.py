@@ -10,6 +10,7 @@ names the field and is the same for both, so one ``match=`` finds either.
   `at_least_one`: finite, >= 1; `positive_or_none`: `positive`, or None;
 - `boolean`: ``True`` or ``False``;
 - `positive_int`: an ``int`` > 0 (``bool`` is not one), `int_at_most` adds a ceiling;
+- `name`: a string of a given form (task, queue and schema names);
 - `seconds`: the converter of a field given in seconds or as a ``timedelta`` (a timedelta
   becomes float seconds; anything else is left for the validator to judge).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +33,7 @@ __all__ = [
     "boolean",
     "int_at_most",
     "is_number",
+    "name",
     "non_negative",
     "positive",
     "positive_int",
@@ -96,6 +99,16 @@ def boolean(value: object, field: str) -> bool:
     """True or False (not 1, not "yes")."""
     if not isinstance(value, bool):
         raise TypeError(f"{field} must be True or False, got {value!r}")
+    return value
+
+
+def name(value: object, field: str, pattern: re.Pattern[str], form: str) -> str:
+    """A string that matches ``pattern`` whole (``fullmatch``: ``$`` would also take a trailing
+    newline); ``form`` says what the name may be, in the error."""
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a string, got {value!r}")
+    if not pattern.fullmatch(value):
+        raise ValueError(f"{field} {value!r} is invalid: use {form}")
     return value
 
 

@@ -35,16 +35,14 @@ from .._pg.connection import connect
 from .._pg.dsn import configured_dsn
 from .._pg.embedded import EmbeddedPostgres
 from .._pg.errors import redact_dsn
-from .options import command
+from .options import Commands, bounded, command
 
 __all__ = ["EXIT_SCHEMA", "EXIT_UNREACHABLE", "add_check_parser"]
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_SCHEMA = 0, 1, 3
 
 
-def add_check_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_check_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     sub = command(
         commands, "check", parents=[common],
         help="health probe: exit 0 if the database answers and the schema is current "
@@ -59,11 +57,7 @@ def add_check_parser(
     sub.set_defaults(handler=_check)
 
 
-def _timeout(text: str) -> float:
-    seconds = float(text)
-    if not 0 < seconds <= 3600:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 3600, got {text!r}")
-    return seconds
+_timeout = bounded(float, 0, 3600, above=True)  # seconds
 
 
 def _check(args: argparse.Namespace) -> int:

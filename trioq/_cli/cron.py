@@ -19,20 +19,15 @@ from .._cron import CronEntry
 from .._db.statements import statements
 from .._queue import Queue
 from .ops import EXIT_OK, _command
-from .options import group
+from .options import Commands, group
 
 __all__ = ["add_cron_parser"]
 
 
-def add_cron_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    subs, common = group(
-        commands, common, "cron",
-        help="list cron entries with their last and next ticks",
-        description="List cron entries with their last and next ticks.",
-        epilog="examples:\n  trioq cron list --app myapp.jobs:config\n  trioq cron list --json",
-    )  # fmt: skip
+def add_cron_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
+    subs, common = group(commands, common, "cron", help="list cron entries with their last and "
+                         "next ticks", epilog="examples:\n  trioq cron list --app myapp.jobs:"
+                         "config\n  trioq cron list --json")  # fmt: skip
     listing = _command(
         subs, common, "list", _list,
         help="each entry: schedule, task, queue, last tick (and its job), next tick",

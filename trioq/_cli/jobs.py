@@ -21,23 +21,18 @@ from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
-from .options import group
+from .options import Commands, bounded, group
 
 __all__ = ["add_jobs_parser"]
 
 EXIT_NO_RESULT, EXIT_TIMEOUT = 5, 6
 
 
-def add_jobs_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    subs, common = group(
-        commands, common, "jobs",
-        help="look at jobs: list them, show one's status, wait for its result",
-        description="Look at jobs: list them, show one's status, wait for its result.",
-        epilog="examples:\n  trioq jobs list --state running\n  trioq jobs show 42\n"
-        "  trioq jobs wait 42 --timeout 30",
-    )  # fmt: skip
+def add_jobs_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
+    subs, common = group(commands, common, "jobs", help="look at jobs: list them, show one's "
+                         "status, wait for its result", epilog="examples:\n  trioq jobs list "
+                         "--state running\n  trioq jobs show 42\n  trioq jobs wait 42 --timeout "
+                         "30")  # fmt: skip
     listing = _command(
         subs, common, "list", _list,
         help="list jobs of one state (default: running, then available, then scheduled), "
@@ -49,19 +44,17 @@ def add_jobs_parser(
     listing.add_argument("--queue")
     listing.add_argument("--task")
     listing.add_argument("--limit", type=_limit, default=50, help="1..1000 (default 50)")
-    show = _command(
-        subs, common, "show", _show,
-        help="show a job's state, attempts, lease, result or error (exit code 4 if unknown)",
-        example="trioq jobs show 42\n  trioq jobs show 42 --json | jq .state",
-    )  # fmt: skip
-    show.add_argument("job_id", type=int)
-    wait = _command(
-        subs, common, "wait", _wait,
-        help="wait until a job has finished and print its kept result as JSON",
-        example="trioq jobs wait 42 --timeout 30   # exit 5 if it died or was cancelled",
-    )  # fmt: skip
-    wait.add_argument("job_id", type=int)
-    wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 6)")
+    for name, action, help, example in (
+        ("show", _show, "show a job's state, attempts, lease, result or error (exit code 4 if "
+         "unknown)", "trioq jobs show 42\n  trioq jobs show 42 --json | jq .state"),
+        ("wait", _wait, "wait until a job has finished and print its kept result as JSON",
+         "trioq jobs wait 42 --timeout 30   # exit 5 if it died or was cancelled"),
+    ):  # fmt: skip
+        by_id = _command(subs, common, name, action, help=help, example=example)
+        by_id.add_argument("job_id", type=int)  # both take a job's id
+        if name == "wait":
+            by_id.add_argument("--timeout", type=float,
+                               help="give up after this many seconds (exit 6)")  # fmt: skip
 
 
 #: The states `--state` takes, in the order the help lists them.
@@ -75,11 +68,7 @@ _LIST_FIELDS = ("id", "queue", "task", "state", "priority", "attempt", "max_atte
 _LIVE = ("running", "available", "scheduled")
 
 
-def _limit(text: str) -> int:
-    n = int(text)
-    if not 1 <= n <= 1000:
-        raise argparse.ArgumentTypeError(f"must be 1 to 1000, got {text!r}")
-    return n
+_limit = bounded(int, 1, 1000)
 
 
 async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:

@@ -25,7 +25,7 @@ from .._pg.connection import connect
 from .._pg.dsn import database
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
-from .options import command, group
+from .options import Commands, bounded, command, group
 
 __all__ = ["add_ops_parsers"]
 
@@ -35,9 +35,7 @@ EXIT_OK, EXIT_ERROR, EXIT_NOT_FOUND = 0, 1, 4
 Action = Callable[[Any, Queue, argparse.Namespace], Awaitable[tuple[int, Any, Any]]]
 
 
-def add_ops_parsers(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_ops_parsers(commands: Commands, common: argparse.ArgumentParser) -> None:
     _enqueue_parser(commands, common)
     status = _command(
         commands, common, "status", _status,
@@ -124,9 +122,7 @@ async def _with_conn(dsn: str, action: Action, args: argparse.Namespace) -> tupl
 # -- enqueue ------------------------------------------------------------------------------------
 
 
-def _enqueue_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     sub = _command(
         commands, common, "enqueue", _enqueue,
         help="enqueue one job",
@@ -211,11 +207,7 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
 # -- status and cancel --------------------------------------------------------------------------
 
 
-def _interval(text: str) -> float:
-    seconds = float(text)
-    if not 0.1 <= seconds <= 3600:
-        raise argparse.ArgumentTypeError(f"must be 0.1 to 3600 seconds, got {text!r}")
-    return seconds
+_interval = bounded(float, 0.1, 3600)  # seconds
 
 
 async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, Any]:
@@ -330,9 +322,7 @@ async def _cancel(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
 # -- dead letters -------------------------------------------------------------------------------
 
 
-def _dead_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def _dead_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     subs, common = group(
         commands, common, "dead",
         help="list, retry or purge dead jobs",

@@ -4,10 +4,10 @@ two shapes of a command: `command` (``trioq check``) and `group` (``trioq dead l
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["Commands", "command", "database_options", "group"]
+__all__ = ["Commands", "bounded", "command", "database_options", "group"]
 
 if TYPE_CHECKING:  # subscriptable for type checkers only
     Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -54,7 +54,7 @@ def command(
 
 def group(
     commands: Commands, common: argparse.ArgumentParser, name: str, *, help: str,
-    description: str, epilog: str,
+    epilog: str, description: str | None = None,
 ) -> tuple[Commands, argparse.ArgumentParser]:  # fmt: skip
     """A command with subcommands (``trioq dead list``): its subcommands, and the database
     options to give each of them. The group takes the options too, so ``trioq dead --dsn
@@ -64,3 +64,19 @@ def group(
                      epilog=epilog)  # fmt: skip
     subs = parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
     return subs, database_options(in_group=True)
+
+
+def bounded(
+    kind: Callable[[str], float], low: float, high: float, *, above: bool = False
+) -> Callable[[str], Any]:
+    """An argparse ``type``: ``kind`` of the text, from ``low`` (or more than it, with
+    ``above``) to ``high``; anything else is a usage error that says the range."""
+    lowest = f"more than {low:g}" if above else f"{low:g}"
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not (low < value if above else low <= value) or not value <= high:
+            raise argparse.ArgumentTypeError(f"must be {lowest} to {high:g}, got {text!r}")
+        return value
+
+    return parse

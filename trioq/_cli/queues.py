@@ -15,16 +15,14 @@ from .._flow import QueueSettings, RateLimit, check_limit
 from .._job import check_queue_name
 from .._queue import Queue
 from .ops import EXIT_OK, _run
-from .options import command, group
+from .options import Commands, command, group
 
 __all__ = ["add_queue_parser"]
 
 _NONE = "none"
 
 
-def add_queue_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_queue_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     subs, common = group(
         commands, common, "queue",
         help="pause, resume and limit queues (across every worker)",

@@ -22,7 +22,7 @@ from .._pg.errors import check_dsn
 from .._registry import Registry
 from .._worker.pooling import SESSION_DSN_VAR, session_dsn
 from .logs import LOG_FORMAT, LOG_LEVELS, RedactingFormatter, setup_logging
-from .options import command
+from .options import Commands, command
 from .supervisor import parent_fd_from_env, stop_when_orphaned, supervise
 
 __all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app"]
@@ -54,15 +54,11 @@ class AppError(ValueError):
     """``--app`` does not name a Config or a Registry."""
 
 
-def add_serve_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    sub = command(
-        commands, "serve", parents=[common],
-        help="run a worker process for an app's tasks",
-        description="Run a worker process: claim jobs, run their handlers, record outcomes.",
-        epilog=_EPILOG,
-    )  # fmt: skip
+def add_serve_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
+    sub = command(commands, "serve", parents=[common], epilog=_EPILOG,
+                  help="run a worker process for an app's tasks",
+                  description="Run a worker process: claim jobs, run their handlers, record "
+                  "outcomes.")  # fmt: skip
     sub.add_argument("--app", required=True, help="MODULE:ATTRIBUTE of a Config or Registry")
     sub.add_argument("--queues", help="comma-separated queues to serve (default: the app's)")
     sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")

@@ -16,7 +16,7 @@ from .._pg.embedded import EmbeddedPostgres
 from .._pg.errors import check_dsn
 from .._stress.report import StressReport, render
 from .._stress.run import MODES, TRANSACTIONS, StressError, StressOptions, Target, run_stress
-from .options import command
+from .options import Commands, command
 
 __all__ = ["add_stress_parser"]
 
@@ -47,9 +47,7 @@ See docs/stress.md.
 """
 
 
-def add_stress_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_stress_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     """Register ``trioq stress``.
 
     ``common`` is not a parent here: stress has its own ``--schema`` default and its
@@ -81,6 +79,11 @@ def add_stress_parser(
     sub.set_defaults(handler=_stress, parser=sub)
 
 
+def _moment(sub: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A flag that says when something happens: S seconds into the run."""
+    sub.add_argument(flag, type=float, metavar="S", help=help)
+
+
 def _host_flags(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--launcher", action="append", default=[], metavar="CMD",
@@ -93,11 +96,9 @@ def _host_flags(sub: argparse.ArgumentParser) -> None:
         help="the DSN the workers of each --launcher connect with (once per --launcher, in "
         "order; default --dsn): how that host reaches the database",
     )  # fmt: skip
-    sub.add_argument(
-        "--kill-host-at", type=float, metavar="S",
-        help="S s in, SIGKILL every worker of one --launcher host that holds running jobs; "
-        "none is started there again (a lost host: the others must finish its jobs)",
-    )  # fmt: skip
+    _moment(sub, "--kill-host-at", "S s in, SIGKILL every worker of one --launcher host that "
+            "holds running jobs; none is started there again (a lost host: the others must "
+            "finish its jobs)")
 
 
 def _workload_flags(sub: argparse.ArgumentParser) -> None:
@@ -125,14 +126,8 @@ def _workload_flags(sub: argparse.ArgumentParser) -> None:
 
 def _chaos_flags(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--kill-every", type=float, metavar="S", help="SIGKILL a worker every S s")
-    sub.add_argument(
-        "--terminate-every", type=float, metavar="S",
-        help="pg_terminate_backend the workers' connections every S s",
-    )  # fmt: skip
-    sub.add_argument(
-        "--restart-postgres-at", type=float, metavar="S",
-        help="stop and start the embedded Postgres S s into the run",
-    )  # fmt: skip
+    _moment(sub, "--terminate-every", "pg_terminate_backend the workers' connections every S s")
+    _moment(sub, "--restart-postgres-at", "stop and start the embedded Postgres S s into the run")
     _fault_flags(sub)
     sub.add_argument("--lease", type=float, help="job lease, s (30; 2 with chaos)")
     sub.add_argument("--heartbeat", type=float, help="heartbeat interval, s (5; 0.5 with chaos)")
@@ -140,28 +135,17 @@ def _chaos_flags(sub: argparse.ArgumentParser) -> None:
 
 
 def _fault_flags(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument(
-        "--kill-at", type=float, metavar="S",
-        help="SIGKILL, once, a worker that holds running jobs S s in; restart it",
-    )  # fmt: skip
-    sub.add_argument(
-        "--starve-at", type=float, metavar="S",
-        help="S s in, idle connections take every connection slot but --starve-leave, cutting "
-        "the workers' connections (only on a server of your own)",
-    )  # fmt: skip
+    _moment(sub, "--kill-at", "SIGKILL, once, a worker that holds running jobs S s in; restart it")
+    _moment(sub, "--starve-at", "S s in, idle connections take every connection slot but "
+            "--starve-leave, cutting the workers' connections (only on a server of your own)")
     sub.add_argument("--starve-for", type=float, metavar="D", help="starve for D s (10)")
     sub.add_argument(
         "--starve-leave", type=int, metavar="N", help="slots left to the workers (3 per process)"
     )
-    sub.add_argument(
-        "--pin-xmin-at", type=float, metavar="S",
-        help="S s in, an idle-in-transaction session pins the xmin horizon",
-    )  # fmt: skip
+    _moment(sub, "--pin-xmin-at", "S s in, an idle-in-transaction session pins the xmin horizon")
     sub.add_argument("--pin-xmin-for", type=float, metavar="D", help="pin for D s (10)")
-    sub.add_argument(
-        "--sigterm-at", type=float, metavar="S",
-        help="S s in, SIGTERM every worker (graceful stop), time the exits, start new ones",
-    )  # fmt: skip
+    _moment(sub, "--sigterm-at", "S s in, SIGTERM every worker (graceful stop), time the exits, "
+            "start new ones")
     sub.add_argument("--grace", type=float, default=5.0, help="the workers' shutdown grace, s (5)")
 
 

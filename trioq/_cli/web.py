@@ -23,7 +23,7 @@ from .._db.migrate import latest_version
 from .._db.version import check_schema
 from .._pg.connection import connect
 from .._pg.dsn import DSN_ENV_VARS, database
-from .options import command
+from .options import Commands, command
 from .serve import LOG_FORMAT, RedactingFormatter, load_app
 
 if TYPE_CHECKING:
@@ -45,9 +45,7 @@ Behind a reverse proxy that authenticates, keep the default bind. See docs/web.m
 """
 
 
-def add_web_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_web_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     sub = command(
         commands, "web", parents=[common],
         help="serve the live dashboard (needs pip install 'trioq[web]')",

@@ -45,6 +45,7 @@ from typing import Any, overload
 from psycopg import sql
 
 from .._job import CLAIMED_COLUMNS
+from .._rules import name
 from .sql import (
     common,
     cron,
@@ -96,14 +97,8 @@ WRITABLE = sql.SQL(schema.WRITABLE)
 
 def validate_schema_name(schema: str, field: str = "schema") -> str:
     """``schema`` if it is a valid trioq schema name; else TypeError or ValueError."""
-    if not isinstance(schema, str):
-        raise TypeError(f"{field} name must be a string, got {schema!r}")
-    if not SCHEMA_NAME_RE.fullmatch(schema):
-        raise ValueError(
-            f"{field} name {schema!r} is invalid: use 1-63 lower-case letters, digits and "
-            "underscores, not starting with a digit"
-        )
-    return schema
+    return name(schema, f"{field} name", SCHEMA_NAME_RE, "1-63 lower-case letters, digits and "
+                "underscores, not starting with a digit")  # fmt: skip
 
 
 def qualified(schema: str, name: str) -> sql.Identifier:

@@ -169,6 +169,14 @@ def _buckets(bounds: Iterable[float], counts: Sequence[int]) -> list[tuple[str, 
     return buckets
 
 
+def _values(
+    *metrics: tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, float],
+) -> Iterator[Metric]:
+    """Families of one value each: (kind, name, help, value)."""
+    for kind, name, doc, value in metrics:
+        yield kind(name, doc, value=value)
+
+
 def _family(
     kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, labels: list[str],
     values: Iterable[tuple[Any, float]],
@@ -211,13 +219,11 @@ def _errors(sample: Sample) -> Iterator[Metric]:
     yield _family(CounterMetricFamily, "trioq_claim_errors",
                   "Claim statements that failed (retried with backoff)", ["queue"],
                   sorted(sample.claim_errors.items()))  # fmt: skip
-    yield CounterMetricFamily(
-        "trioq_outcome_write_errors", "Outcome writes that failed and were retried",
-        value=sample.write_errors,
-    )  # fmt: skip
-    yield CounterMetricFamily(
-        "trioq_listener_reconnects", "Times the LISTEN connection was lost and re-made",
-        value=sample.listener_reconnects,
+    yield from _values(
+        (CounterMetricFamily, "trioq_outcome_write_errors",
+         "Outcome writes that failed and were retried", sample.write_errors),
+        (CounterMetricFamily, "trioq_listener_reconnects",
+         "Times the LISTEN connection was lost and re-made", sample.listener_reconnects),
     )  # fmt: skip
 
 
@@ -246,13 +252,11 @@ def _hooks(sample: Sample) -> Iterator[Metric]:
     yield _family(CounterMetricFamily, "trioq_hook_callbacks",
                   "Event callbacks run, by how they ended", ["result"],
                   ((result, sample.hooks.get(key, 0)) for result, key in results))  # fmt: skip
-    yield CounterMetricFamily(
-        "trioq_hook_events_dropped", "Events dropped because the callbacks fell behind",
-        value=sample.hooks.get("dropped", 0),
-    )  # fmt: skip
-    yield GaugeMetricFamily(
-        "trioq_hook_events_pending", "Events waiting for their callbacks",
-        value=sample.hooks.get("pending", 0),
+    yield from _values(
+        (CounterMetricFamily, "trioq_hook_events_dropped",
+         "Events dropped because the callbacks fell behind", sample.hooks.get("dropped", 0)),
+        (GaugeMetricFamily, "trioq_hook_events_pending", "Events waiting for their callbacks",
+         sample.hooks.get("pending", 0)),
     )  # fmt: skip
 
 
@@ -276,21 +280,15 @@ def _depth(depth: DepthSample, served: list[str], cap: int) -> Iterator[Metric]:
     yield _family(GaugeMetricFamily, "trioq_queue_oldest_wait_seconds",
                   "How long the next job to be claimed has been due", ["queue"],
                   sorted(depth.head_wait.items()))  # fmt: skip
-    yield GaugeMetricFamily(
-        "trioq_queue_depth_cap", "Depth counts stop at this (Config.metrics_depth_cap)",
-        value=cap,
-    )  # fmt: skip
-    yield GaugeMetricFamily(
-        "trioq_queue_depth_sampled_at", "When the depths were read (Unix time; 0: never)",
-        value=depth.taken_at,
-    )  # fmt: skip
-    yield GaugeMetricFamily(
-        "trioq_queue_depth_sample_seconds", "How long reading the depths took",
-        value=depth.seconds,
-    )  # fmt: skip
-    yield CounterMetricFamily(
-        "trioq_queue_depth_errors", "Depth samples that failed or ran over their timeout",
-        value=depth.errors,
+    yield from _values(
+        (GaugeMetricFamily, "trioq_queue_depth_cap",
+         "Depth counts stop at this (Config.metrics_depth_cap)", cap),
+        (GaugeMetricFamily, "trioq_queue_depth_sampled_at",
+         "When the depths were read (Unix time; 0: never)", depth.taken_at),
+        (GaugeMetricFamily, "trioq_queue_depth_sample_seconds",
+         "How long reading the depths took", depth.seconds),
+        (CounterMetricFamily, "trioq_queue_depth_errors",
+         "Depth samples that failed or ran over their timeout", depth.errors),
     )  # fmt: skip
 
 

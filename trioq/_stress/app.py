@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import trio
 
@@ -44,20 +46,24 @@ def _setting(name: str) -> str:
     return os.environ.get(name) or ENV[name]
 
 
-def _number(name: str) -> float:
+T = TypeVar("T")
+
+
+def _parsed(name: str, kind: Callable[[str], T], what: str) -> T:
+    """The setting ``name`` as ``kind``, or a ValueError saying it must be ``what``."""
     text = _setting(name)
     try:
-        return float(text)
+        return kind(text)
     except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {text!r}") from None
+        raise ValueError(f"{name} must be {what}, got {text!r}") from None
+
+
+def _number(name: str) -> float:
+    return _parsed(name, float, "a number of seconds")
 
 
 def _integer(name: str) -> int:
-    text = _setting(name)
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+    return _parsed(name, int, "an integer")
 
 
 _SCHEMA = _setting("TRIOQ_STRESS_SCHEMA")

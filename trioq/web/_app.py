@@ -36,24 +36,9 @@ from .._dead import DeadFilter, DeadJob
 from .._job import check_queue_name
 from .._pg.pool import Pool
 from .._queue import Queue
+from . import _queries as queries
 from ._config import DashboardConfig
 from ._limits import COUNT_CAP, WINDOW
-from ._queries import (
-    STATES,
-    Count,
-    CronRow,
-    JobDetail,
-    JobFilter,
-    Overview,
-    cron_ticks,
-    dead_count,
-    dead_ids,
-    find_job,
-    history,
-    list_jobs,
-    overview,
-    search_terms,
-)
 from ._security import CSRF_COOKIE, Csrf, SecurityHeaders, TokenGuard
 
 __all__ = ["ACTION_BATCH", "MAX_PER_ACTION", "Dashboard"]
@@ -204,11 +189,11 @@ class Dashboard:
     async def _overview_live(self, request: Request) -> Response:
         return self._render(request, "_overview_live.html", overview=await self._overview_data())
 
-    async def _overview_data(self) -> Overview:
+    async def _overview_data(self) -> queries.Overview:
         async with self._connection() as conn:
             settings = await self.queue.queue_settings(conn)
             paused = frozenset(s.name for s in settings if s.paused)
-            return await overview(conn, self.statements, now=time.time(), paused=paused)
+            return await queries.overview(conn, self.statements, now=time.time(), paused=paused)
 
     async def _history(self, request: Request) -> Response:
         seconds = RANGES.get(request.query_params.get("range", "hour"))
@@ -216,7 +201,7 @@ class Dashboard:
             raise BadRequest(f"range must be one of {', '.join(RANGES)}")
         queue = _text(request, "queue")
         async with self._connection() as conn:
-            now, points = await history(
+            now, points = await queries.history(
                 conn, self.statements, since=int(time.time()) - seconds, queue=queue
             )
         return JSONResponse(_series(now, seconds, points))
@@ -228,17 +213,17 @@ class Dashboard:
             if found is not None:
                 return RedirectResponse(self._link(request)("job", job_id=found.id), 303)
         async with self._connection() as conn:
-            jobs, more = await list_jobs(conn, self.statements, where)
+            jobs, more = await queries.list_jobs(conn, self.statements, where)
         return self._render(
-            request, "jobs.html", where=where, jobs=jobs, more=more, states=STATES,
+            request, "jobs.html", where=where, jobs=jobs, more=more, states=queries.STATES,
             window=WINDOW, done=_done_message(request),
         )  # fmt: skip
 
-    async def _find(self, job_id: int) -> JobDetail | DeadJob | None:
+    async def _find(self, job_id: int) -> queries.JobDetail | DeadJob | None:
         if job_id > MAX_INT8:
             return None
         async with self._connection() as conn:
-            return await find_job(conn, self.statements, job_id)
+            return await queries.find_job(conn, self.statements, job_id)
 
     async def _job(self, request: Request) -> Response:
         return await self._job_page(request, "job.html")
@@ -257,7 +242,7 @@ class Dashboard:
 
     async def _cron(self, request: Request) -> Response:
         async with self._connection() as conn:
-            ticks = await cron_ticks(conn, self.statements)
+            ticks = await queries.cron_ticks(conn, self.statements)
             now = await self.queue.clock(conn)
         return self._render(request, "cron.html", entries=_cron_rows(self.config, ticks, now),
                             have_app=bool(self.config.cron))  # fmt: skip
@@ -277,7 +262,7 @@ class Dashboard:
                 settings = await self.queue.queue_settings(conn, [name])
             return self._render(request, "confirm.html", action=action, queue=name,
                                 paused=bool(settings and settings[0].paused),
-                                target=(None, name, None), count=Count(1))  # fmt: skip
+                                target=(None, name, None), count=queries.Count(1))  # fmt: skip
         target = _target(request.query_params.getlist("ids"), request.query_params)
         ids, queue, task = target
         if action == "cancel":
@@ -285,9 +270,10 @@ class Dashboard:
                 raise BadRequest("cancel takes one job: ids=<job id>")
             job = await self._find(ids[0])
             return self._render(request, "confirm.html", action=action, target=target, job=job,
-                                count=Count(1 if job else 0), state=_state(job))  # fmt: skip
+                                count=queries.Count(1 if job else 0),
+                                state=_state(job))  # fmt: skip
         async with self._connection() as conn:
-            count = await dead_count(conn, self.statements, queue=queue, task=task, ids=ids)
+            count = await queries.dead_count(conn, self.statements, queue=queue, task=task, ids=ids)
         return self._render(request, "confirm.html", action=action, target=target, job=None,
                             count=count, max_per_action=MAX_PER_ACTION)  # fmt: skip
 
@@ -335,7 +321,7 @@ class Dashboard:
                 return len(await run(conn, DeadFilter(ids=ids)))
             after = 0
             while done < MAX_PER_ACTION:
-                batch = await dead_ids(conn, self.statements, queue=queue, task=task,
+                batch = await queries.dead_ids(conn, self.statements, queue=queue, task=task,
                                        after=after, batch=ACTION_BATCH)  # fmt: skip
                 if not batch:
                     break
@@ -344,11 +330,11 @@ class Dashboard:
         return done
 
 
-def _state(job: JobDetail | DeadJob | None) -> str | None:
+def _state(job: queries.JobDetail | DeadJob | None) -> str | None:
     """A job's state, "dead" for a row of dead_jobs."""
     if job is None:
         return None
-    return job.state if isinstance(job, JobDetail) else "dead"
+    return job.state if isinstance(job, queries.JobDetail) else "dead"
 
 
 # -- request parameters ---------------------------------------------------------------------------
@@ -379,13 +365,13 @@ def _int(name: str, value: str | None, default: int, high: int) -> int:
     return int(value)
 
 
-def _job_filter(request: Request) -> JobFilter:
+def _job_filter(request: Request) -> queries.JobFilter:
     state = request.query_params.get("state", "running")
-    if state not in STATES:
-        raise BadRequest(f"state must be one of {', '.join(STATES)}")
+    if state not in queries.STATES:
+        raise BadRequest(f"state must be one of {', '.join(queries.STATES)}")
     search = _text(request, "q")
-    contains, text = search_terms(search.strip() if search else None)
-    return JobFilter(
+    contains, text = queries.search_terms(search.strip() if search else None)
+    return queries.JobFilter(
         state=state, queue=_text(request, "queue"), task=_text(request, "task"),
         search=search, contains=contains, text=text,
         offset=_int("offset", request.query_params.get("offset"), 0, WINDOW),
@@ -471,11 +457,11 @@ def _ms(value: float | None) -> float | None:
 def _cron_rows(
     config: DashboardConfig, ticks: dict[str, tuple[dt.datetime, int | None, dt.datetime]],
     now: dt.datetime,
-) -> list[CronRow]:  # fmt: skip
+) -> list[queries.CronRow]:  # fmt: skip
     rows = []
     for entry in config.cron:
         last = ticks.get(entry.name)
-        rows.append(CronRow(
+        rows.append(queries.CronRow(
             name=entry.name, schedule=entry.schedule, timezone=entry.timezone,
             queue=entry.queue, task=entry.task, last_tick=last[0] if last else None,
             last_job_id=last[1] if last else None, last_fired_at=last[2] if last else None,
@@ -484,9 +470,9 @@ def _cron_rows(
     known = {entry.name for entry in config.cron}
     for name, (tick, job_id, fired) in sorted(ticks.items()):
         if name not in known:
-            rows.append(CronRow(name=name, schedule=None, timezone=None, queue=None, task=None,
-                                last_tick=tick, last_job_id=job_id, last_fired_at=fired,
-                                next_tick=None))  # fmt: skip
+            rows.append(queries.CronRow(name=name, schedule=None, timezone=None, queue=None,
+                                        task=None, last_tick=tick, last_job_id=job_id,
+                                        last_fired_at=fired, next_tick=None))  # fmt: skip
     return rows
 
 
