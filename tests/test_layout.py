@@ -52,8 +52,13 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            found.update(names)
+            # ``from pkg import name`` needs pkg's __init__, unless every name is a module of
+            # pkg and pkg encloses this module (it is imported first anyway: ``from . import
+            # _queries`` in trioq/web/ is no edge to trioq.web).
+            if not (all(n in known for n in names) and name.startswith(base + ".")):
+                found.add(base)
     return {module for module in found if module in known and module != name}
 
 
@@ -91,6 +96,9 @@ def test_the_walk_sees_the_imports() -> None:
     assert "trioq._db.insert" in edges["trioq._queue"]
     assert "trioq._worker.services.heartbeat" in edges[WIRING]
     assert "trioq._pg.connection" in edges["trioq._db.insert"]
+    # `from . import _queries` inside trioq/web/: an edge to the module, not to the package
+    assert "trioq.web._queries" in edges["trioq.web._app"]
+    assert "trioq.web" not in edges["trioq.web._app"]
     assert "trioq._cli.serve" in edges["trioq._cli.main"]  # relative, inside a subpackage
     assert "trioq._worker.serve" in edges["trioq._cli.serve"]  # a function-level import
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -26,7 +26,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import attrs
-import psycopg
 from psycopg.pq import TransactionStatus
 
 from ._db.insert import GraphJob
@@ -151,7 +150,7 @@ class Batch:
 
 
 async def batch_status(
-    conn: psycopg.AsyncConnection[Any], batch_id: int, *, queue: Queue | None = None
+    conn: Conn, batch_id: int, *, queue: Queue | None = None
 ) -> BatchStatus | None:
     """The batch's counts and callback, or None if there is no such batch (or it was pruned,
     ``Config.retain_done`` after it ended)."""

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 import attrs
-import psycopg
 
 from ._enqueue import DEFAULT_QUEUE
 from ._hooks import EventCallback, Hooks, Middleware, check_kind
@@ -39,6 +38,7 @@ from ._job import (
     check_queue_name,
     check_task_name,
 )
+from ._pg.connection import Conn
 from ._retry import RetryPolicy, Sidekiq
 from ._rules import positive_or_none
 from ._unique import Unique, check_dedup_key
@@ -181,7 +181,7 @@ class Task:
 
     async def enqueue(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        conn: Conn,
         args: JSONValue = None,
         *,
         priority: int = 0,

@@ -14,12 +14,12 @@ import importlib.resources
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 import psycopg
 
 from .._exceptions import MigrationError
+from .._pg.connection import Conn
 from .statements import statements, validate_schema_name
 from .version import check_schema, missing_tables, schema_version
 
@@ -86,7 +86,7 @@ def expected_tables(version: int | None = None) -> tuple[str, ...]:
 
 
 async def check_current(
-    conn: psycopg.AsyncConnection[Any], schema: str, *, writable: bool = True
+    conn: Conn, schema: str, *, writable: bool = True
 ) -> int:
     """`check_schema` for this trioq: the latest version, and every table of it."""
     return await check_schema(
@@ -95,7 +95,7 @@ async def check_current(
 
 
 async def migrate(
-    conn: psycopg.AsyncConnection[Any], schema: str = "trioq", *, target: int | None = None,
+    conn: Conn, schema: str = "trioq", *, target: int | None = None,
     on_wait: Callable[[str], None] | None = None,
 ) -> MigrationResult:  # fmt: skip
     """Bring ``schema`` up to ``target`` (default: the latest) in one transaction.
@@ -132,7 +132,7 @@ async def migrate(
 
 
 async def _migrate_locked(
-    conn: psycopg.AsyncConnection[Any], schema: str, goal: int,
+    conn: Conn, schema: str, goal: int,
     on_wait: Callable[[str], None] | None,
 ) -> tuple[int, list[Migration]]:  # fmt: skip
     """Inside the migration's transaction: take the lock, then apply what is pending; the
@@ -150,7 +150,7 @@ async def _migrate_locked(
 
 
 async def _lock(
-    conn: psycopg.AsyncConnection[Any], schema: str, on_wait: Callable[[str], None] | None
+    conn: Conn, schema: str, on_wait: Callable[[str], None] | None
 ) -> None:
     """One migrator per schema: take the lock, saying so first if another session holds it
     (``on_wait``, else a log line), then wait for it."""
@@ -176,13 +176,13 @@ async def _lock(
     await conn.execute(st.migrate_lock, {"schema": schema})
 
 
-async def _create_bookkeeping(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+async def _create_bookkeeping(conn: Conn, schema: str) -> None:
     st = statements(schema)
     await conn.execute(st.create_schema)
     await conn.execute(st.create_migrations)
 
 
-async def _check_tables(conn: psycopg.AsyncConnection[Any], schema: str, version: int) -> None:
+async def _check_tables(conn: Conn, schema: str, version: int) -> None:
     missing = await missing_tables(conn, schema, expected_tables(version))
     if missing:
         raise MigrationError(
@@ -193,7 +193,7 @@ async def _check_tables(conn: psycopg.AsyncConnection[Any], schema: str, version
         )
 
 
-async def _current_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
+async def _current_version(conn: Conn, schema: str) -> int:
     cur = await conn.execute(statements(schema).schema_version)
     row = await cur.fetchone()
     current = int(row[0]) if row else 0
@@ -205,7 +205,7 @@ async def _current_version(conn: psycopg.AsyncConnection[Any], schema: str) -> i
     return current
 
 
-async def _apply(conn: psycopg.AsyncConnection[Any], schema: str, migration: Migration) -> None:
+async def _apply(conn: Conn, schema: str, migration: Migration) -> None:
     st = statements(schema)
     await conn.execute(st.migration_search_path)
     try:

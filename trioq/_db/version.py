@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterator
-from typing import Any
 
 import psycopg
 
@@ -19,13 +18,14 @@ from .._exceptions import (
     SchemaOutdatedError,
     SchemaTooNewError,
 )
+from .._pg.connection import Conn
 from .statements import WRITABLE, statements, validate_schema_name
 
 __all__ = ["check_schema", "check_writable", "migrated", "missing_tables", "schema_version"]
 
 
 @contextlib.contextmanager
-def migrated(conn: psycopg.AsyncConnection[Any], schema: str) -> Iterator[None]:
+def migrated(conn: Conn, schema: str) -> Iterator[None]:
     """Say what to run when trioq's tables are missing, not 'relation does not exist'
     (the same words as `check_schema`)."""
     try:
@@ -37,7 +37,7 @@ def migrated(conn: psycopg.AsyncConnection[Any], schema: str) -> Iterator[None]:
         ) from ex
 
 
-async def schema_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:
+async def schema_version(conn: Conn, schema: str) -> int | None:
     """The applied version of ``schema``, or None if trioq was never migrated there."""
     st = statements(schema)
     cur = await conn.execute(st.schema_exists, st.schema_exists_params())
@@ -50,7 +50,7 @@ async def schema_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int
 
 
 async def check_schema(
-    conn: psycopg.AsyncConnection[Any],
+    conn: Conn,
     schema: str,
     expected: int,
     *,
@@ -91,7 +91,7 @@ async def check_schema(
 
 
 async def missing_tables(
-    conn: psycopg.AsyncConnection[Any], schema: str, tables: Collection[str]
+    conn: Conn, schema: str, tables: Collection[str]
 ) -> list[str]:
     """Those of ``tables`` that ``schema`` does not have, sorted."""
     cur = await conn.execute(
@@ -100,7 +100,7 @@ async def missing_tables(
     return [row[0] for row in await cur.fetchall()]
 
 
-async def check_writable(conn: psycopg.AsyncConnection[Any]) -> None:
+async def check_writable(conn: Conn) -> None:
     """Raise `DatabaseReadOnlyError` if a new transaction on ``conn`` could not write."""
     cur = await conn.execute(WRITABLE)
     row = await cur.fetchone()

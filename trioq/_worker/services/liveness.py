@@ -29,14 +29,13 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import psycopg
 import trio
 
 from ..._db.driver import Driver
 from ..._exceptions import PoolClosedError
-from ..._pg.connection import connect
+from ..._pg.connection import Conn, connect
 from ..._pg.pool import Pool
 
 __all__ = ["Liveness"]
@@ -91,7 +90,7 @@ class Liveness:
         finally:
             await self._remove()
 
-    async def _register_and_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _register_and_lock(self, conn: Conn) -> None:
         st = self._sql
         params = {"name": self._name, "host": socket.gethostname(), "pid": os.getpid(),
                   "queues": self._queues}  # fmt: skip
@@ -101,13 +100,13 @@ class Liveness:
         self.worker = int(row[0])
         await conn.execute(st.worker_lock, {"space": st.lock_space, "id": self.worker})
 
-    async def _ping_until_gone(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _ping_until_gone(self, conn: Conn) -> None:
         while True:
             if not await self.run_once(conn):
                 return
             await trio.sleep(self.interval)
 
-    async def run_once(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+    async def run_once(self, conn: Conn) -> bool:
         """One ping; False if this worker's row is gone (it was taken for dead)."""
         params = {"id": self.worker, "running": self._running()}
         cur = await conn.execute(self._sql.worker_ping, params)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
 
 import attrs
-import psycopg
 import trio
 
 from ..._db.statements import Statements
+from ..._pg.connection import Conn
 from ..._pg.pool import Pool
 from .loop import every
 
@@ -48,7 +47,7 @@ class PruneRound:
 
 
 async def prune(
-    conn: psycopg.AsyncConnection[Any],
+    conn: Conn,
     sql: Statements,
     *,
     retain_done: float | None,
