@@ -279,6 +279,56 @@ async def test_without_a_session_dsn_a_worker_still_drains_by_polling(
         assert left == 0
 
 
+async def test_a_handler_holding_the_only_server_connection_does_not_make_its_worker_dead(
+    dsn: str, bouncer: Bouncer
+) -> None:
+    """Everything through a pooler with one server connection, no session DSN: the liveness
+    lock sits on that server session, and a handler's transaction holds it for 10 s, so no
+    ping gets through. Before: the sweeper's try-lock could land on the lock's own session
+    (advisory locks are re-entrant), take the worker for dead and return its job
+    (``tests/test_services.py`` shows that one directly). Now its job completes once and
+    the worker goes on serving."""
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=1)
+    async def hog(job: trioq.JobContext) -> None:
+        async with job.transaction() as tx:
+            await tx.execute("SELECT pg_sleep(10)")
+            await tx.execute("INSERT INTO effects VALUES (%s)", (job.id,))
+
+    @tasks.task
+    async def quick(job: trioq.JobContext, i: int) -> None:
+        async with job.transaction() as tx:
+            await tx.execute("INSERT INTO effects VALUES (%s)", (job.id,))
+
+    options: dict[str, Any] = {"prepared_statements": False, "lease": 30,
+                               "heartbeat_interval": 5}  # fmt: skip
+    async with await trioq.connect(dsn, autocommit=True) as direct:
+        await direct.execute("CREATE TABLE effects (job_id bigint)")
+    async with _serving(dsn, bouncer.dsn(dsn), tasks, **options) as (conn, direct, runtime):
+        # One server session serves every client: nothing may prepare statements on it (the
+        # liveness connection did, ignoring prepared_statements=False: once its client
+        # reconnected, its ping hit DuplicatePreparedStatement and the worker exited).
+        await trio.sleep(3)  # six liveness pings: psycopg prepares a statement at its fifth
+        assert await scalar(conn, "SELECT count(*) FROM pg_prepared_statements") == 0
+        hogged = await hog.enqueue(conn)
+        await wait_until(lambda: _sleeping(direct), timeout=20)
+        await trio.sleep(10)  # the handler holds the only server connection meanwhile
+        quick_ids = [(await quick.enqueue(conn, i=i)).job_id for i in range(5)]
+        await wait_until(lambda: _settled(direct), timeout=30)
+        assert await scalar(direct, "SELECT count(*) FROM trioq.dead_jobs") == 0
+        effects = await rows(direct, "SELECT job_id FROM effects ORDER BY job_id")
+        assert effects == [(job_id,) for job_id in sorted([hogged.job_id, *quick_ids])]
+        assert runtime.statistics().stopping is False
+
+
+async def _sleeping(conn: Any) -> bool:
+    found = await scalar(
+        conn, "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10)'"
+    )
+    return bool(found)
+
+
 @pytest.mark.parametrize("transactions", ["own", "one-shared"])
 def test_stress_through_the_pooler_loses_nothing(
     dsn: str, pg_admin_dsn: str, tmp_path: pathlib.Path, transactions: str

@@ -4,13 +4,13 @@ what it returns, against real Postgres, instead of waiting for the loop's timers
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
-from helpers import rows
+from helpers import rows, wait_until
 
 import trioq
 from trioq._worker.leases import HeldJob, HeldJobs
@@ -119,6 +119,61 @@ async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> Non
             assert error == [("worker died (its liveness lock was free)",)]
             assert (await sweeper.run_once(sweep=False)).reclaimed.returned == frozenset()
             assert dead and fresh
+
+
+async def test_a_lock_held_by_the_sweepers_own_session_is_not_free(dsn: str) -> None:
+    """Behind a transaction pooler the sweeper's statement can run on the very server
+    session that holds a worker's liveness lock. A try-lock there succeeds (advisory locks
+    are re-entrant per session) and took a live worker for dead (issue 22); the lock is
+    read from pg_locks now: held by any session, the worker lives."""
+    async with database(dsn) as (conn, pool):
+        sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
+                          on_returned=lambda: None)  # fmt: skip
+        worker = await register(conn, "pooled", seen_ago=10)
+        async with pool.connection() as same_session:  # the pool's one connection
+            await same_session.execute(Q.sql.worker_lock, {"space": Q.sql.lock_space,
+                                                           "id": worker})  # fmt: skip
+        await trioq.enqueue(conn, "t", queue="pooled")
+        (job,) = await Q.claim(conn, "pooled", owner="pooled", limit=1, lease=LEASE)
+        round_ = await sweeper.run_once(sweep=False)
+        assert round_.reclaimed.returned == frozenset()
+        assert await rows(conn, "SELECT name FROM trioq.workers") == [("pooled",)]
+        assert await rows(conn, "SELECT state FROM trioq.jobs WHERE id = %s", job.id) == [
+            ("running",)
+        ]
+
+
+async def test_a_ping_that_races_the_reclaim_keeps_the_worker(dsn: str) -> None:
+    """The reclaim reads a stale ping, then deletes the row; a ping committed in between
+    (the delete waits for its row lock, then re-checks) keeps the worker and its jobs."""
+    async with database(dsn) as (conn, pool), await trioq.connect(dsn) as pinger:
+        sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
+                          on_returned=lambda: None)  # fmt: skip
+        worker = await register(conn, "racing", seen_ago=10)
+        await trioq.enqueue(conn, "t", queue="racing")
+        (job,) = await Q.claim(conn, "racing", owner="racing", limit=1, lease=LEASE)
+        await pinger.execute("SELECT set_config('trioq.now', %s, false)", (T0.isoformat(),))
+        await pinger.execute(Q.sql.worker_ping, {"id": worker, "running": 1})  # not committed
+        rounds: list[Any] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _append(rounds, sweeper.run_once(sweep=False)))
+            await wait_until(lambda: _waits_for_a_lock(conn))  # the delete waits for the ping
+            await pinger.commit()
+        assert rounds[0].reclaimed.returned == frozenset()
+        assert await rows(conn, "SELECT name FROM trioq.workers") == [("racing",)]
+        assert await rows(conn, "SELECT state FROM trioq.jobs WHERE id = %s", job.id) == [
+            ("running",)
+        ]
+
+
+async def _append(found: list[Any], round_: Awaitable[Any]) -> None:
+    found.append(await round_)
+
+
+async def _waits_for_a_lock(conn: Any) -> bool:
+    waiting = await rows(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type ="
+                         " 'Lock' AND datname = current_database()")  # fmt: skip
+    return bool(waiting[0][0])
 
 
 async def test_a_worker_that_stops_holding_running_jobs_leaves_its_row_for_the_sweepers(

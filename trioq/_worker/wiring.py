@@ -132,6 +132,8 @@ class Services:
             self.session_dsn, self.pool, driver, name=owner,
             queues={name: q.concurrency for name, q in served.items()},
             interval=config.liveness_interval, running=runtime.running,
+            on_taken_for_dead=self.heartbeat.wake,  # which leases are lost: cancel those now
+            connect_kwargs={"prepare_threshold": threshold},
         )  # fmt: skip
         self.scheduler = Scheduler(self.pool, self.queue, config.cron,
                                    poll_interval=config.poll_interval,

@@ -32,12 +32,17 @@ WITH expired AS (
        FOR UPDATE SKIP LOCKED
 )"""
 
-# Workers that are provably gone: no ping for longer than the grace, and their liveness
-# lock free (Postgres drops it when the process or its connection dies; a live worker
-# holds it). After a server restart every lock is gone at once, and every connection is
-# new: a sweeper whose own connection is younger than the restart grace judges nobody, so
-# every worker has that long to reconnect (however long the server took to recover).
-# Their rows go; their running jobs are swept at once.
+# Workers that are provably gone, on two pieces of evidence one flaky connection cannot
+# fake: no ping for longer than the grace (a worker pings through its liveness connection
+# and through its pool), and its liveness lock held by no session at all (Postgres drops it
+# when the process or that connection dies). The lock is read from pg_locks, not tried:
+# behind a transaction pooler the sweeper's statement can land on the very server session
+# that holds the worker's lock, and an advisory lock is re-entrant per session, so a
+# try-lock would take a live worker for dead. After a server restart every lock is gone at
+# once, and every connection is new: a sweeper whose own connection is younger than the
+# restart grace judges nobody, so every worker has that long to reconnect (however long the
+# server took to recover). Their rows go (the delete re-checks the ping: a worker that
+# pinged meanwhile keeps its row), and only then their running jobs are swept.
 RECLAIM_EXPIRED = """
 WITH stale AS MATERIALIZED (
     SELECT id, name FROM {workers}
@@ -45,15 +50,22 @@ WITH stale AS MATERIALIZED (
        AND (SELECT a.backend_start FROM pg_catalog.pg_stat_activity a
              WHERE a.pid = pg_catalog.pg_backend_pid()) < {now} - %(restart_grace)s::interval
 ), dead AS MATERIALIZED (
-    SELECT id, name FROM stale
-     WHERE pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext(%(space)s), id)
+    SELECT s.id, s.name FROM stale s
+     WHERE NOT EXISTS (
+        SELECT FROM pg_catalog.pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+           AND l.classid = pg_catalog.hashtext(%(space)s)::oid AND l.objid = s.id::oid
+           AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                              WHERE d.datname = pg_catalog.current_database()))
 ), gone AS (
-    DELETE FROM {workers} w USING dead d WHERE w.id = d.id RETURNING w.id
+    DELETE FROM {workers} w USING dead d
+     WHERE w.id = d.id AND w.seen_at < {now} - %(grace)s::interval
+    RETURNING w.id, w.name
 ), expired AS (
     SELECT j.id, j.attempt >= j.max_attempts OR j.cancel_requested AS final, j.cancel_requested
       FROM {jobs} j
      WHERE j.lease_expires_at IS NOT NULL  -- jobs_lease_idx: running jobs only
-       AND j.state = 'running' AND j.lease_owner IN (SELECT name FROM dead)
+       AND j.state = 'running' AND j.lease_owner IN (SELECT name FROM gone)
        FOR UPDATE OF j SKIP LOCKED
 )"""
 

@@ -19,6 +19,7 @@ from ..._hooks import fields
 from ..._job import Lease
 from ..._pg.pool import Pool
 from ..leases import HeldJob, HeldJobs
+from ..wakeup import Wakeup
 from .loop import every
 
 __all__ = ["Heartbeat", "HeartbeatRound"]
@@ -47,10 +48,17 @@ class Heartbeat:
         self._owner = owner
         self._lease = dt.timedelta(seconds=lease)
         self.interval = interval
+        self._wakeup = Wakeup()
+
+    def wake(self) -> None:
+        """Run a round now (the worker was taken for dead: which of its leases are lost?)."""
+        self._wakeup.set()
 
     async def run(self) -> None:
-        """Every ``interval``, one round; a failed round is logged and the next one tries."""
-        await every(self.interval, self.run_once, failed="heartbeat failed", wait_first=True)
+        """Every ``interval`` (or when woken), one round; a failed round is logged and the
+        next one tries."""
+        await every(self.interval, self.run_once, failed="heartbeat failed",
+                    wakeup=self._wakeup, wait_first=True)  # fmt: skip
 
     async def run_once(self) -> HeartbeatRound:
         """Extend every held lease; cancel the handlers of those lost or asked to stop."""

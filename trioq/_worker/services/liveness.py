@@ -1,25 +1,32 @@
 """Worker liveness: every worker visible in the database, so a dead one is noticed at once.
 
 Leases alone make a crashed worker's jobs wait for their expiry (30 s by default).
-Instead each worker keeps a row in ``workers`` and, on a connection of its own, holds a
+Instead each worker keeps a row in ``workers``, holds, on a connection of its own, a
 session-level advisory lock keyed by its row's id, and pings the row every
-``Config.liveness_interval``. Postgres drops the lock the moment the process (or that
-connection) dies. The sweepers of every process (`Driver.reclaim_dead_workers`) take a
-worker for dead only when both are true: its lock is free, and it has not pinged for
-``Config.liveness_grace``; and a sweeper judges nobody on a connection younger than a
-couple of seconds, so that after a server restart (every lock free, every connection
-new) every worker has the time to reconnect. Then its running and prefetched jobs are
-returned at once. A worker whose liveness connection was cut but that is alive
-reconnects, locks and pings again within the grace, so it is never taken for dead; a
-network partition keeps its lock held on the server (the backend does not know yet),
-and lease expiry stays the fallback.
+``Config.liveness_interval`` through two channels: that connection, and its pool. Postgres
+drops the lock the moment the process (or that connection) dies.
+
+The sweepers of every process (`Driver.reclaim_dead_workers`) take a worker for dead only
+on two pieces of evidence that one flaky connection cannot fake: no ping through either
+channel for ``Config.liveness_grace``, and no session at all holding its lock (read from
+``pg_locks``: a try-lock would succeed on a pooler's session that holds the lock itself).
+A sweeper judges nobody on a connection younger than a couple of seconds, so that after a
+server restart (every lock free, every connection new) every worker has the time to
+reconnect. Then the dead worker's running and prefetched jobs are returned at once.
+
+So a worker whose liveness connection is cut, and that cannot reconnect for a while
+(``max_connections`` full, the database refusing connections), keeps pinging through its
+pool and keeps its jobs; one whose pool cannot reach the database either keeps its lock on
+the server (the backend does not know yet) and its jobs until their leases expire. What
+the database cannot tell from a crash (the process stopped, SIGSTOP or a VM stall, *and*
+its connection cut) is taken for one: its jobs are returned, and the worker that wakes
+finds its row gone, runs a heartbeat at once (`on_taken_for_dead`), which cancels the
+handlers whose leases are lost before they write (every write of theirs is fenced by the
+lease anyway), and registers again under a new id. ``docs/guarantees.md`` has the argument.
 
 The connection reconnects with backoff; the row is removed at a graceful stop (after the
 last outcome is written), unless the worker still holds running jobs (outcomes it could
-not write): then the row stays, the lock drops, and the sweepers return those jobs. A
-worker that finds its row gone (the sweepers took it for dead: it was unreachable longer
-than the grace) registers again under a new id: the jobs it held were returned, and their
-fenced outcomes are refused.
+not write): then the row stays, the lock drops, and the sweepers return those jobs.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import psycopg
 import trio
@@ -51,44 +59,62 @@ class Liveness:
     def __init__(
         self, dsn: str, pool: Pool, driver: Driver, *, name: str, queues: Mapping[str, int],
         interval: float, running: Callable[[], int],
+        on_taken_for_dead: Callable[[], None] | None = None,
+        connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self._dsn = dsn
+        self._connect_kwargs = {**(connect_kwargs or {}), "autocommit": True}
         self._pool = pool
+        self._on_taken_for_dead = on_taken_for_dead  # a ping found the row gone
         self._sql = driver.sql
         self._name = name
         self._queues = json.dumps(dict(queues))
         self.interval = interval
         self._running = running  # how many handlers run now, for the ping
         self.worker: int | None = None  # this worker's row id, once registered
+        self._gone: int | None = None  # the row id last found gone (reported once)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the lock and ping until cancelled; ``task_status.started()`` once the lock is
         held (a failure before that is raised: ``serve`` refuses to start)."""
-        backoff = RECONNECT_MIN
-        started = False
         try:
-            while True:
-                try:
-                    async with await connect(self._dsn, autocommit=True) as conn:
-                        await self._register_and_lock(conn)
-                        if not started:
-                            task_status.started()
-                            started = True
-                        backoff = RECONNECT_MIN
-                        await self._ping_until_gone(conn)
-                        logger.error(
-                            "worker %s was taken for dead (unreachable for longer "
-                            "than the liveness grace): registering again",
-                            self._name,
-                        )
-                except psycopg.OperationalError as ex:
-                    if not started:
-                        raise
-                    logger.warning("liveness connection lost, reconnecting: %s", ex)
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, RECONNECT_MAX)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._hold_lock)
+                nursery.start_soon(self._ping_through_pool)
+                task_status.started()
         finally:
             await self._remove()
+
+    async def _hold_lock(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Register, lock, ping on the connection of its own; reconnect with backoff."""
+        backoff = RECONNECT_MIN
+        started = False
+        while True:
+            try:
+                async with await connect(self._dsn, **self._connect_kwargs) as conn:
+                    await self._register_and_lock(conn)
+                    if not started:
+                        task_status.started()
+                        started = True
+                    backoff = RECONNECT_MIN
+                    await self._ping_until_gone(conn)
+            except psycopg.OperationalError as ex:
+                if not started:
+                    raise
+                logger.warning("liveness connection lost, reconnecting: %s", ex)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX)
+
+    async def _ping_through_pool(self) -> None:
+        """The second channel: a ping through the pool every interval, so that a cut
+        liveness connection alone never looks like death."""
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                async with self._pool.connection() as conn:
+                    await self.run_once(conn)
+            except (psycopg.Error, OSError, PoolClosedError) as ex:
+                logger.info("liveness ping through the pool failed: %s", ex)
 
     async def _register_and_lock(self, conn: Conn) -> None:
         st = self._sql
@@ -103,14 +129,24 @@ class Liveness:
     async def _ping_until_gone(self, conn: Conn) -> None:
         while True:
             if not await self.run_once(conn):
-                return
+                break
             await trio.sleep(self.interval)
+        logger.error("worker %s was taken for dead (unreachable for longer than the liveness "
+                     "grace): registering again", self._name)  # fmt: skip
 
     async def run_once(self, conn: Conn) -> bool:
-        """One ping; False if this worker's row is gone (it was taken for dead)."""
-        params = {"id": self.worker, "running": self._running()}
+        """One ping on ``conn``; False if this worker's row is gone (it was taken for dead:
+        then `on_taken_for_dead` is called, once per row)."""
+        worker = self.worker
+        params = {"id": worker, "running": self._running()}
         cur = await conn.execute(self._sql.worker_ping, params)
-        return await cur.fetchone() is not None
+        if await cur.fetchone() is not None:
+            return True
+        if worker is not None and self._gone != worker:
+            self._gone = worker
+            if self._on_taken_for_dead is not None:
+                self._on_taken_for_dead()
+        return False
 
     async def _remove(self) -> None:
         """At a graceful stop: no row left for the sweepers to find (shielded, bounded)."""
