@@ -97,4 +97,4 @@ async def _locked(conn: Any) -> bool:
 
 
 async def _done(conn: Any) -> bool:
-    return await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
+    return bool(await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0)
