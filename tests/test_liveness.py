@@ -10,11 +10,16 @@ cut looks dead: its jobs are taken, and the worker that wakes writes nothing for
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 import trio
+from clitool import ServeProcess, trioq_cli
 from helpers import rows, scalar, serving, wait_until
 from psycopg import sql
 
@@ -98,3 +103,59 @@ async def _locked(conn: Any) -> bool:
 
 async def _done(conn: Any) -> bool:
     return bool(await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0)
+
+
+def test_a_stopped_worker_whose_connection_is_cut_loses_its_jobs_and_writes_nothing(
+    dsn: str,
+) -> None:
+    """A SIGSTOPped worker (a GC pause, a VM stall) whose connections are cut looks dead to
+    the database: another worker takes its jobs after the grace and runs them. When it
+    wakes, it finds itself taken for dead and stops those handlers at once: none of them
+    runs on to write anything (their heartbeat is 20 s away and they would wake 8 s in),
+    and every effect commits once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE woke (job_id bigint, attempt int, pid int)")
+        conn.execute("CREATE TABLE effects (job_id bigint, attempt int, pid int)")
+    assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
+    first = ServeProcess(["--app", "liveness_app:config", "--dsn", dsn])
+    second: ServeProcess | None = None
+    try:
+        first.read_until("started")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for _ in range(3):
+                conn.execute("INSERT INTO trioq.jobs (task, queue, args) VALUES ('effect', "
+                             "'default', '{\"first_seconds\": 8}')")  # fmt: skip
+            conn.execute("SELECT pg_notify('trioq_trioq', 'default')")
+            _poll(conn, "SELECT count(*) = 3 FROM trioq.jobs WHERE state = 'running'")
+            backends = [pid for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()").fetchall()]  # fmt: skip
+            os.kill(first.proc.pid, signal.SIGSTOP)
+            try:
+                for pid in backends:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                second = ServeProcess(["--app", "liveness_app:config", "--dsn", dsn])
+                _poll(conn, "SELECT count(*) = 3 FROM effects", timeout=30)
+            finally:
+                os.kill(first.proc.pid, signal.SIGCONT)
+            first.read_until("taken for dead", timeout=10)
+            first.read_until("lost its lease", timeout=5)
+            _poll(conn, "SELECT count(*) = 0 FROM trioq.jobs", timeout=30)
+            assert conn.execute("SELECT pid FROM woke WHERE pid = %s",
+                                (first.proc.pid,)).fetchall() == []  # fmt: skip
+            effects = conn.execute("SELECT job_id, attempt, pid FROM effects").fetchall()
+            assert len({job_id for job_id, _, _ in effects}) == 3 and len(effects) == 3
+            assert {(attempt, pid) for _, attempt, pid in effects} == {(2, second.proc.pid)}
+        assert first.proc.poll() is None  # it goes on serving
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
+def _poll(conn: psycopg.Connection[Any], query: str, timeout: float = 10) -> None:
+    """Until ``query`` is true (the processes cannot tell the test), bounded."""
+    deadline = time.monotonic() + timeout
+    while not conn.execute(query).fetchone()[0]:  # type: ignore[index]
+        assert time.monotonic() < deadline, f"{query!r} still false after {timeout} s"
+        time.sleep(0.05)

@@ -117,22 +117,24 @@ class Liveness:
                 logger.info("liveness ping through the pool failed: %s", ex)
 
     async def _register_and_lock(self, conn: Conn) -> None:
+        """Register (the row it had, if the sweepers left it) and take the lock. A new row
+        means the old one was deleted: this worker was taken for dead meanwhile."""
         st = self._sql
         params = {"name": self._name, "host": socket.gethostname(), "pid": os.getpid(),
                   "queues": self._queues}  # fmt: skip
         cur = await conn.execute(st.worker_register, params)
         row = await cur.fetchone()
         assert row is not None
-        self.worker = int(row[0])
+        before, self.worker = self.worker, int(row[0])
+        if before is not None and before != self.worker:
+            self._taken_for_dead(before)
         await conn.execute(st.worker_lock, {"space": st.lock_space, "id": self.worker})
 
     async def _ping_until_gone(self, conn: Conn) -> None:
         while True:
             if not await self.run_once(conn):
-                break
+                return  # registering again
             await trio.sleep(self.interval)
-        logger.error("worker %s was taken for dead (unreachable for longer than the liveness "
-                     "grace): registering again", self._name)  # fmt: skip
 
     async def run_once(self, conn: Conn) -> bool:
         """One ping on ``conn``; False if this worker's row is gone (it was taken for dead:
@@ -142,11 +144,21 @@ class Liveness:
         cur = await conn.execute(self._sql.worker_ping, params)
         if await cur.fetchone() is not None:
             return True
-        if worker is not None and self._gone != worker:
-            self._gone = worker
-            if self._on_taken_for_dead is not None:
-                self._on_taken_for_dead()
+        if worker is not None:
+            self._taken_for_dead(worker)
         return False
+
+    def _taken_for_dead(self, worker: int) -> None:
+        """Row ``worker`` is gone: the sweepers took this worker for dead (unreachable for
+        longer than the grace) and returned its jobs. Said once per row."""
+        if self._gone == worker:
+            return
+        self._gone = worker
+        logger.error("worker %s was taken for dead (unreachable for longer than the liveness "
+                     "grace): its jobs were returned; stopping their handlers, registering "
+                     "again", self._name)  # fmt: skip
+        if self._on_taken_for_dead is not None:
+            self._on_taken_for_dead()
 
     async def _remove(self) -> None:
         """At a graceful stop: no row left for the sweepers to find (shielded, bounded)."""
