@@ -13,6 +13,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
+from committing import Commits
 from helpers import Counter, rows, serving, wait_until
 from psycopg import pq
 from test_job_transaction import claimed_jobs, ledger_jobs_served, round_trips, traced, warm
@@ -31,11 +32,11 @@ INSERT = "INSERT INTO ledger VALUES (%s, %s) RETURNING job_id, note"
 async def contexts(
     dsn: str, jobs: list[trioq.Job], *, lanes: int = 1, max_jobs: int = 32, pool_size: int = 1
 ) -> AsyncIterator[tuple[list[trioq.JobContext], trioq.pg.Pool, list[Lease], SharedCompletions]]:
-    forgotten: list[Lease] = []
+    forgotten = Commits()
     async with trioq.pg.Pool(dsn, max_size=pool_size, connect_kwargs={"autocommit": True}) as pool:
         shared = SharedCompletions(pool, Q, "w", lanes=lanes, max_jobs=max_jobs)
         services = trioq.JobServices(app_pool=pool, queue=Q, owner="w",
-                                     forget=forgotten.append, completions=shared)  # fmt: skip
+                                     committing=forgotten, completions=shared)  # fmt: skip
         yield [trioq.JobContext(job, services) for job in jobs], pool, forgotten, shared
 
 

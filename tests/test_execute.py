@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from committing import Commits
 
 import trioq
 from trioq._outcome import Kind, Outcome
@@ -50,7 +51,7 @@ def task(fn: Any = None, **options: Any) -> trioq.Task:
 def services() -> trioq.JobServices:
     never_opened = trioq.pg.Pool("postgresql://nobody@127.0.0.1:1/nothing", max_size=1)
     return trioq.JobServices(
-        app_pool=never_opened, queue=trioq.Queue(), owner="w", forget=lambda lease: None
+        app_pool=never_opened, queue=trioq.Queue(), owner="w", committing=Commits()
     )
 
 

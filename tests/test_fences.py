@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+from committing import Commits
 from helpers import rows
 
 import trioq
@@ -179,10 +180,10 @@ async def test_a_transaction_whose_lease_is_taken_meanwhile_rolls_back(dsn: str)
         await conn.execute("CREATE TABLE effects (job_id bigint, attempt int)")
         job = await trioq.enqueue(conn, "t")
         (claimed,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
-        forgotten: list[Lease] = []
+        forgotten = Commits()
         async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
             services = trioq.JobServices(app_pool=pool, queue=Q, owner="w",
-                                         forget=forgotten.append)  # fmt: skip
+                                         committing=forgotten)  # fmt: skip
             ctx = trioq.JobContext(claimed, services)
             with pytest.raises(trioq.LeaseLostError, match=f"job {job.job_id} attempt 1"):
                 async with ctx.transaction() as tx:
@@ -198,6 +199,9 @@ async def test_a_transaction_whose_lease_is_taken_meanwhile_rolls_back(dsn: str)
                     assert stolen.attempt == 2
         assert await rows(conn, "SELECT * FROM effects") == []  # rolled back
         assert (await row(conn, job.job_id))[:3] == ("running", 2, "other")
-        # The lease was forgotten (no more heartbeats) before the completion and COMMIT
-        # went out together; the completion found it lost, so nothing committed.
-        assert forgotten == [claimed_lease(claimed)] and not ctx.completed_in_transaction
+        # No heartbeat while the completion and COMMIT went out together; the completion
+        # found the lease lost, nothing committed, and heartbeats would go on (they find it
+        # lost: the handler is cancelled).
+        lease = claimed_lease(claimed)
+        assert forgotten.events == [("committing", lease), ("heartbeated again", lease)]
+        assert forgotten == [] and not ctx.completed_in_transaction

@@ -5,6 +5,7 @@ the protocol (a ``Sync`` or a simple ``Query`` is one wait for the server)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -15,7 +16,8 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from helpers import Counter, rows, scalar, serving
+from committing import Commits
+from helpers import Counter, rows, scalar, serving, wait_until
 from psycopg import pq
 
 import trioq
@@ -65,14 +67,14 @@ async def contexts(
     dsn: str, jobs: list[trioq.Job], *, shared: SharedTransactions | None = None,
     pool_size: int = 1,
 ) -> AsyncIterator[tuple[list[trioq.JobContext], trioq.pg.Pool, list[Lease]]]:  # fmt: skip
-    forgotten: list[Lease] = []
+    forgotten = Commits()
     async with trioq.pg.Pool(dsn, max_size=pool_size, connect_kwargs={"autocommit": True}) as pool:
         if shared is None:
             lanes = None
         else:
             lanes = SharedTransactions(pool, Q, "w", lanes=1, max_jobs=shared.max_jobs)
         services = trioq.JobServices(app_pool=pool, queue=Q, owner="w",
-                                     forget=forgotten.append, shared=lanes)  # fmt: skip
+                                     committing=forgotten, shared=lanes)  # fmt: skip
         yield [trioq.JobContext(job, services) for job in jobs], pool, forgotten
 
 
@@ -501,3 +503,62 @@ async def test_a_single_enqueue_is_one_round_trip_with_its_notification(dsn: str
             gen = listener.notifies(timeout=5, stop_after=3)
             assert [n.payload async for n in gen] == ["default"] * 3
     assert rendered("trioq", "insert") is rendered("trioq", "insert")
+
+
+# -- heartbeats until the outcome is written (issue 22) ---------------------------------------
+
+
+def failing_commit_registry(runs: list[int], after_commit: trio.Event) -> trioq.Registry:
+    """A job whose own transaction fails to commit (a unique violation its handler catches
+    inside the block aborts the transaction), and whose handler then works on."""
+    tasks = trioq.Registry()
+
+    @tasks.task(name="works_on", max_attempts=3)
+    async def works_on(job: trioq.JobContext, seconds: float) -> None:
+        runs.append(job.attempt)
+        with contextlib.suppress(psycopg.Error):  # the COMMIT fails
+            async with job.transaction() as tx:
+                with contextlib.suppress(psycopg.errors.UniqueViolation):
+                    await tx.execute("INSERT INTO once VALUES (1)")  # aborts the transaction
+        after_commit.set()
+        await trio.sleep(seconds)
+
+    return tasks
+
+
+async def test_a_job_whose_transaction_did_not_commit_is_still_heartbeated(dsn: str) -> None:
+    """Its handler works on past its lease (1.5 s) after the commit failed. Before, the lease
+    was forgotten as the commit went out and never heartbeated again: it expired, and the
+    job ran a second time beside the first."""
+    runs: list[int] = []
+    after_commit = trio.Event()
+    async with serving(dsn, failing_commit_registry(runs, after_commit)) as (conn, _):
+        await conn.execute("CREATE TABLE once (n int PRIMARY KEY)")
+        await conn.execute("INSERT INTO once VALUES (1)")
+        await trioq.enqueue(conn, "works_on", {"seconds": 4.5})
+        await wait_until(lambda: _no_jobs(conn), timeout=30)
+    assert runs == [1], "the job ran again while its first run was still working"
+
+
+async def _no_jobs(conn: Any) -> bool:
+    return bool(await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0)
+
+
+async def test_a_cancel_reaches_a_job_whose_transaction_did_not_commit(dsn: str) -> None:
+    """After the failed commit, a cancel is delivered by its notification (the heartbeat is
+    20 s away): before, the lease was forgotten and the cancel ignored."""
+    runs: list[int] = []
+    after_commit = trio.Event()
+    async with serving(dsn, failing_commit_registry(runs, after_commit), lease=60,
+                       heartbeat_interval=20) as (conn, _):  # fmt: skip
+        await conn.execute("CREATE TABLE once (n int PRIMARY KEY)")
+        await conn.execute("INSERT INTO once VALUES (1)")
+        job = await trioq.enqueue(conn, "works_on", {"seconds": 600})
+        with trio.fail_after(10):
+            await after_commit.wait()
+        assert (await trioq.Queue().cancel(conn, job.job_id)).status == "requested"
+        await wait_until(lambda: _cancelled(conn, job.job_id), timeout=10)
+
+
+async def _cancelled(conn: Any, job_id: int) -> bool:
+    return (await trioq.job_status(conn, job_id)).state == "cancelled"

@@ -338,3 +338,27 @@ async def test_listener_raises_when_it_cannot_connect(unused_port: int) -> None:
     )  # fmt: skip
     with pytest.raises(trioq.ConnectError):
         await listener.run_once()
+
+
+async def test_a_committing_lease_is_not_heartbeated_and_its_cancel_waits_for_the_commit() -> None:
+    """`HeldJobs.committing`: no heartbeat while the job's own transaction commits; a cancel
+    that comes meanwhile stops the handler only if the commit fails; committed, the lease is
+    forgotten (issue 22: before, it was forgotten before the commit went out)."""
+    job = trioq.Job(id=1, queue="q", task="t", args={}, priority=0, run_at=T0, attempt=1,
+                    max_attempts=3, enqueued_at=T0, lease_expires_at=T0)  # fmt: skip
+    for commit_fails in (False, True):
+        held = HeldJobs()
+        running = held_job(job)
+        held.add([running])
+        running.scope = trio.CancelScope()
+        try:
+            with held.committing(running.lease):
+                assert held.leases() == [] and held.lose(running.lease) is None
+                running.abort("cancel")
+                assert not running.scope.cancel_called  # not in the middle of the commit
+                if commit_fails:
+                    raise RuntimeError("the COMMIT failed")
+        except RuntimeError:
+            pass
+        assert running.scope.cancel_called is commit_fails
+        assert held.leases() == ([running.lease] if commit_fails else [])

@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import re
-from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import attrs
@@ -48,6 +48,7 @@ from ._job import Lease
 from ._job_transaction import (
     _BEGIN,
     _COMMIT,
+    Committing,
     _can_pipeline,
     _completion,
     _lost,
@@ -61,7 +62,10 @@ from ._queue import Queue
 
 __all__ = ["CompletionStatistics", "SharedCompletions", "check_statement", "complete_with"]
 
-Forget = Callable[[Lease], None]
+
+class _NotCommitted(Exception):
+    """A shared batch did not commit (how its members' `Committing` are told)."""
+
 logger = logging.getLogger("trioq.complete_with")
 
 #: How long a shared batch may take before its statements are cancelled on the server and
@@ -112,23 +116,25 @@ def check_statement(query: Any) -> None:
 
 
 async def complete_with(
-    pool: Pool, queue: Queue, owner: str, lease: Lease, forget: Forget, *, query: Any,
+    pool: Pool, queue: Queue, owner: str, lease: Lease, committing: Committing, *, query: Any,
     params: Any = None,
 ) -> psycopg.AsyncCursor[Any]:  # fmt: skip
     """``query`` and the completion of ``lease``'s job in a transaction of their own, in one
     round trip; the statement's cursor (see the module docs)."""
     async with pool.connection() as conn:
         if not _can_pipeline(conn, queue):  # trioq.testing: a savepoint and complete_many
-            async with _nested_transaction(conn, queue, owner, lease, forget):
+            async with _nested_transaction(conn, queue, owner, lease, committing):
                 return await conn.execute(query, params)
         conn.defer(_BEGIN)
-        forget(lease)  # its row is locked from the first statement on: no heartbeat waits on it
         completion = _completion(queue, owner, lease)
         lock = (rendered(queue.schema, "lock_one"), completion[1])
+        # Its row is locked from the fence on: no heartbeat for it meanwhile (one would wait
+        # for the lock); if the transaction fails, heartbeats go on.
         try:
-            cursors = await execute_pipelined(
-                conn, [lock, (query, params), completion], then=[_COMMIT]
-            )
+            with committing(lease):
+                cursors = await execute_pipelined(
+                    conn, [lock, (query, params), completion], then=[_COMMIT]
+                )
         except psycopg.Error as ex:
             if _lost_ids(ex) is not None:
                 raise _lost(lease) from None
@@ -143,7 +149,7 @@ class _Request:
     """One job's statement, waiting for (or in) a batch."""
 
     lease: Lease
-    forget: Forget
+    committing: Committing
     query: Any
     params: Any
     taken: bool = False  # in a batch that went out: it can no longer be withdrawn
@@ -179,11 +185,11 @@ class SharedCompletions(Lanes[_Lane]):
         return CompletionStatistics(batches=self._batches, jobs=self._jobs, split=self._split)
 
     async def complete(
-        self, lease: Lease, forget: Forget, query: Any, params: Any = None
+        self, lease: Lease, committing: Committing, query: Any, params: Any = None
     ) -> psycopg.AsyncCursor[Any]:
         """``query`` and the job's completion, committed in a batch; the statement's cursor."""
         lane = self._least_busy(_Lane.load)
-        request = _Request(lease, forget, query, params)
+        request = _Request(lease, committing, query, params)
         lane.pending.append(request)
         try:
             async with lane.lock:
@@ -198,7 +204,7 @@ class SharedCompletions(Lanes[_Lane]):
         # Its batch did not commit: alone, in this job's own task (under its own timeout,
         # holding no lane), so it gets its own error and holds up nobody else.
         return await complete_with(
-            self._pool, self._queue, self._owner, lease, forget, query=query, params=params
+            self._pool, self._queue, self._owner, lease, committing, query=query, params=params
         )
 
     async def _send_next(self, lane: _Lane) -> None:
@@ -208,14 +214,23 @@ class SharedCompletions(Lanes[_Lane]):
         batch = [lane.pending.popleft() for _ in range(min(self.max_jobs, len(lane.pending)))]
         for request in batch:
             request.taken = True
-            request.forget(request.lease)  # its row is locked from the fence on
         cursors = None
-        with trio.move_on_after(BATCH_TIMEOUT, shield=True):
-            try:
-                cursors = await self._together(batch)
-            except Exception as ex:  # nothing committed: each job is sent alone (its own error)
-                logger.debug("a shared batch of %d jobs did not commit (%s): each is sent alone",
-                             len(batch), ex)  # fmt: skip
+        # Their rows are locked from the fence on: no heartbeat for them meanwhile; if the
+        # batch does not commit, heartbeats go on until each job is sent alone.
+        try:
+            with ExitStack() as committing:
+                for request in batch:
+                    committing.enter_context(request.committing(request.lease))
+                with trio.move_on_after(BATCH_TIMEOUT, shield=True):
+                    try:
+                        cursors = await self._together(batch)
+                    except Exception as ex:  # nothing committed: each sent alone, own error
+                        logger.debug("a shared batch of %d jobs did not commit (%s): each is "
+                                     "sent alone", len(batch), ex)  # fmt: skip
+                if cursors is None:
+                    raise _NotCommitted  # every member is heartbeated again
+        except _NotCommitted:
+            pass
         if cursors is None:
             self._split += 1
         else:

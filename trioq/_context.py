@@ -23,7 +23,7 @@ from ._dependencies import Dependency
 from ._enqueue import without_first
 from ._exceptions import JobNotFoundError, Snooze
 from ._job import MAX_RETRY_DELAY, Job, JSONValue, Lease, to_delay
-from ._job_transaction import SharedTransactions, own_transaction
+from ._job_transaction import Committing, SharedTransactions, own_transaction
 from ._pg.connection import Conn, TrioConnection
 from ._pg.pool import Pool
 from ._queue import Queue
@@ -41,8 +41,10 @@ class JobServices:
     queue: Queue
     #: The lease owner (``Config.worker_id``), for the fence of ``job.transaction()``.
     owner: str
-    #: Called once ``job.transaction()`` has written the outcome: stop heartbeating it.
-    forget: Callable[[Lease], None]
+    #: Around the commit of a job's own transaction (``job.transaction()``,
+    #: ``job.complete_with()``): no heartbeat meanwhile; forgotten if it committed,
+    #: heartbeated again if not (`trioq._worker.leases.HeldJobs.committing`).
+    committing: Committing
     #: The lanes of ``job.transaction(shared=True)``; None: every job gets its own.
     shared: SharedTransactions | None = None
     #: The lanes of ``job.complete_with(..., shared=True)``; None: every job gets its own.
@@ -158,10 +160,10 @@ class JobContext:
         """
         services = self.services
         if shared and services.shared is not None:
-            block = services.shared.member(self.lease, services.forget)
+            block = services.shared.member(self.lease, services.committing)
         else:
             block = own_transaction(
-                services.app_pool, services.queue, services.owner, self.lease, services.forget
+                services.app_pool, services.queue, services.owner, self.lease, services.committing
             )
         self._in_transaction = True
         try:
@@ -208,12 +210,12 @@ class JobContext:
         services = self.services
         if shared and services.completions is not None:
             cursor = await services.completions.complete(
-                self.lease, services.forget, query, params
+                self.lease, services.committing, query, params
             )
         else:
             cursor = await complete_with(
                 services.app_pool, services.queue, services.owner, self.lease,
-                services.forget, query=query, params=params,
+                services.committing, query=query, params=params,
             )  # fmt: skip
         self.completed_in_transaction = True
         return cursor

@@ -32,7 +32,7 @@ them), `SharedTransactionError` for the others (retried as a failure).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -62,8 +62,12 @@ _SAVEPOINT = b"SAVEPOINT trioq_job"
 _RELEASE = b"RELEASE SAVEPOINT trioq_job"
 _UNDO = b"ROLLBACK TO SAVEPOINT trioq_job; RELEASE SAVEPOINT trioq_job"
 _IDLE = TransactionStatus.IDLE
+#: What a member's `Committing` is told when its commit failed.
+_NOT_COMMITTED = LeaseLostError("the shared transaction did not commit this job")
 
-Forget = Callable[[Lease], None]
+#: The runtime's `HeldJobs.committing`: no heartbeat while the completion commits, forgotten
+#: once it did, heartbeated again if it failed.
+Committing = Callable[[Lease], AbstractContextManager[None]]
 
 
 def _lost(lease: Lease) -> LeaseLostError:
@@ -105,12 +109,12 @@ async def _complete_one_and_commit(
 
 @asynccontextmanager
 async def own_transaction(
-    pool: Pool, queue: Queue, owner: str, lease: Lease, forget: Forget
+    pool: Pool, queue: Queue, owner: str, lease: Lease, committing: Committing
 ) -> AsyncIterator[TrioConnection[Any]]:
     """The job's own transaction on a connection of ``pool`` (see the module docs)."""
     async with pool.connection() as conn:
         if not _can_pipeline(conn, queue):
-            async with _nested_transaction(conn, queue, owner, lease, forget):
+            async with _nested_transaction(conn, queue, owner, lease, committing):
                 yield conn
             return
         conn.defer(_BEGIN)
@@ -118,21 +122,20 @@ async def own_transaction(
         try:
             yield conn
             conn.guard_transaction(None)
-            if conn.discard_deferred():  # no statement ran: there is nothing to commit
-                if not await queue.complete_many(conn, owner=owner, leases=[lease]):
-                    raise _lost(lease)
-                forget(lease)
-                return
-            # Stop heartbeating before COMMIT: a heartbeat racing the commit would find the
-            # row gone and take the lease for lost. (If the commit fails, the runtime writes
-            # the failure, fenced; if the lease was lost, nothing.)
-            forget(lease)
-            try:
-                await _complete_one_and_commit(conn, queue, owner, lease)
-            except psycopg.Error as ex:
-                if _lost_ids(ex) is not None:
-                    raise _lost(lease) from None
-                raise
+            # No heartbeat while the completion commits: one racing the commit would find
+            # the row gone and take the lease for lost. If the commit fails, heartbeats go
+            # on (the runtime writes the failure, fenced; if the lease was lost, nothing).
+            with committing(lease):
+                if conn.discard_deferred():  # no statement ran: there is nothing to commit
+                    if not await queue.complete_many(conn, owner=owner, leases=[lease]):
+                        raise _lost(lease)
+                    return
+                try:
+                    await _complete_one_and_commit(conn, queue, owner, lease)
+                except psycopg.Error as ex:
+                    if _lost_ids(ex) is not None:
+                        raise _lost(lease) from None
+                    raise
         finally:
             conn.guard_transaction(None)
             conn.discard_deferred()  # the pool rolls back whatever else is open
@@ -153,14 +156,14 @@ def _can_pipeline(conn: TrioConnection[Any], queue: Queue) -> bool:
 
 @asynccontextmanager
 async def _nested_transaction(
-    conn: TrioConnection[Any], queue: Queue, owner: str, lease: Lease, forget: Forget
+    conn: TrioConnection[Any], queue: Queue, owner: str, lease: Lease, committing: Committing
 ) -> AsyncIterator[None]:
     """``conn.transaction()`` (a savepoint when one is open) and ``complete_many`` in it."""
     async with conn.transaction():
         yield
-        if lease.job_id not in await queue.complete_many(conn, owner=owner, leases=[lease]):
-            raise _lost(lease)
-        forget(lease)
+        with committing(lease):
+            if lease.job_id not in await queue.complete_many(conn, owner=owner, leases=[lease]):
+                raise _lost(lease)
 
 
 @attrs.define(eq=False)
@@ -168,7 +171,7 @@ class _Batch:
     """One open shared transaction."""
 
     conn: TrioConnection[Any]
-    members: list[tuple[Lease, Forget]] = attrs.field(factory=list)
+    members: list[tuple[Lease, Committing]] = attrs.field(factory=list)
     done: trio.Event = attrs.field(factory=trio.Event)
     #: Why the transaction did not commit (None: it did).
     error: BaseException | None = None
@@ -207,7 +210,9 @@ class SharedTransactions(Lanes[_Lane]):
         )
 
     @asynccontextmanager
-    async def member(self, lease: Lease, forget: Forget) -> AsyncIterator[TrioConnection[Any]]:
+    async def member(
+        self, lease: Lease, committing: Committing
+    ) -> AsyncIterator[TrioConnection[Any]]:
         """A turn in a shared transaction for the job of ``lease``; returns once committed."""
         lane = self._least_busy(lambda lane: lane.users)
         lane.users += 1
@@ -217,7 +222,7 @@ class SharedTransactions(Lanes[_Lane]):
                 batch = await self._enter(lane)
                 async with self._turn(lane, batch) as conn:
                     yield conn
-                batch.members.append((lease, forget))
+                batch.members.append((lease, committing))
             finally:
                 await self._leave(lane)
         finally:
@@ -311,28 +316,36 @@ class SharedTransactions(Lanes[_Lane]):
                 batch.done.set()
 
     async def _commit(self, batch: _Batch) -> None:
-        conn = batch.conn
+        """The members' completions with COMMIT (none heartbeated meanwhile, as in
+        `own_transaction`); what did not commit is in ``batch.error`` and ``batch.lost``."""
         if batch.error is not None or not batch.members:
             return
+        leases = [lease for lease, _ in batch.members]
+        with ExitStack() as stack:
+            settle = {lease.job_id: commits(lease) for lease, commits in batch.members}
+            for committing in settle.values():
+                stack.enter_context(committing)
+            try:
+                batch.lost = await self._complete(batch.conn, leases)
+            except psycopg.Error as ex:
+                batch.error = ex
+                batch.lost = _lost_ids(ex) or frozenset()
+            stack.pop_all()  # each member settles alone: committed, or heartbeated again
+        for job_id, committing in settle.items():
+            failed = batch.error is not None or job_id in batch.lost
+            committing.__exit__(*((LeaseLostError, _NOT_COMMITTED, None) if failed
+                                  else (None, None, None)))  # fmt: skip
+
+    async def _complete(self, conn: TrioConnection[Any], leases: list[Lease]) -> frozenset[int]:
+        """Complete ``leases`` with the transaction's writes; the ids whose leases were lost
+        (none were written then, but for a transaction with no statement: the others)."""
         if conn.pgconn.transaction_status == _IDLE and conn.deferred:
             # No member ran a statement: their completions alone, in one statement.
             conn.discard_deferred()
-            leases = [lease for lease, _ in batch.members]
             done = await self._queue.complete_many(conn, owner=self._owner, leases=leases)
-            for lease, forget in batch.members:
-                if lease.job_id in done:
-                    forget(lease)
-            batch.lost = frozenset(lease.job_id for lease in leases) - done
-            return
-        for lease, forget in batch.members:
-            forget(lease)  # before COMMIT, as in own_transaction
-        try:
-            await _complete_and_commit(
-                conn, self._queue, self._owner, [lease for lease, _ in batch.members]
-            )
-        except psycopg.Error as ex:
-            batch.error = ex
-            batch.lost = _lost_ids(ex) or frozenset()
+            return frozenset(lease.job_id for lease in leases) - done
+        await _complete_and_commit(conn, self._queue, self._owner, leases)
+        return frozenset()
 
 
 def _drop_savepoint(conn: TrioConnection[Any]) -> None:

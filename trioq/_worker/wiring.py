@@ -104,7 +104,7 @@ class Services:
         self.executor = Executor(
             config.registry,
             JobServices(app_pool=self.app_pool, queue=self.queue, owner=owner,
-                        forget=runtime.held.forget, shared=self.shared,
+                        committing=runtime.held.committing, shared=self.shared,
                         completions=self.completions),
             sync_threads=config.sync_threads,
             tracing=Tracing() if tracing_enabled(config.tracing) else None,

@@ -18,6 +18,7 @@ import datetime as dt
 import functools
 import json
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -89,7 +90,8 @@ def job_context(
     )
     pool: Pool = _NoDatabase() if conn is None else SharedConnection(conn)
     services = JobServices(
-        app_pool=pool, queue=_PretendCompletion(schema=schema), owner=OWNER, forget=_nothing
+        app_pool=pool, queue=_PretendCompletion(schema=schema), owner=OWNER,
+        committing=_nothing
     )
     return JobContext(job, services)
 
@@ -109,8 +111,9 @@ async def call(task: Task, args: JSONValue = None, **context: Any) -> Any:
     return await trio.to_thread.run_sync(bound)
 
 
-def _nothing(lease: Lease) -> None:
+def _nothing(lease: Lease) -> AbstractContextManager[None]:
     """No heartbeat to stop."""
+    return contextlib.nullcontext()
 
 
 class _NoDatabase(Pool):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -121,7 +122,8 @@ async def drain(
     queue = Queue(schema=schema)
     names = sorted(set(queues) if queues is not None else registry.queues()) or ["default"]
     services = JobServices(
-        app_pool=SharedConnection(conn), queue=queue, owner=OWNER, forget=_no_heartbeat
+        app_pool=SharedConnection(conn), queue=queue, owner=OWNER,
+        committing=_no_heartbeat
     )
     executor = Executor(registry, services, sync_threads=sync_threads)
     runs: list[Run] = []
@@ -154,8 +156,9 @@ class SharedConnection(Pool):
         yield self._conn
 
 
-def _no_heartbeat(lease: Lease) -> None:
-    """Nothing heartbeats a drained job: nothing to forget."""
+def _no_heartbeat(lease: Lease) -> AbstractContextManager[None]:
+    """Nothing heartbeats a drained job: nothing to stop."""
+    return contextlib.nullcontext()
 
 
 async def _claim_next(conn: Conn, queue: Queue, names: Sequence[str]) -> Job | None:
