@@ -72,6 +72,7 @@ from .sql.common import (
 
 __all__ = [
     "CANCEL_PAYLOAD",
+    "CLEAR_CLOCK",
     "LEASE_LOST_SQLSTATE",
     "NOW",
     "QUEUES_PAYLOAD",
@@ -93,6 +94,8 @@ SCHEMA_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 #: Whether a new transaction could write (names no table, so one for every schema).
 WRITABLE = sql.SQL(schema.WRITABLE)
+#: The session's ``trioq.now`` unset, as a command to defer (no table, no parameter).
+CLEAR_CLOCK = jobs.CLEAR_CLOCK.encode()
 
 
 def validate_schema_name(schema: str, field: str = "schema") -> str:

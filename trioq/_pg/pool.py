@@ -6,6 +6,13 @@ so the pool owns no background task. Idle connections are health-checked at
 checkout, which also catches a backend killed by ``pg_terminate_backend``
 while idle (see `_looks_alive`). A connection returned inside a transaction is
 rolled back; one returned in an unknown state is closed, never handed on.
+
+A pool may be given ``reset`` commands (`SESSION_RESET`): each connection returned is reset
+with them before its next user, so what a session can carry (settings, advisory locks,
+LISTEN, temporary tables, open cursors, a role) does not reach that user. They are
+deferred (`TrioConnection.defer`): they travel with the next user's first statement, in
+its round trip. ``setup`` commands are deferred the same way once, when a connection is
+opened.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import logging
 import select
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
 
@@ -25,7 +32,21 @@ from psycopg.pq import ConnStatus, TransactionStatus
 from .._exceptions import PoolClosedError
 from .connection import TrioConnection
 
-__all__ = ["Pool", "PoolStatistics"]
+__all__ = ["SESSION_RESET", "Pool", "PoolStatistics"]
+
+#: What a session can carry from one user to the next, undone (``DISCARD ALL`` but the
+#: prepared statements and plans, which psycopg keeps for the connection, and which carry
+#: nothing of a user's). ``RESET ALL`` gives every setting its session default, the DSN's
+#: ``options`` included.
+SESSION_RESET = (
+    b"SET SESSION AUTHORIZATION DEFAULT",
+    b"RESET ALL",
+    b"CLOSE ALL",
+    b"UNLISTEN *",
+    b"SELECT pg_catalog.pg_advisory_unlock_all()",
+    b"DISCARD TEMP",
+    b"DISCARD SEQUENCES",
+)
 
 logger = logging.getLogger("trioq.pg")
 
@@ -61,9 +82,13 @@ class Pool:
         *,
         max_size: int = 10,
         connect_kwargs: Mapping[str, Any] | None = None,
+        reset: Sequence[bytes] = (),
+        setup: Sequence[bytes] = (),
     ) -> None:
         if max_size < 1:
             raise ValueError(f"max_size must be at least 1, got {max_size}")
+        self._reset_commands = tuple(reset)
+        self._setup = tuple(setup)
         self._conninfo = conninfo
         self._max_size = max_size
         self._connect_kwargs = dict(connect_kwargs or {})
@@ -127,13 +152,13 @@ class Pool:
         """Return a connection: reset it (shielded, bounded) or close it."""
         self._in_use -= 1
         if self._clean(conn):  # the common case: nothing to reset, no await
-            self._idle.append(conn)
+            self._keep(conn)
             self._slots.release()
             return
         try:
             with trio.move_on_after(RESET_TIMEOUT, shield=True):
                 if await self._reset(conn):
-                    self._idle.append(conn)
+                    self._keep(conn)
                     return
             await self._discard(conn)
         finally:
@@ -169,7 +194,15 @@ class Pool:
     async def _open(self) -> TrioConnection[Any]:
         conn = await TrioConnection.connect(self._conninfo, **self._connect_kwargs)
         self._opened += 1
+        conn.defer(*self._setup)
         return conn
+
+    def _keep(self, conn: TrioConnection[Any]) -> None:
+        """Back among the idle, its session to be reset for its next user (`SESSION_RESET`)."""
+        if self._reset_commands:
+            conn.discard_deferred()  # what its last user left unsent is nobody's now
+            conn.defer(*self._reset_commands, *self._setup)
+        self._idle.append(conn)
 
     async def _take_idle(self) -> TrioConnection[Any] | None:
         """The most recently used idle connection that is still alive."""

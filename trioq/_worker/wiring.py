@@ -24,13 +24,14 @@ from .._complete_with import SharedCompletions
 from .._config import Config, parse_address
 from .._context import JobServices
 from .._db.migrate import check_current
+from .._db.statements import CLEAR_CLOCK
 from .._hooks import EventDispatcher
 from .._job_transaction import SharedTransactions
 from .._obs.history import History
 from .._obs.metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
 from .._obs.prometheus import MetricsServer, trioq_version
 from .._outcome import Outcome
-from .._pg.pool import Pool
+from .._pg.pool import SESSION_RESET, Pool
 from .._queue import Queue
 from .banner import banner
 from .completer import Completer
@@ -92,10 +93,14 @@ class Services:
         threshold = prepare_threshold(config, dsn, self.session_dsn)
         self.prepared = threshold is not None
         pooled = {"autocommit": True, "prepare_threshold": threshold}
-        #: Claims, outcomes, heartbeats and maintenance: never starved by handlers.
-        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=pooled)
-        #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``).
-        self.app_pool = Pool(dsn, max_size=config.app_pool_size, connect_kwargs=pooled)
+        #: Claims, outcomes, heartbeats and maintenance: never starved by handlers. Neither
+        #: pool's clock can be moved (``trioq.now`` unset on every connection they open).
+        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=pooled,
+                         setup=[CLEAR_CLOCK])  # fmt: skip
+        #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``):
+        #: each connection goes back as clean as it came out (`SESSION_RESET`).
+        self.app_pool = Pool(dsn, max_size=config.app_pool_size, connect_kwargs=pooled,
+                             reset=SESSION_RESET, setup=[CLEAR_CLOCK])  # fmt: skip
         self.queue = Queue(schema=config.schema, max_payload_bytes=config.max_payload_bytes)
         driver = self.queue.driver
         lanes = {"lanes": config.shared_transactions, "max_jobs": config.shared_transaction_jobs}

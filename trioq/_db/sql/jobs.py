@@ -20,6 +20,11 @@ CLOCK = "SELECT {now}"
 
 CLOCK_EPOCH = "SELECT extract(epoch FROM {now})"
 
+# The session's own clock unset (``NOW`` is then the transaction's now()): what the worker's
+# pools run on every connection they open, and after every user of the app pool, so that a
+# DSN's ``options=-c trioq.now=...`` or a handler's set_config moves no clock of theirs.
+CLEAR_CLOCK = "SELECT pg_catalog.set_config('trioq.now', '', false)"
+
 # Sets (or, with '', unsets) the session's `trioq.now`, which `NOW` reads.
 SET_CLOCK = "SELECT set_config('trioq.now', %(now)s, false)"
 
