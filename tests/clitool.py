@@ -9,13 +9,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 TESTS = Path(__file__).parent
 
 
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment without a DSN (so a test's ``--dsn`` or ``extra`` is what counts)."""
+def cli_env(
+    extra: dict[str, str] | None = None, *, dsn: str | None = None, apps: bool = False
+) -> dict[str, str]:
+    """This environment without a DSN (so a test's ``--dsn``, ``dsn`` or ``extra`` is what
+    counts): ``dsn`` is given as ``TRIOQ_DSN``; with ``apps``, tests/ is first on the
+    ``PYTHONPATH`` (so ``--app web_app:config`` imports in any directory, and in workers)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
+    if dsn is not None:
+        env["TRIOQ_DSN"] = dsn
+    if apps:
+        env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     env.update(extra or {})
     return env
 
@@ -33,6 +42,24 @@ def trioq_cli(
         timeout=timeout,
         check=False,
     )
+
+
+def read_until(
+    proc: subprocess.Popen[Any], text: str, *, times: int = 1, timeout: float = 30
+) -> None:
+    """Read ``proc``'s stdout until ``text`` has appeared ``times`` times (bounded; raw reads,
+    so what is read is not buffered away from the next call's wait)."""
+    assert proc.stdout is not None
+    fd, seen, wanted = proc.stdout.fileno(), b"", text.encode()
+    deadline = time.monotonic() + timeout
+    while seen.count(wanted) < times:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"{text!r} not seen {times} times: {seen.decode(errors='replace')}"
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"exited before printing {text!r}: {seen.decode(errors='replace')}"
+            seen += chunk
 
 
 class ServeProcess:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import attrs
 import psycopg
-import pytest
+from helpers import installed
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from trioq._pg.embedded import default_server_user
@@ -33,14 +33,8 @@ START_TIMEOUT = 15.0
 
 def pgbouncer_binary() -> str:
     """The binary, or a failure that says how to get it (a skip only when asked)."""
-    if PGBOUNCER.is_file():
-        return str(PGBOUNCER)
-    if os.environ.get(SKIP_VAR) == "1":
-        pytest.skip(f"{PGBOUNCER} is missing and {SKIP_VAR}=1")
-    pytest.fail(
-        f"{PGBOUNCER} is missing: the pooling tests need PgBouncer "
-        f"(apt-get install -y pgbouncer; .ci/run does this). {SKIP_VAR}=1 skips them."
-    )
+    return installed(PGBOUNCER, skip_var=SKIP_VAR, needs="the pooling tests need PgBouncer "
+                     "(apt-get install -y pgbouncer; .ci/run does this)")  # fmt: skip
 
 
 @attrs.frozen

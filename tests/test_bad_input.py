@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import psycopg
 import pytest
 import trio
 from clitool import trioq_cli as cli
+from helpers import migrated, scalar, wait_until
 from psycopg import sql
 
 import trioq
@@ -58,31 +59,11 @@ INJECTION_QUEUES = [
 # -- helpers ------------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def migrated(dsn: str) -> AsyncIterator[Any]:
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        yield conn
-
-
 async def closed_connection(dsn: str) -> Any:
     """A real connection, closed: any SQL on it raises OperationalError."""
     conn = await trioq.connect(dsn, autocommit=True)
     await conn.close()
     return conn
-
-
-async def scalar(conn: Any, query: str, *params: Any) -> Any:
-    cur = await conn.execute(query, params)
-    row = await cur.fetchone()
-    return None if row is None else row[0]
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 20) -> None:
-    """Poll state the test cannot be told about (bounded)."""
-    with trio.fail_after(timeout):
-        while not await predicate():  # noqa: ASYNC110 - the database cannot tell us
-            await trio.sleep(0.02)
 
 
 @asynccontextmanager
@@ -519,7 +500,7 @@ async def test_statement_timeout_in_a_handlers_transaction_fails_the_job(dsn: st
         async def dead() -> bool:
             return bool(await scalar(conn, "SELECT 1 FROM trioq.dead_jobs WHERE id = %s", r.job_id))
 
-        await wait_until(dead)
+        await wait_until(dead, timeout=20)
         (job,) = await trioq.Queue().dead_list(conn)
         assert job.last_error == "QueryCanceled: canceling statement due to statement timeout"
         assert job.traceback and "pg_sleep" in job.traceback
@@ -562,7 +543,7 @@ async def test_runtime_survives_statement_timeouts_on_its_own_statements(
             async def drained() -> bool:
                 return bool(await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0)
 
-            await wait_until(drained)
+            await wait_until(drained, timeout=20)
         assert await scalar(conn, "SELECT count(*) FROM trioq.dead_jobs") == 0
 
 
@@ -571,7 +552,7 @@ async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> None:
         await trio.lowlevel.checkpoint()
         return any(text in record.getMessage() for record in caplog.records)
 
-    await wait_until(seen)
+    await wait_until(seen, timeout=20)
 
 
 # -- references ---------------------------------------------------------------------------------

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 import trio
 from croniter import croniter
+from helpers import migrated
 
 import trioq
 from trioq._cron import TICK_RETENTION, CronEntry, next_fire_time
 from trioq._worker.services.scheduler import Fired, fire_due
+from trioq.testing import set_clock
 
 UTC = dt.UTC
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)  # a Tuesday, midnight
@@ -192,18 +193,6 @@ def test_ticks_match_the_documented_rule_around_every_transition(zone: str, sche
 # -- firing against Postgres --------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def migrated(dsn: str, now: dt.datetime = T0) -> AsyncIterator[Any]:
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        await set_clock(conn, now)
-        yield conn
-
-
-async def set_clock(conn: Any, when: dt.datetime) -> None:
-    await conn.execute("SELECT set_config('trioq.now', %s, false)", (when.isoformat(),))
-
-
 async def fire(conn: Any, entries: list[CronEntry], now: dt.datetime) -> list[Fired]:
     await set_clock(conn, now)
     return await fire_due(conn, Q, entries, now=now)
@@ -225,7 +214,7 @@ async def jobs(conn: Any) -> list[tuple[Any, ...]]:
 async def test_first_sight_records_a_baseline_then_the_next_tick_fires(dsn: str) -> None:
     hourly = entry(name="hourly", schedule="0 * * * *", args={"k": [1, "x"]}, queue="reports",
                    priority=-3, max_attempts=2)  # fmt: skip
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         assert await fire(conn, [hourly], T0 + 30 * MINUTE) == []  # T0's tick is past: not fired
         assert await tick_rows(conn) == [("hourly", T0, None)]
         assert await fire(conn, [hourly], T0 + 59 * MINUTE) == []
@@ -249,7 +238,7 @@ async def test_first_sight_records_a_baseline_then_the_next_tick_fires(dsn: str)
 async def test_a_tick_fires_once_across_concurrent_processes(dsn: str) -> None:
     minutely = [entry(name="m", schedule="* * * * *"), entry(name="n", schedule="*/2 * * * *")]
     now = T0 + 2 * MINUTE + dt.timedelta(seconds=1)
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await fire(conn, minutely, T0)  # baselines
     results: list[list[Fired]] = []
     ready: list[None] = []
@@ -269,7 +258,7 @@ async def test_a_tick_fires_once_across_concurrent_processes(dsn: str) -> None:
             nursery.start_soon(process)
     fired = sorted((f.name, f.tick) for r in results for f in r)
     assert fired == [("m", T0 + 2 * MINUTE), ("n", T0 + 2 * MINUTE)]
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         assert [(j[1], j[6]) for j in await jobs(conn)] == [("report", "available")] * 2
         rows = await tick_rows(conn)
         assert [(name, tick) for name, tick, _ in rows] == [
@@ -283,7 +272,7 @@ async def test_a_tick_fires_once_across_concurrent_processes(dsn: str) -> None:
 
 async def test_skip_drops_missed_ticks_and_fires_the_next_on_time(dsn: str) -> None:
     hourly = entry(name="hourly", schedule="0 * * * *")
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await fire(conn, [hourly], T0)
         # Down from just after T0 until 03:30: the 01:00, 02:00 and 03:00 ticks are missed.
         assert await fire(conn, [hourly], T0 + 3 * HOUR + 30 * MINUTE) == []
@@ -296,7 +285,7 @@ async def test_skip_drops_missed_ticks_and_fires_the_next_on_time(dsn: str) -> N
 
 async def test_skip_fires_a_tick_late_within_the_grace(dsn: str) -> None:
     hourly = entry(name="hourly", schedule="0 * * * *", misfire_grace=dt.timedelta(seconds=30))
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await fire(conn, [hourly], T0)
         late = await fire(conn, [hourly], T0 + 3 * HOUR + dt.timedelta(seconds=30))
         assert [f.tick for f in late] == [T0 + 3 * HOUR]  # only the latest; 01:00, 02:00 dropped
@@ -307,7 +296,7 @@ async def test_skip_fires_a_tick_late_within_the_grace(dsn: str) -> None:
 
 async def test_run_once_fires_one_job_for_all_missed_ticks(dsn: str) -> None:
     hourly = entry(name="hourly", schedule="0 * * * *", misfire="run_once")
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await fire(conn, [hourly], T0)
         fired = await fire(conn, [hourly], T0 + 3 * HOUR + 30 * MINUTE)
         assert [f.tick for f in fired] == [T0 + 3 * HOUR]
@@ -318,7 +307,7 @@ async def test_run_once_fires_one_job_for_all_missed_ticks(dsn: str) -> None:
 
 async def test_daily_entry_in_a_zone_across_daylight_saving(dsn: str) -> None:
     nine = entry(name="nine", schedule="0 9 * * *", timezone="Europe/Paris")
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await fire(conn, [nine], at(2030, 3, 29, 12))
         assert next_fire_time([nine], at(2030, 3, 29, 12)) == at(2030, 3, 30, 8)  # 09:00 CET
         assert await fire(conn, [nine], at(2030, 3, 30, 7, 59, s=59)) == []
@@ -333,7 +322,7 @@ async def test_daily_entry_in_a_zone_across_daylight_saving(dsn: str) -> None:
 
 async def test_old_tick_rows_are_pruned_but_never_the_latest(dsn: str) -> None:
     hourly = entry(name="hourly", schedule="0 * * * *")
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         for hours in (0, 1, 2):
             await fire(conn, [hourly], T0 + hours * HOUR)
         await fire(conn, [hourly], T0 + 2 * HOUR + TICK_RETENTION)
@@ -342,7 +331,7 @@ async def test_old_tick_rows_are_pruned_but_never_the_latest(dsn: str) -> None:
 
 
 async def test_entries_are_checked_before_any_sql(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         twins = [entry(name="a"), entry(name="a", schedule="@hourly")]
         with pytest.raises(ValueError, match=r"names must be unique, repeated: \['a'\]"):
             await fire_due(conn, Q, twins, now=T0)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import select
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import attrs
 import psycopg
 import pytest
 import trio
+from clitool import cli_env, read_until
+from helpers import poll_query
 from pgcluster import copy_cluster, scratch_dir, template_cluster
 
 from trioq._pg.connection import connect
@@ -44,12 +45,6 @@ LIBRARY_TIMINGS = ("--lease", "30", "--heartbeat", "5", "--sweep", "5")
 #: A killed worker's jobs must be done elsewhere well within their 30 s lease. (The target
 #: is 2 s; the measured times are printed, and docs/faults.md has them.)
 RECOVERY_BOUND = 10.0
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-    env.update(extra)
-    return env
 
 
 @attrs.frozen
@@ -79,7 +74,7 @@ def _stress(
     path = tmp_path / "report.json"
     out = subprocess.run(
         [sys.executable, "-m", "trioq._cli", "stress", *args, "--quiet", "--json", str(path)],
-        capture_output=True, text=True, env=env or _env(), timeout=TIMEOUT, check=False,
+        capture_output=True, text=True, env=env or cli_env(), timeout=TIMEOUT, check=False,
     )  # fmt: skip
     assert path.exists(), f"no report (exit {out.returncode}):\n{out.stdout}\n{out.stderr}"
     run = Run(json.loads(path.read_text()), out.stdout, out.stderr, out.returncode)
@@ -160,13 +155,13 @@ def embedded_dir() -> Iterator[str]:
     finally:
         subprocess.run(
             [sys.executable, "-m", "trioq._cli", "db", "stop", "--data-dir", data_dir],
-            env=_env(), capture_output=True, timeout=60, check=False,
+            env=cli_env(), capture_output=True, timeout=60, check=False,
         )  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
 
 
 def test_postgres_restarted_mid_run(embedded_dir: str, tmp_path: pathlib.Path) -> None:
-    env = _env(TRIOQ_EMBEDDED_DIR=embedded_dir)
+    env = cli_env({"TRIOQ_EMBEDDED_DIR": embedded_dir})
     run = _stress(tmp_path, *_steady(None, 100, 8, 50, "--restart-postgres-at", "3"), env=env)
     assert run.report["database"]["embedded"] is True
     assert run.chaos["postgres_restarts"] == 1
@@ -235,7 +230,7 @@ def test_serve_without_a_connection_slot_exits_with_a_clear_message(small_cluste
     try:
         out = subprocess.run(
             [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress.app:config"],
-            env=_env(TRIOQ_DSN=small_cluster), capture_output=True, text=True, timeout=60,
+            env=cli_env(dsn=small_cluster), capture_output=True, text=True, timeout=60,
             check=False,
         )  # fmt: skip
     finally:
@@ -310,21 +305,21 @@ def test_fetcher_resumes_promptly_after_an_outage(dsn: str) -> None:
     5 s step; the table comes back and a job is enqueued (with its NOTIFY): it should run
     within a poll interval or so, not after the rest of the backoff."""
     trio.run(_reset_stress_schema, dsn)
-    env = _env(TRIOQ_DSN=dsn, TRIOQ_STRESS_POLL="0.2", TRIOQ_STRESS_SCHEMA="trioq_stress")
+    env = cli_env({"TRIOQ_STRESS_POLL": "0.2", "TRIOQ_STRESS_SCHEMA": "trioq_stress"}, dsn=dsn)
     worker = subprocess.Popen(
         [sys.executable, "-m", "trioq._cli", "serve", "--app", "trioq._stress.app:config"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            _poll(conn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'")
+            poll_query(conn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'")
             conn.execute("ALTER TABLE trioq_stress.jobs RENAME TO jobs_away")
             # Failed claims sleep 0.05, 0.1, ... 3.2 s, then 5 s: wait for the 8th failure.
-            _read_until(worker, b"claiming from queue 'stress' failed", times=8)
+            read_until(worker, "claiming from queue 'stress' failed", times=8, timeout=60)
             conn.execute("ALTER TABLE trioq_stress.jobs_away RENAME TO jobs")
             start = time.monotonic()
             trio.run(_enqueue_one, dsn)
-            _poll(conn, "SELECT count(*) FROM trioq_stress.stress_ledger")
+            poll_query(conn, "SELECT count(*) FROM trioq_stress.stress_ledger")
             pickup = time.monotonic() - start
         print(f"the job ran {pickup:.2f} s after the database was back")
         assert pickup < 2.0, f"a worker resumed {pickup:.2f} s after the outage ended"
@@ -341,28 +336,3 @@ async def _reset_stress_schema(dsn: str) -> None:
 async def _enqueue_one(dsn: str) -> None:
     async with await connect(dsn, autocommit=True) as conn:
         await enqueue_backlog(conn, Queue(schema="trioq_stress"), Workload(), 1, IdRanges())
-
-
-def _poll(conn: psycopg.Connection[Any], query: str, timeout: float = 60) -> None:
-    """Until ``query`` counts something (bounded)."""
-    deadline = time.monotonic() + timeout
-    while conn.execute(query).fetchone() == (0,):
-        assert time.monotonic() < deadline, f"{query!r} still 0 after {timeout} s"
-        time.sleep(0.02)
-
-
-def _read_until(
-    proc: subprocess.Popen[bytes], text: bytes, *, times: int, timeout: float = 60
-) -> None:
-    """Read the process's output until ``text`` has appeared ``times`` times (bounded)."""
-    assert proc.stdout is not None
-    fd, seen = proc.stdout.fileno(), b""
-    deadline = time.monotonic() + timeout
-    while seen.count(text) < times:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"{text!r} not seen {times} times: {seen.decode(errors='replace')}"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            chunk = os.read(fd, 65536)
-            assert chunk, f"the worker exited: {seen.decode(errors='replace')}"
-            seen += chunk

@@ -4,15 +4,13 @@ every other test). Real Postgres; a second connection holds the locks."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 import pytest
 import trio
 from committing import Commits
-from helpers import rows
+from helpers import migrated, rows
 
 import trioq
 from trioq import Failure, Lease, Queue
@@ -20,13 +18,6 @@ from trioq._db.statements import LEASE_LOST_SQLSTATE, statements
 
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()
-
-
-@asynccontextmanager
-async def migrated(dsn: str) -> AsyncIterator[Any]:
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        yield conn
 
 
 def claimed_lease(job: trioq.Job) -> Lease:

@@ -5,16 +5,17 @@ interleaving of two claims at once. Time moves through ``trioq.now`` (no sleepin
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
 import trio
+from helpers import migrated, wait_until_blocked
 
 import trioq
 from trioq import Failure, Lease, Queue, RateLimit
+from trioq.testing import set_clock
 
 UTC = dt.UTC
 LEASE = dt.timedelta(seconds=30)
@@ -22,18 +23,6 @@ T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
 SEC = dt.timedelta(seconds=1)
 Q = Queue()
 WAITING_ATTEMPTS = "SELECT DISTINCT attempt FROM trioq.jobs WHERE state = 'available'"
-
-
-@asynccontextmanager
-async def migrated(dsn: str, clock: dt.datetime = T0) -> AsyncIterator[Any]:
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        await set_clock(conn, clock)
-        yield conn
-
-
-async def set_clock(conn: Any, when: dt.datetime) -> None:
-    await conn.execute("SELECT set_config('trioq.now', %s, false)", (when.isoformat(),))
 
 
 async def claim(conn: Any, limit: int, queue: str = "q", owner: str = "w") -> trioq.LimitedClaim:
@@ -60,7 +49,7 @@ async def running(conn: Any, queue: str = "q") -> int:
 
 
 async def test_settings_are_stored_changed_in_part_and_announced(dsn: str) -> None:
-    async with migrated(dsn) as conn, await trioq.connect(dsn, autocommit=True) as listener:
+    async with migrated(dsn, T0) as conn, await trioq.connect(dsn, autocommit=True) as listener:
         await listener.execute("LISTEN trioq_trioq")
         s = await Q.set_limits(conn, "q", global_concurrency=5, rate_limit="100/1m")
         assert s == trioq.QueueSettings(
@@ -87,7 +76,7 @@ async def test_settings_are_stored_changed_in_part_and_announced(dsn: str) -> No
 
 
 async def test_two_changes_at_once_both_land(dsn: str) -> None:
-    async with migrated(dsn) as a, await trioq.connect(dsn, autocommit=True) as b:
+    async with migrated(dsn, T0) as a, await trioq.connect(dsn, autocommit=True) as b:
         await Q.set_limits(a, "q", global_concurrency=1)
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
@@ -100,25 +89,11 @@ async def test_two_changes_at_once_both_land(dsn: str) -> None:
         assert (s.global_concurrency, s.key_concurrency) == (7, 3)
 
 
-async def wait_until_blocked(observer: Any, blocked: Any) -> None:
-    """Until ``blocked``'s backend waits for a lock (bounded, polling the database)."""
-    pid = blocked.info.backend_pid
-    with trio.fail_after(10):
-        while True:
-            cur = await observer.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-            )
-            row = await cur.fetchone()
-            if row is not None and row[0] == "Lock":
-                return
-            await trio.sleep(0.01)
-
-
 # -- pause --------------------------------------------------------------------------------------
 
 
 async def test_a_paused_queue_is_claimed_by_neither_claim_and_still_enqueues(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 3)
         await Q.pause(conn, "q")
         [job_id] = await add(conn, 1)  # enqueueing goes on
@@ -131,7 +106,7 @@ async def test_a_paused_queue_is_claimed_by_neither_claim_and_still_enqueues(dsn
 
 
 async def test_the_plain_claim_refuses_any_controlled_queue(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 2)
         await Q.set_limits(conn, "q", global_concurrency=100)
         assert await Q.claim(conn, "q", owner="w", limit=10, lease=LEASE) == []
@@ -143,7 +118,7 @@ async def test_the_plain_claim_refuses_any_controlled_queue(dsn: str) -> None:
 
 
 async def test_global_concurrency_counts_what_runs_now(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 10)
         await Q.set_limits(conn, "q", global_concurrency=3)
         got = await claim(conn, 10)
@@ -159,7 +134,7 @@ async def test_global_concurrency_counts_what_runs_now(dsn: str) -> None:
 
 
 async def test_lowering_a_limit_lets_the_running_jobs_finish_first(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 8)
         got = await Q.claim(conn, "q", owner="w", limit=5, lease=LEASE)  # unlimited then
         await Q.set_limits(conn, "q", global_concurrency=2)
@@ -229,7 +204,7 @@ async def _heartbeat(conn: Any, lease: Lease) -> object:  # the control: still r
 async def test_every_exit_from_running_gives_the_slot_back(
     dsn: str, exit_: Exit, frees: bool
 ) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 3)
         await Q.set_limits(conn, "q", global_concurrency=1, key_concurrency=1)
         await conn.execute("UPDATE trioq.jobs SET concurrency_key = 'k'")
@@ -240,7 +215,7 @@ async def test_every_exit_from_running_gives_the_slot_back(
 
 
 async def test_a_dead_job_keeps_its_concurrency_key_when_retried(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         job = await trioq.enqueue(conn, "t", queue="q", concurrency_key="acct-1")
         await Q.set_limits(conn, "q", key_concurrency=1)
         [lease] = leases(await claim(conn, 1))
@@ -255,7 +230,7 @@ async def test_two_claims_at_once_cannot_exceed_the_limit(dsn: str) -> None:
     """The second claim waits for the first one's transaction, then counts its jobs: with
     a limit of 4 and 3 taken by the first, the second gets 1 (without the lock, or with a
     count from before the wait, it would get 4)."""
-    async with migrated(dsn) as a, await trioq.connect(dsn, autocommit=True) as b:
+    async with migrated(dsn, T0) as a, await trioq.connect(dsn, autocommit=True) as b:
         await set_clock(b, T0)
         await add(a, 10)
         await Q.set_limits(a, "q", global_concurrency=4)
@@ -277,7 +252,7 @@ async def test_two_claims_at_once_cannot_exceed_the_limit(dsn: str) -> None:
 
 
 async def test_the_limited_claim_needs_read_committed(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await Q.set_limits(conn, "q", global_concurrency=1)
         await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="READ COMMITTED"):
@@ -289,7 +264,7 @@ async def test_the_limited_claim_needs_read_committed(dsn: str) -> None:
 
 
 async def test_key_concurrency_holds_back_busy_keys_in_priority_order(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         ids = {}
         for name, key, prio in [("a1", "a", 0), ("a2", "a", 0), ("b1", "b", 1), ("n1", None, 2),
                                 ("b2", "b", 3), ("c1", "c", 4)]:  # fmt: skip
@@ -307,7 +282,7 @@ async def test_key_concurrency_holds_back_busy_keys_in_priority_order(dsn: str) 
 
 
 async def test_one_busy_key_with_a_deep_backlog_does_not_hide_the_others(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         specs = [trioq.JobSpec(task="t", queue="q", priority=-1, concurrency_key="hot")
                  for _ in range(1000)]  # fmt: skip
         specs += [trioq.JobSpec(task="t", queue="q", concurrency_key=f"k{i}") for i in range(5)]
@@ -320,7 +295,7 @@ async def test_one_busy_key_with_a_deep_backlog_does_not_hide_the_others(dsn: st
 
 
 async def test_key_rate_limit_and_when_it_opens(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         a1, a2, b1 = [(await trioq.enqueue(conn, "t", queue="q", concurrency_key=k)).job_id
                       for k in ("a", "a", "b")]  # fmt: skip
         await Q.set_limits(conn, "q", key_rate_limit=RateLimit(1, 10))
@@ -339,7 +314,7 @@ async def test_key_rate_limit_and_when_it_opens(dsn: str) -> None:
 
 
 async def test_rate_limit_is_a_sliding_window_that_knows_when_it_opens(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 10)
         await Q.set_limits(conn, "q", rate_limit=RateLimit(3, 10))
         assert len((await claim(conn, 2)).jobs) == 2  # at T0
@@ -359,7 +334,7 @@ async def test_rate_limit_is_a_sliding_window_that_knows_when_it_opens(dsn: str)
 
 
 async def test_removing_a_rate_limit_forgets_its_starts(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 4)
         await Q.set_limits(conn, "q", rate_limit="1/1h")
         assert len((await claim(conn, 5)).jobs) == 1
@@ -371,7 +346,7 @@ async def test_removing_a_rate_limit_forgets_its_starts(dsn: str) -> None:
 
 
 async def test_old_starts_are_pruned(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await add(conn, 5)
         await Q.set_limits(conn, "q", rate_limit="1/1s")
         for second in range(5):

@@ -5,13 +5,14 @@ waiting without busy polling, and pausing releasing what was claimed but not sta
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import pytest
 import trio
+from helpers import scalar, wait_until
 
 import trioq
 from trioq import QueueConfig, RateLimit
@@ -39,18 +40,6 @@ async def serving(
             finally:
                 for runtime in runtimes:
                     runtime.stop(grace=False)
-
-
-async def value(conn: Any, query: str, *params: Any) -> Any:
-    cur = await conn.execute(query, params)
-    row = await cur.fetchone()
-    return None if row is None else row[0]
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 20) -> None:
-    with trio.fail_after(timeout):
-        while not await predicate():  # noqa: ASYNC110 - the database cannot tell us
-            await trio.sleep(0.02)
 
 
 class Gauge:
@@ -97,7 +86,7 @@ async def test_queue_config_limits_are_stored_and_hold_across_two_workers(
             assert (stored.global_concurrency, stored.key_concurrency) == (3, 1)
             for i in range(40):
                 await work.enqueue(conn, account=f"a{i % 4}")
-            await wait_until(lambda: trio_true(gauge.done == 40))
+            await wait_until(lambda: trio_true(gauge.done == 40), timeout=20)
     assert gauge.peak == 3  # 2 workers x 4 slots, yet never more than 3 at once
     assert gauge.peak_per_key == 1
 
@@ -127,7 +116,7 @@ async def test_a_limit_set_at_run_time_reaches_running_workers(dsn: str) -> None
         await trioq.enqueue_bulk(conn, "work", [{}] * 6, queue="q")
         await wait_until(lambda: trio_true(gauge.now == 2), timeout=10)
         with trio.move_on_after(0.3):  # a third must not start
-            await wait_until(lambda: trio_true(gauge.now > 2))
+            await wait_until(lambda: trio_true(gauge.now > 2), timeout=20)
         assert gauge.peak == 2
         await Q.set_limits(conn, "q", global_concurrency=None)
         await wait_until(lambda: trio_true(gauge.now == 5), timeout=10)
@@ -152,26 +141,32 @@ async def test_a_full_queue_wakes_when_its_own_outcomes_are_written(dsn: str) ->
     assert gauge.peak == 1
 
 
-async def test_a_rate_limited_worker_sleeps_until_the_window_opens(
-    dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """3 starts a second, 9 jobs: three windows, and a handful of claims, not a busy loop."""
-    tasks = trioq.Registry()
-    claims = []
+@pytest.fixture
+def claims(monkeypatch: pytest.MonkeyPatch) -> list[trioq.LimitedClaim]:
+    """Every limited claim the runtimes make from now on, in order."""
+    made: list[trioq.LimitedClaim] = []
     original = Driver.claim_limited  # what the runtime claims with
 
     async def counted(self: Driver, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
         got = await original(self, *args, **kwargs)
-        claims.append(got)
+        made.append(got)
         return got
 
     monkeypatch.setattr(Driver, "claim_limited", counted)
+    return made
+
+
+async def test_a_rate_limited_worker_sleeps_until_the_window_opens(
+    dsn: str, claims: list[trioq.LimitedClaim]
+) -> None:
+    """3 starts a second, 9 jobs: three windows, and a handful of claims, not a busy loop."""
+    tasks = trioq.Registry()
     starts: list[Any] = []
 
     @tasks.task(queue="q")
     async def work(job: trioq.JobContext) -> None:
         async with job.connection() as c:
-            starts.append(await value(c, "SELECT clock_timestamp()"))
+            starts.append(await scalar(c, "SELECT clock_timestamp()"))
 
     queues = {"q": QueueConfig(concurrency=5, rate_limit=RateLimit(3, 1))}
     async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
@@ -196,25 +191,26 @@ async def test_pausing_releases_claimed_jobs_not_started_and_resuming_goes_on(
     queues = {"q": QueueConfig(concurrency=10)}
     async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
         await trioq.enqueue_bulk(conn, "work", [{}] * 3000, queue="q")
-        await wait_until(lambda: trio_true(gauge.done > 100))
+        await wait_until(lambda: trio_true(gauge.done > 100), timeout=20)
         await Q.pause(conn, "q")
         await wait_until(
-            lambda: value_is(conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'", 0)
+            lambda: value_is(conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'", 0),
+            timeout=20,
         )
         done = gauge.done
         assert 0 < done < 3000
         # What waits was released unstarted (attempt refunded) or never claimed.
-        assert await value(conn, "SELECT max(attempt) FROM trioq.jobs") == 0
+        assert await scalar(conn, "SELECT max(attempt) FROM trioq.jobs") == 0
         with trio.move_on_after(0.5):
-            await wait_until(lambda: trio_true(gauge.done > done))
+            await wait_until(lambda: trio_true(gauge.done > done), timeout=20)
         assert gauge.done == done, "a handler started after the pause"
         await trioq.enqueue(conn, "work", queue="q")  # enqueueing goes on while paused
         await Q.resume(conn, "q")
-        await wait_until(lambda: trio_true(gauge.done == 3001))
+        await wait_until(lambda: trio_true(gauge.done == 3001), timeout=20)
 
 
 async def value_is(conn: Any, query: str, expected: Any) -> bool:
-    return bool(await value(conn, query) == expected)
+    return bool(await scalar(conn, query) == expected)
 
 
 async def test_the_governor_reads_settings_and_acts_on_changes(dsn: str) -> None:
@@ -252,22 +248,13 @@ async def test_the_governor_reads_settings_and_acts_on_changes(dsn: str) -> None
 
 
 async def test_a_full_queue_is_not_woken_by_another_queues_outcomes(
-    dsn: str, monkeypatch: pytest.MonkeyPatch
+    dsn: str, claims: list[trioq.LimitedClaim]
 ) -> None:
     """A busy unlimited queue beside a limited one that is full: the full one claims again
     when one of its own slots frees, not on every batch the other queue completes."""
     tasks = trioq.Registry()
     release = trio.Event()
     quick_done = Gauge()
-    claims: list[trioq.LimitedClaim] = []
-    original = Driver.claim_limited  # what the runtime claims with
-
-    async def counted(self: Driver, *args: Any, **kwargs: Any) -> trioq.LimitedClaim:
-        got = await original(self, *args, **kwargs)
-        claims.append(got)
-        return got
-
-    monkeypatch.setattr(Driver, "claim_limited", counted)
 
     @tasks.task(queue="limited")
     async def hold(job: trioq.JobContext) -> None:
@@ -282,11 +269,12 @@ async def test_a_full_queue_is_not_woken_by_another_queues_outcomes(
     async with serving(dsn, tasks, queues=queues, poll_interval=60) as (conn, _):
         await trioq.enqueue_bulk(conn, "hold", [{}] * 2, queue="limited")
         await wait_until(
-            lambda: value_is(conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'", 1)
+            lambda: value_is(conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'", 1),
+            timeout=20,
         )
         before = len(claims)
         for _ in range(20):  # 20 transactions: many small batches of the busy queue
             await trioq.enqueue_bulk(conn, "quick", [{}] * 10, queue="busy")
-        await wait_until(lambda: trio_true(quick_done.done == 200))
+        await wait_until(lambda: trio_true(quick_done.done == 200), timeout=20)
         assert len(claims) - before <= 2, [(len(c.jobs), c.reason) for c in claims[before:]]
         release.set()

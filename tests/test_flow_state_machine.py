@@ -26,26 +26,17 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
-import trio
+from helpers import rows
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
-from machines import LeaseMachine, run_machine
+from hypothesis.stateful import initialize, invariant, precondition, rule
+from machines import LEASE, LeaseMachine, ModelJob, Q, prove
 
 import trioq
-from trioq import Failure, Lease, Queue, RateLimit, Unique
+from trioq import RateLimit, Unique
 
-T = TypeVar("T")
-UTC = dt.UTC
-LEASE = dt.timedelta(seconds=30)
-T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
 WORKERS = ("w0", "w1")
 KEYS = (None, "a", "a", "b")
 GC = st.sampled_from([None, 1, 2, 3])
@@ -54,21 +45,13 @@ KC = st.sampled_from([None, 1, 2])
 KEY_RATE = st.sampled_from([None, (1, 10), (2, 30)])
 WINDOW = dt.timedelta(seconds=60)
 INF = math.inf
-Q = Queue()
 
 
-@attrs.define
-class ModelJob:
-    id: int
-    priority: int
-    run_at: dt.datetime
+@attrs.define(kw_only=True)
+class FlowJob(ModelJob):
+    """States: available, running, done, dead, cancelled (no delays here)."""
+
     key: str | None
-    max_attempts: int
-    state: str = "available"  # available, running, done, dead, cancelled (no delays here)
-    attempt: int = 0
-    owner: str | None = None
-    lease_until: dt.datetime | None = None
-    cancel_requested: bool = False
 
 
 @attrs.define
@@ -84,32 +67,15 @@ class Settings:
         return self.kc is not None or self.key_rate is not None
 
 
-class FlowMachine(LeaseMachine):
+class FlowMachine(LeaseMachine[FlowJob]):
     workers = WORKERS
-
-    conn: Any = None
+    tables = ("jobs", "dead_jobs", "queues", "rate_starts", "unique_keys")
 
     def __init__(self) -> None:
         super().__init__()
-        self.jobs: dict[int, ModelJob] = {}
-        self.clock = T0
         self.settings = Settings()
         self.starts: list[tuple[dt.datetime, str, int]] = []  # the rate log: (at, key, n)
         self.holders: dict[tuple[str, int], int] = {}  # unique window -> the job holding it
-        self.beliefs: dict[str, set[Lease]] = {w: set() for w in WORKERS}
-        self.call(self._reset)
-
-    async def _reset(self) -> None:
-        await self.conn.execute(
-            "TRUNCATE trioq.jobs, trioq.dead_jobs, trioq.queues, trioq.rate_starts,"
-            " trioq.unique_keys"
-        )
-        await self._set_clock()
-
-    async def _set_clock(self) -> None:
-        await self.conn.execute(
-            "SELECT set_config('trioq.now', %s, false)", (self.clock.isoformat(),)
-        )
 
     # -- the model of a claim ------------------------------------------------------------------
 
@@ -141,10 +107,6 @@ class FlowMachine(LeaseMachine):
             a = min(a, s.key_rate[0] - self._started(key, s.key_rate[1]))
         return a
 
-    def _due(self) -> list[ModelJob]:
-        due = [j for j in self.jobs.values() if j.state == "available" and j.run_at <= self.clock]
-        return sorted(due, key=lambda j: (j.priority, j.run_at, j.id))
-
     def room(self, limit: int) -> tuple[int, str | None, float | None]:
         """What the limits leave of ``limit`` before looking at jobs, and which cut it."""
         s = self.settings
@@ -159,11 +121,11 @@ class FlowMachine(LeaseMachine):
                     opens = self._opening("", *s.rate)
         return room, why, opens
 
-    def pick(self, room: int) -> list[ModelJob]:
+    def pick(self, room: int) -> list[FlowJob]:
         """Due jobs in claim order; with per-key limits, each key up to its allowance."""
         keyed = self.settings.keyed
         allowance = {k: self._allowance(k) for k in ("a", "b")}
-        taken: list[ModelJob] = []
+        taken: list[FlowJob] = []
         for job in self._due():
             if len(taken) >= room:
                 break
@@ -174,7 +136,7 @@ class FlowMachine(LeaseMachine):
                 taken.append(job)
         return taken
 
-    def log_starts(self, taken: list[ModelJob]) -> None:
+    def log_starts(self, taken: list[FlowJob]) -> None:
         """As the claim does: log the starts, then prune with the longest period."""
         s = self.settings
         if taken and s.rate is not None:
@@ -189,7 +151,7 @@ class FlowMachine(LeaseMachine):
             self.starts = [x for x in self.starts if x[0] > since]
 
     def why_short(
-        self, room: int, why: str | None, taken: list[ModelJob]
+        self, room: int, why: str | None, taken: list[FlowJob]
     ) -> tuple[str | None, float | None]:
         """Why a claim that ran took fewer than asked (after its starts are logged)."""
         s = self.settings
@@ -231,7 +193,7 @@ class FlowMachine(LeaseMachine):
             self.conn, "t", queue="q", priority=priority, max_attempts=attempts,
             concurrency_key=key,
         ))  # fmt: skip
-        self.jobs[result.job_id] = ModelJob(
+        self.jobs[result.job_id] = FlowJob(
             id=result.job_id, priority=priority, run_at=self.clock, key=key,
             max_attempts=attempts,
         )  # fmt: skip
@@ -249,7 +211,7 @@ class FlowMachine(LeaseMachine):
             return
         assert not result.duplicate
         self.holders[(key, bucket)] = result.job_id
-        self.jobs[result.job_id] = ModelJob(
+        self.jobs[result.job_id] = FlowJob(
             id=result.job_id, priority=0, run_at=self.clock, key=None, max_attempts=25
         )
 
@@ -299,19 +261,13 @@ class FlowMachine(LeaseMachine):
             assert (got.jobs, got.reason, got.retry_in) == ([], why, opens), context
             return
         taken = self.pick(room)
-        assert [j.id for j in got.jobs] == [m.id for m in taken], context
-        for job, model in zip(got.jobs, taken, strict=True):
-            model.state, model.owner = "running", worker
-            model.attempt += 1
-            model.lease_until = self.clock + LEASE
-            assert job.attempt == model.attempt
-            self.beliefs[worker].add(Lease(job.id, job.attempt))
+        self._took(worker, got.jobs, taken, context)
         self.log_starts(taken)
         expected = (None, None) if len(taken) >= limit else self.why_short(room, why, taken)
         assert (got.reason, got.retry_in) == expected, context
         self._check_limits(taken)
 
-    def _check_limits(self, taken: list[ModelJob]) -> None:
+    def _check_limits(self, taken: list[FlowJob]) -> None:
         """No claim takes the queue or a key over a limit (it may find one over already,
         after the limit was lowered, and then takes nothing of it)."""
         s = self.settings
@@ -328,45 +284,17 @@ class FlowMachine(LeaseMachine):
                 if any(m.key == key for m in taken):
                     assert self._started(key, s.key_rate[1]) <= s.key_rate[0]
 
-    def _leave_running(self, job_id: int, state: str) -> None:
-        model = self.jobs[job_id]
-        model.state, model.owner, model.lease_until = state, None, None
-        if state == "available":
-            model.run_at = self.clock
-
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data(), kind=st.sampled_from(["complete", "retry", "fatal", "release"]))
     def finish(self, data: st.DataObject, kind: str) -> None:
         """Outcomes of some held leases (maybe stale ones): each frees its slot, if valid."""
-        worker, leases = self._pick(data)
-        valid = self._valid(worker, leases)
+        worker, leases = self._pick(data, kind)
         if kind == "complete":
-            done = self.call(lambda: Q.complete_many(self.conn, owner=worker, leases=leases))
-            assert done == valid
-            for job_id in valid:
-                self._leave_running(job_id, "done")
+            self._complete(worker, leases)
         elif kind == "release":
-            released = self.call(lambda: Q.release_many(self.conn, owner=worker, leases=leases))
-            assert released == valid
-            for job_id in valid:
-                model = self.jobs[job_id]
-                model.attempt -= 1
-                self._leave_running(job_id, "cancelled" if model.cancel_requested else "available")
+            self._release(worker, leases)
         else:
-            fatal = kind == "fatal"
-            failures = [Failure(lease=le, error="boom", fatal=fatal) for le in leases]
-            result = self.call(lambda: Q.fail_many(self.conn, owner=worker, failures=failures))
-            for job_id in valid:
-                model = self.jobs[job_id]
-                if fatal or model.attempt >= model.max_attempts:
-                    assert job_id in result.dead
-                    self._leave_running(job_id, "dead")
-                elif model.cancel_requested:
-                    assert job_id in result.cancelled
-                    self._leave_running(job_id, "cancelled")
-                else:
-                    assert job_id in result.retried
-                    self._leave_running(job_id, "available")
+            self._fail(worker, leases, fatal=kind == "fatal")
 
     @precondition(lambda self: bool(self._holders()))
     @rule(worker=st.sampled_from(WORKERS))
@@ -376,54 +304,9 @@ class FlowMachine(LeaseMachine):
 
     @rule(seconds=st.sampled_from([1, 4, 10, 31]))
     def time_passes(self, seconds: int) -> None:
-        self.clock += dt.timedelta(seconds=seconds)
-        self.call(self._set_clock)
+        self.advance(seconds)
 
-    @rule()
-    def sweep(self) -> None:
-        result = self.call(lambda: Q.sweep(self.conn))
-        for model in list(self.jobs.values()):
-            if model.state != "running" or model.lease_until is None:
-                continue
-            if model.lease_until >= self.clock:
-                continue
-            if model.cancel_requested:
-                assert model.id in result.cancelled
-                self._leave_running(model.id, "cancelled")
-            elif model.attempt >= model.max_attempts:
-                assert model.id in result.dead
-                self._leave_running(model.id, "dead")
-            else:
-                assert model.id in result.returned
-                self._leave_running(model.id, "available")
-
-    @precondition(lambda self: bool(self.jobs))
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        model = self.jobs[data.draw(st.sampled_from(sorted(self.jobs)))]
-        outcome = self.call(Q.cancel, self.conn, model.id)
-        if model.state == "available":
-            assert outcome.status == "cancelled"
-            model.state = "cancelled"
-        elif model.state == "running":
-            assert outcome.status == "requested"
-            model.cancel_requested = True
-        else:
-            assert outcome.status == "not_found"
-
-    # -- invariants ----------------------------------------------------------------------------
-
-    @invariant()
-    def database_matches_model(self) -> None:
-        live, dead = self.call(self._fetch)
-        for job_id, model in self.jobs.items():
-            if model.state == "done":
-                assert job_id not in live and job_id not in dead
-            elif model.state == "dead":
-                assert dead.get(job_id) == model.attempt
-            else:
-                assert live.get(job_id) == (model.state, model.attempt, model.owner), job_id
-        assert set(live) | set(dead) <= set(self.jobs)
+    # -- invariants (and those of every machine) -----------------------------------------------
 
     @invariant()
     def the_rate_log_never_drifts(self) -> None:
@@ -434,30 +317,10 @@ class FlowMachine(LeaseMachine):
             mine[(at, key)] = mine.get((at, key), 0) + n
         assert logged == mine
 
-    @invariant()
-    def attempts_are_bounded(self) -> None:
-        for model in self.jobs.values():
-            assert 0 <= model.attempt <= model.max_attempts
-
-    async def _fetch(self) -> tuple[dict[int, tuple[str, int, str | None]], dict[int, int]]:
-        cur = await self.conn.execute("SELECT id, state, attempt, lease_owner FROM trioq.jobs")
-        live = {r[0]: (r[1], r[2], r[3]) for r in await cur.fetchall()}
-        cur = await self.conn.execute("SELECT id, attempt FROM trioq.dead_jobs")
-        return live, {r[0]: r[1] for r in await cur.fetchall()}
-
     async def _rate_log(self) -> dict[tuple[dt.datetime, str], int]:
-        cur = await self.conn.execute(
-            "SELECT started_at, key, sum(n) FROM trioq.rate_starts GROUP BY 1, 2"
-        )
-        return {(at, key): int(n) for at, key, n in await cur.fetchall()}
+        query = "SELECT started_at, key, sum(n) FROM trioq.rate_starts GROUP BY 1, 2"
+        return {(at, key): int(n) for at, key, n in await rows(self.conn, query)}
 
 
 def test_flow_state_machine(dsn: str) -> None:
-    async def main() -> None:
-        async with await trioq.connect(dsn, autocommit=True) as conn:
-            await trioq.migrate(conn)
-            await run_machine(
-                FlowMachine, {"conn": conn}, examples=(150, 3000), steps=(40, 80)
-            )
-
-    trio.run(main)
+    prove(FlowMachine, dsn, examples=(150, 3000), steps=(40, 80))

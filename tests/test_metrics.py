@@ -4,8 +4,6 @@ checked against the jobs they ran; JSON logs of the same runs; the start-up bann
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import socket
 import subprocess
 import sys
@@ -16,28 +14,19 @@ from typing import Any
 
 import psycopg
 import pytest
-from clitool import ServeProcess
+from clitool import ServeProcess, cli_env
 from prometheus_client.parser import text_string_to_metric_families
 
 import trioq
 
-TESTS = pathlib.Path(__file__).parent
-
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def _env(dsn: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-    env["TRIOQ_DSN"] = dsn
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-    return env
 
 
 class Worker(ServeProcess):
     """``trioq serve --app obs_app:config ARGS`` (tests/obs_app.py)."""
 
     def __init__(self, dsn: str, *args: str) -> None:
-        super().__init__(["--app", "obs_app:config", *args], env=_env(dsn))
+        super().__init__(["--app", "obs_app:config", *args], env=cli_env(dsn=dsn, apps=True))
 
 
 @pytest.fixture
@@ -224,7 +213,7 @@ def test_each_process_of_serve_processes_gets_its_own_port(
 def _serve_once(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "trioq._cli", "serve", "--app", "obs_app:config", *args],
-        env=_env(dsn), capture_output=True, text=True, timeout=60, check=False,
+        env=cli_env(dsn=dsn, apps=True), capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
 

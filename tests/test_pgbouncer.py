@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +23,7 @@ import psycopg
 import pytest
 import trio
 from clitool import TESTS, cli_env, trioq_cli
-from helpers import FAST, rows, scalar, wait_until
+from helpers import FAST, assert_missing_fails, poll_until, rows, scalar, wait_until
 from pgbouncer import Bouncer, pgbouncer_binary, running_pgbouncer
 from psycopg.conninfo import make_conninfo
 
@@ -58,12 +57,8 @@ def wide_bouncer(pg_admin_dsn: str) -> Iterator[Bouncer]:
 def test_without_pgbouncer_the_tests_fail_and_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """A missing pooler is a failure (a skipped test is not a passing one), unless asked."""
     monkeypatch.setattr(sys.modules["pgbouncer"], "PGBOUNCER", pathlib.Path("/nonexistent/x"))
-    monkeypatch.delenv("TRIOQ_SKIP_PGBOUNCER_TESTS", raising=False)
-    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y pgbouncer"):
-        pgbouncer_binary()
-    monkeypatch.setenv("TRIOQ_SKIP_PGBOUNCER_TESTS", "1")
-    with pytest.raises(pytest.skip.Exception):
-        pgbouncer_binary()
+    assert_missing_fails(monkeypatch, pgbouncer_binary, skip_var="TRIOQ_SKIP_PGBOUNCER_TESTS",
+                         match=r"apt-get install -y pgbouncer")  # fmt: skip
 
 
 # -- what breaks through a transaction-mode pooler -----------------------------------------------
@@ -90,7 +85,7 @@ def test_listen_through_the_pooler_hears_nothing_and_leaks(dsn: str, bouncer: Bo
         def dropped() -> bool:
             return "when not linked" in log.read_text(errors="replace")
 
-        _poll(dropped)
+        poll_until(dropped, timeout=10, what="PgBouncer to drop the notification")
         listener.execute("SELECT 1")
         assert heard == []
     # The same, direct: heard (so the test above can tell the difference).
@@ -144,14 +139,6 @@ async def test_migrate_through_the_pooler(dsn: str, bouncer: Bouncer) -> None:
         result = await trioq.migrate(conn)
         assert result.version == latest_version()
         assert (await trioq.migrate(conn)).version == latest_version()
-
-
-def _poll(predicate: Any, timeout: float = 10.0) -> None:
-    """Poll what no one can tell us about (PgBouncer's log), bounded."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 # -- the runtime through the pooler --------------------------------------------------------------
@@ -378,7 +365,7 @@ def test_serve_processes_keep_session_work_on_the_session_dsn(
                 found = direct.execute(_DIRECT_SESSIONS, {"app": DIRECT_APP}).fetchone()
                 return found == (2, 2)
 
-            _poll(listening_directly, timeout=60)
+            poll_until(listening_directly, timeout=60, what="both workers to listen directly")
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, output

@@ -3,33 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trio
+from helpers import migrated
 
 import trioq
 from trioq import DeadFilter, Failure, JobSpec, Lease, Queue
+from trioq.testing import set_clock
 
 UTC = dt.UTC
 LEASE = dt.timedelta(seconds=30)
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
 
 Q = Queue()
-
-
-@asynccontextmanager
-async def migrated(dsn: str) -> AsyncIterator[Any]:
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        await set_clock(conn, T0)
-        yield conn
-
-
-async def set_clock(conn: Any, when: dt.datetime) -> None:
-    await conn.execute("SELECT set_config('trioq.now', %s, false)", (when.isoformat(),))
 
 
 async def state_of(conn: Any, job_id: int) -> tuple[str, int] | None:
@@ -39,7 +28,7 @@ async def state_of(conn: Any, job_id: int) -> tuple[str, int] | None:
 
 
 async def test_enqueue_claim_complete(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         r = await trioq.enqueue(conn, "send", {"to": "ada"}, queue="mail")
         assert not r.duplicate
         jobs = await Q.claim(conn, "mail", owner="w1", limit=10, lease=LEASE)
@@ -54,7 +43,7 @@ async def test_enqueue_claim_complete(dsn: str) -> None:
 
 
 async def test_enqueue_follows_callers_transaction(dsn: str) -> None:
-    async with migrated(dsn) as conn, await trioq.connect(dsn, autocommit=True) as other:
+    async with migrated(dsn, T0) as conn, await trioq.connect(dsn, autocommit=True) as other:
         await conn.set_autocommit(False)
         async with conn.transaction(force_rollback=True):
             await trioq.enqueue(conn, "t")
@@ -73,7 +62,7 @@ async def test_enqueue_follows_callers_transaction(dsn: str) -> None:
 
 
 async def test_claim_order_priority_run_at_id(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         a = await trioq.enqueue(conn, "t", priority=5)
         b = await trioq.enqueue(conn, "t", priority=-5)
         c = await trioq.enqueue(conn, "t", run_at=T0 - dt.timedelta(hours=1))
@@ -93,7 +82,7 @@ async def test_claim_order_priority_run_at_id(dsn: str) -> None:
 
 
 async def test_claim_batch_is_bounded_and_disjoint(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await Q.enqueue_many(conn, [JobSpec(task="t", args={"i": i}) for i in range(25)])
         first = await Q.claim(conn, "default", owner="a", limit=10, lease=LEASE)
         second = await Q.claim(conn, "default", owner="b", limit=100, lease=LEASE)
@@ -103,7 +92,7 @@ async def test_claim_batch_is_bounded_and_disjoint(dsn: str) -> None:
 
 
 async def test_concurrent_claimers_never_share_a_job(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         await Q.enqueue_many(conn, [JobSpec(task="t") for _ in range(300)])
     claimed: dict[str, list[int]] = {}
 
@@ -123,7 +112,7 @@ async def test_concurrent_claimers_never_share_a_job(dsn: str) -> None:
 
 
 async def test_dedup_fingerprint_and_key(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         a = await trioq.enqueue(conn, "t", {"x": 1, "y": 2}, unique=True)
         b = await trioq.enqueue(conn, "t", {"y": 2, "x": 1}, unique=True)  # same canonical args
         c = await trioq.enqueue(conn, "t", {"x": 1, "y": 2}, unique=True, queue="other")
@@ -148,7 +137,7 @@ async def test_dedup_fingerprint_and_key(dsn: str) -> None:
 
 
 async def test_enqueue_many_mixed_with_duplicates_in_order(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         first = await trioq.enqueue(conn, "t", dedup_key="k")
         specs = [
             JobSpec(task="t", args={"i": 0}),
@@ -173,7 +162,7 @@ async def test_enqueue_many_mixed_with_duplicates_in_order(dsn: str) -> None:
 
 async def test_enqueue_many_copy_path_roundtrips_args(dsn: str) -> None:
     weird = {"s": 'new\nline\ttab\\slash \u2028 é "q"', "n": [1, 2.5, None, True]}
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         results = await Q.enqueue_many(conn, [JobSpec(task="t", args=weird) for _ in range(3)])
         assert len({r.job_id for r in results}) == 3
         jobs = await Q.claim(conn, "default", owner="w", limit=10, lease=LEASE)
@@ -182,7 +171,7 @@ async def test_enqueue_many_copy_path_roundtrips_args(dsn: str) -> None:
 
 
 async def test_heartbeat_extends_and_reports_lost(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         ids = [r.job_id for r in await Q.enqueue_many(conn, [JobSpec(task="t") for _ in range(3)])]
         jobs = await Q.claim(conn, "default", owner="w1", limit=3, lease=LEASE)
         leases = [Lease(j.id, j.attempt) for j in jobs]
@@ -204,7 +193,7 @@ async def test_heartbeat_extends_and_reports_lost(dsn: str) -> None:
 
 
 async def test_fail_retries_then_dies_with_traceback(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         r = await trioq.enqueue(conn, "t", {"a": 1}, max_attempts=2)
         (job,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
         res = await Q.fail_many(
@@ -233,7 +222,7 @@ async def test_fail_retries_then_dies_with_traceback(dsn: str) -> None:
 
 
 async def test_fatal_skips_retries_and_dead_retry_gives_fresh_attempts(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         r = await trioq.enqueue(conn, "t", max_attempts=5, dedup_key="d")
         (job,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
         res = await Q.fail_many(
@@ -251,7 +240,7 @@ async def test_fatal_skips_retries_and_dead_retry_gives_fresh_attempts(dsn: str)
 
 
 async def test_dead_purge_filters(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         for queue in ("a", "b"):
             await trioq.enqueue(conn, "t", queue=queue, max_attempts=1)
             (job,) = await Q.claim(conn, queue, owner="w", limit=1, lease=LEASE)
@@ -265,7 +254,7 @@ async def test_dead_purge_filters(dsn: str) -> None:
 
 
 async def test_sweep_returns_or_kills_expired_leases(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         last = await trioq.enqueue(conn, "t", max_attempts=1)
         more = await trioq.enqueue(conn, "t", max_attempts=3)
         await Q.claim(conn, "default", owner="crashed", limit=2, lease=LEASE)
@@ -280,7 +269,7 @@ async def test_sweep_returns_or_kills_expired_leases(dsn: str) -> None:
 
 
 async def test_release_refunds_the_attempt(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         r = await trioq.enqueue(conn, "t")
         (job,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
         assert await Q.release_many(conn, owner="w", leases=[Lease(job.id, 1)]) == {r.job_id}
@@ -288,7 +277,7 @@ async def test_release_refunds_the_attempt(dsn: str) -> None:
 
 
 async def test_cancel_available_and_running(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         a = await trioq.enqueue(conn, "t")
         assert (await Q.cancel(conn, a.job_id)).status == "cancelled"
         assert await state_of(conn, a.job_id) == ("cancelled", 0)
@@ -306,7 +295,7 @@ async def test_cancel_available_and_running(dsn: str) -> None:
 
 
 async def test_complete_keeping_results(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         r = await trioq.enqueue(conn, "t")
         (job,) = await Q.claim(conn, "default", owner="w", limit=1, lease=LEASE)
         await Q.complete_many(conn, owner="w", leases=[Lease(job.id, 1)], results=[{"ok": 1}])
@@ -343,7 +332,7 @@ def test_bad_input_names_the_field(
 
 
 async def test_payload_limit_and_nothing_written(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         small = Queue(max_payload_bytes=100)
         with pytest.raises(trioq.PayloadTooLargeError, match="over the limit of 100"):
             await small.enqueue(conn, "t", {"blob": "x" * 200})
@@ -356,7 +345,7 @@ async def test_payload_limit_and_nothing_written(dsn: str) -> None:
 async def test_stale_owner_with_same_attempt_number_changes_nothing(dsn: str) -> None:
     """Release refunds the attempt, so another worker can hold the same attempt number:
     the owner in the fence is what keeps the first worker's stale lease harmless."""
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, T0) as conn:
         r = await trioq.enqueue(conn, "t")
         (job,) = await Q.claim(conn, "default", owner="a", limit=1, lease=LEASE)
         await Q.release_many(conn, owner="a", leases=[Lease(job.id, 1)])

@@ -36,35 +36,22 @@ claim, or turning ``>=`` into ``>`` in the death condition of fail or sweep.
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
-import trio
-from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
-from machines import TrioMachine, run_machine
+from hypothesis.stateful import initialize, invariant, precondition, rule
+from machines import LEASE, LeaseMachine, ModelJob, Paths, Q, prove
 
 import trioq
-from trioq import DeadFilter, Failure, JobSpec, Lease, Queue
+from trioq import DeadFilter, Failure, JobSpec, Lease
 
-T = TypeVar("T")
-UTC = dt.UTC
-LEASE = dt.timedelta(seconds=30)
-T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
 WORKERS = ("w0", "w1", "w2")
 QUEUES = ("default", "other")
 DEDUP_KEYS = (None, None, None, "k1", "k2")
 LIVENESS_GRACE = dt.timedelta(seconds=1)
-#: How often each path was taken over a run (also reported with Hypothesis ``event()``).
-PATHS: collections.Counter[str] = collections.Counter()
+PATHS = Paths()
 #: Paths a CI run must take at least once, or it proved less than its docstring says.
 MUST_TAKE = (
     "complete: with stale lease",
@@ -77,33 +64,15 @@ MUST_TAKE = (
     "expire and reclaim: taken again",
     "worker found dead",
 )
-
-
 ZOMBIE_PATHS = ("complete", "fail", "release", "unknown", "stop", "heartbeat")
 
 
-def note(path: str) -> None:
-    event(path)
-    PATHS[path] += 1
+@attrs.define(kw_only=True)
+class QueueJob(ModelJob):
+    """States: scheduled, available, running, done, dead, cancelled."""
 
-
-
-Q = Queue()
-
-
-@attrs.define
-class ModelJob:
-    id: int
     queue: str
-    max_attempts: int
-    priority: int
-    run_at: dt.datetime
     dedup_key: str | None
-    state: str = "available"  # scheduled, available, running, done, dead, cancelled
-    attempt: int = 0
-    owner: str | None = None
-    lease_until: dt.datetime | None = None
-    cancel_requested: bool = False
     fatal: bool = False
     unknown_since: dt.datetime | None = None  # first given back for an unknown task
 
@@ -111,45 +80,29 @@ class ModelJob:
     def live(self) -> bool:
         return self.state in ("scheduled", "available", "running")
 
-    def holds(self, worker: str, attempt: int) -> bool:
-        return self.state == "running" and self.owner == worker and self.attempt == attempt
 
+class QueueMachine(LeaseMachine[QueueJob]):
+    """One instance per example; `prove` binds its connections and the trio token."""
 
-class QueueMachine(TrioMachine):
-    """One instance per example; `bind` gives it the connection and the trio token."""
-
-    conn: Any = None
+    workers = WORKERS
+    tables = ("jobs", "dead_jobs", "workers")
     other: Any = None  # a second connection, holding row locks
 
     def __init__(self) -> None:
+        # One worker can hold a stale and a live attempt of the same job (a zombie handler
+        # of attempt 1 beside the handler of attempt 2).
         super().__init__()
-        self.jobs: dict[int, ModelJob] = {}
-        self.clock = T0
-        # The leases each worker believes it holds. Stale ones stay until used or reported
-        # lost, and one worker can hold a stale and a live attempt of the same job (a
-        # zombie handler of attempt 1 beside the handler of attempt 2).
-        self.beliefs: dict[str, set[Lease]] = {w: set() for w in WORKERS}
         self._zombie_only = False
-        self.call(self._reset)
-
-    async def _reset(self) -> None:
-        await self.conn.execute("TRUNCATE trioq.jobs, trioq.dead_jobs, trioq.workers")
-        await self._set_clock()
-
-    async def _set_clock(self) -> None:
-        await self.conn.execute(
-            "SELECT set_config('trioq.now', %s, false)", (self.clock.isoformat(),)
-        )
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _live_twin(self, key: str | None) -> ModelJob | None:
+    def _live_twin(self, key: str | None) -> QueueJob | None:
         if key is None:
             return None
         return next((j for j in self.jobs.values() if j.live and j.dedup_key == key), None)
 
     def _add(self, job_id: int, spec: JobSpec, key: str | None) -> None:
-        self.jobs[job_id] = ModelJob(
+        self.jobs[job_id] = QueueJob(
             id=job_id,
             queue=spec.queue,
             max_attempts=spec.max_attempts,
@@ -159,18 +112,8 @@ class QueueMachine(TrioMachine):
             state="scheduled" if spec.delay else "available",
         )
 
-    def _due(self, queue: str | None = None) -> list[ModelJob]:
-        due = [
-            j for j in self.jobs.values()
-            if j.state == "available" and j.run_at <= self.clock and queue in (None, j.queue)
-        ]  # fmt: skip
-        return sorted(due, key=lambda j: (j.priority, j.run_at, j.id))
-
-    def _held(self, worker: str) -> list[Lease]:
-        return sorted(self.beliefs[worker], key=lambda lease: (lease.job_id, lease.attempt))
-
-    def _holders(self) -> list[str]:
-        return [w for w in WORKERS if self.beliefs[w]]
+    def _due(self, queue: str | None = None) -> list[QueueJob]:
+        return [j for j in super()._due() if queue in (None, j.queue)]
 
     def _stale(self, worker: str) -> list[Lease]:
         held = self._held(worker)
@@ -182,25 +125,16 @@ class QueueMachine(TrioMachine):
         return [w for w in WORKERS if self._stale(w)]
 
     def _pick(self, data: st.DataObject, path: str) -> tuple[str, list[Lease]]:
-        """A worker that holds leases, and some of them (maybe stale) to write an outcome
-        for; while `zombie` runs, only stale ones (`_zombie_only`)."""
+        """As every machine's, but while `zombie` runs only stale leases (`_zombie_only`);
+        the path is noted with or without a stale lease."""
         if self._zombie_only:
             worker = data.draw(st.sampled_from(self._zombies()))
-            held = self._stale(worker)
+            chosen = self._choose(data, worker, self._stale(worker))
         else:
-            worker = data.draw(st.sampled_from(self._holders()))
-            held = self._held(worker)
-        chosen = data.draw(st.lists(st.sampled_from(held), unique=True, min_size=1, max_size=3))
-        self.beliefs[worker] -= set(chosen)
+            worker, chosen = super()._pick(data, path)
         stale = len(chosen) - len(self._valid_leases(worker, chosen))
-        note(f"{path}: {'with' if stale else 'no'} stale lease")
+        PATHS.take(f"{path}: {'with' if stale else 'no'} stale lease")
         return worker, chosen
-
-    def _valid_leases(self, worker: str, leases: list[Lease]) -> set[Lease]:
-        return {lease for lease in leases if self.jobs[lease.job_id].holds(worker, lease.attempt)}
-
-    def _valid(self, worker: str, leases: list[Lease]) -> set[int]:
-        return {lease.job_id for lease in self._valid_leases(worker, leases)}
 
     # -- rules ---------------------------------------------------------------------------------
 
@@ -277,7 +211,7 @@ class QueueMachine(TrioMachine):
             self._claim(worker, limit, queue, locked=locked)
         finally:
             self.call(self.other.rollback)
-        note("claim beside a row lock")
+        PATHS.take("claim beside a row lock")
 
     async def _lock_rows(self, ids: list[int]) -> None:
         await self.other.execute("SELECT 1 FROM trioq.jobs WHERE id = ANY(%s) FOR UPDATE", (ids,))
@@ -285,13 +219,8 @@ class QueueMachine(TrioMachine):
     def _claim(self, worker: str, limit: int, queue: str, *, locked: set[int]) -> None:
         expected = [m for m in self._due(queue) if m.id not in locked][:limit]
         jobs = self.call(lambda: Q.claim(self.conn, queue, owner=worker, limit=limit, lease=LEASE))
-        assert [j.id for j in jobs] == [m.id for m in expected]
-        for job, model in zip(jobs, expected, strict=True):
-            model.state, model.owner = "running", worker
-            model.attempt += 1
-            model.lease_until = self.clock + LEASE
-            assert job.attempt == model.attempt and job.queue == queue
-            self.beliefs[worker].add(Lease(job.id, job.attempt))
+        self._took(worker, jobs, expected)
+        assert all(job.queue == queue for job in jobs)
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
@@ -300,7 +229,7 @@ class QueueMachine(TrioMachine):
         leases = self._held(worker)
         valid = self._valid_leases(worker, leases)
         beat = self.call(lambda: Q.heartbeat(self.conn, owner=worker, leases=leases, lease=LEASE))
-        note(f"heartbeat: {'with' if set(leases) - valid else 'no'} stale lease")
+        PATHS.take(f"heartbeat: {'with' if set(leases) - valid else 'no'} stale lease")
         assert beat.extended == valid
         assert beat.lost == set(leases) - valid
         assert beat.cancel_requested == {
@@ -313,54 +242,19 @@ class QueueMachine(TrioMachine):
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
-        worker, leases = self._pick(data, "complete")
-        valid = self._valid(worker, leases)
-        done = self.call(lambda: Q.complete_many(self.conn, owner=worker, leases=leases))
-        assert done == valid
-        for job_id in valid:
-            self.jobs[job_id].state = "done"
+        self._complete(*self._pick(data, "complete"))
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data(), fatal=st.booleans(), delay=st.sampled_from([0, 10]))
     def fail(self, data: st.DataObject, fatal: bool, delay: int) -> None:
         worker, leases = self._pick(data, "fail")
-        valid = self._valid(worker, leases)
-        failures = [
-            Failure(lease=lease, error="boom", delay=dt.timedelta(seconds=delay), fatal=fatal)
-            for lease in leases
-        ]
-        result = self.call(lambda: Q.fail_many(self.conn, owner=worker, failures=failures))
-        expect_dead = {
-            j for j in valid if fatal or self.jobs[j].attempt >= self.jobs[j].max_attempts
-        }
-        expect_cancelled = {j for j in valid - expect_dead if self.jobs[j].cancel_requested}
-        assert result.dead == expect_dead
-        assert result.cancelled == expect_cancelled
-        assert result.retried == valid - expect_dead - expect_cancelled
-        for job_id in valid:
-            model = self.jobs[job_id]
-            model.owner = model.lease_until = None
-            if job_id in expect_dead:
-                model.state, model.fatal = "dead", fatal
-            elif job_id in expect_cancelled:
-                model.state = "cancelled"
-            else:
-                model.state = "scheduled" if delay else "available"
-                model.run_at = self.clock + dt.timedelta(seconds=delay)
+        for job_id in self._fail(worker, leases, fatal=fatal, delay=delay):
+            self.jobs[job_id].fatal = fatal
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        worker, leases = self._pick(data, "release")
-        valid = self._valid(worker, leases)
-        released = self.call(lambda: Q.release_many(self.conn, owner=worker, leases=leases))
-        assert released == valid
-        for job_id in valid:
-            model = self.jobs[job_id]
-            model.state = "cancelled" if model.cancel_requested else "available"
-            model.owner = model.lease_until = None
-            model.attempt -= 1
-            model.run_at = self.clock
+        self._release(*self._pick(data, "release"))
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
@@ -403,7 +297,7 @@ class QueueMachine(TrioMachine):
         if model.state == "available":  # claimed again, with whatever is due before it
             due = [j.id for j in self._due(model.queue)]
             self._claim(taker, due.index(model.id) + 1, model.queue, locked=set())
-            note("expire and reclaim: taken again")
+            PATHS.take("expire and reclaim: taken again")
         if self._zombies():
             self.zombie(data, then)
 
@@ -424,7 +318,7 @@ class QueueMachine(TrioMachine):
         result = self.call(lambda: Q.reclaim_dead_workers(self.conn, grace=LIVENESS_GRACE))
         self._swept(owned, result)
         self.beliefs[worker].clear()  # it is dead
-        note("worker found dead")
+        PATHS.take("worker found dead")
 
     async def _register_stale(self, worker: str) -> None:
         await self.conn.execute(
@@ -447,7 +341,7 @@ class QueueMachine(TrioMachine):
                                                      lease=LEASE))  # fmt: skip
                 assert beat.extended == frozenset() and beat.lost == set(stale)
                 self.beliefs[worker] -= set(stale)
-                note("heartbeat: with stale lease")
+                PATHS.take("heartbeat: with stale lease")
                 return
             rule = {"complete": self.complete, "release": self.release,
                     "unknown": self.give_back_unknown, "stop": self.stop_cancelled}  # fmt: skip
@@ -467,8 +361,7 @@ class QueueMachine(TrioMachine):
 
     @rule(seconds=st.sampled_from([1, 10, 29, 31, 45]))
     def time_passes(self, seconds: int) -> None:
-        self.clock += dt.timedelta(seconds=seconds)
-        self.call(self._set_clock)
+        self.advance(seconds)
 
     @rule()
     def promote(self) -> None:
@@ -486,46 +379,6 @@ class QueueMachine(TrioMachine):
         expected = min(scheduled) - self.clock if scheduled else None
         assert self.call(Q.next_due, self.conn) == expected
 
-    @rule()
-    def sweep(self) -> None:
-        expired = [
-            j for j in self.jobs.values()
-            if j.state == "running" and j.lease_until is not None and j.lease_until < self.clock
-        ]  # fmt: skip
-        self._swept(expired, self.call(lambda: Q.sweep(self.conn)))
-
-    def _swept(self, expired: list[ModelJob], result: Any) -> None:
-        """The sweeper's verdict on ``expired`` (lease expired, or owner dead)."""
-        assert result.cancelled == {j.id for j in expired if j.cancel_requested}
-        assert result.dead == {
-            j.id for j in expired if not j.cancel_requested and j.attempt >= j.max_attempts
-        }
-        assert result.returned == {
-            j.id for j in expired if not j.cancel_requested and j.attempt < j.max_attempts
-        }
-        for model in expired:
-            model.owner = model.lease_until = None
-            if model.cancel_requested:
-                model.state = "cancelled"
-            elif model.attempt >= model.max_attempts:
-                model.state = "dead"
-            else:
-                model.state, model.run_at = "available", self.clock
-
-    @precondition(lambda self: bool(self.jobs))
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        model = self.jobs[data.draw(st.sampled_from(sorted(self.jobs)))]
-        outcome = self.call(Q.cancel, self.conn, model.id)
-        if model.state in ("scheduled", "available"):
-            assert outcome.status == "cancelled"
-            model.state = "cancelled"
-        elif model.state == "running":
-            assert outcome.status == "requested"
-            model.cancel_requested = True
-        else:
-            assert outcome.status == "not_found"
-
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
     def stop_cancelled(self, data: st.DataObject) -> None:
@@ -537,8 +390,7 @@ class QueueMachine(TrioMachine):
         assert stopped == valid
         self.beliefs[worker] -= set(leases)
         for job_id in valid:
-            model = self.jobs[job_id]
-            model.state, model.owner, model.lease_until = "cancelled", None, None
+            self.end(job_id, "cancelled")
 
     @precondition(lambda self: any(j.state == "dead" for j in self.jobs.values()))
     @rule()
@@ -572,25 +424,8 @@ class QueueMachine(TrioMachine):
     # -- invariants ----------------------------------------------------------------------------
 
     @invariant()
-    def database_matches_model(self) -> None:
-        live, dead = self.call(self._fetch)
-        assert not set(live) & set(dead), "a job is in two tables"
-        for job_id, model in self.jobs.items():
-            if model.state == "done":
-                assert job_id not in live and job_id not in dead, f"done job {job_id} still there"
-            elif model.state == "dead":
-                assert job_id in dead, f"dead job {job_id} lost"
-                assert dead[job_id] == model.attempt
-            else:
-                assert job_id in live, f"job {job_id} ({model.state}) lost"
-                state, attempt, owner = live[job_id]
-                assert (state, attempt, owner) == (model.state, model.attempt, model.owner)
-        assert set(live) | set(dead) <= set(self.jobs), "a job appeared from nowhere"
-
-    @invariant()
-    def attempts_and_deaths_are_bounded(self) -> None:
+    def a_job_is_dead_only_for_a_reason(self) -> None:
         for model in self.jobs.values():
-            assert 0 <= model.attempt <= model.max_attempts
             if model.state == "dead":
                 assert model.fatal or model.attempt >= model.max_attempts
 
@@ -599,38 +434,8 @@ class QueueMachine(TrioMachine):
         keys = [j.dedup_key for j in self.jobs.values() if j.live and j.dedup_key]
         assert len(keys) == len(set(keys))
 
-    @invariant()
-    def no_two_workers_hold_one_job(self) -> None:
-        for job_id, model in self.jobs.items():
-            holders = [
-                (w, lease.attempt)
-                for w in WORKERS
-                for lease in self.beliefs[w]
-                if lease.job_id == job_id and model.holds(w, lease.attempt)
-            ]
-            assert len(holders) <= 1
-
-    async def _fetch(self) -> tuple[dict[int, tuple[str, int, str | None]], dict[int, int]]:
-        cur = await self.conn.execute("SELECT id, state, attempt, lease_owner FROM trioq.jobs")
-        live = {r[0]: (r[1], r[2], r[3]) for r in await cur.fetchall()}
-        cur = await self.conn.execute("SELECT id, attempt FROM trioq.dead_jobs")
-        dead = {r[0]: r[1] for r in await cur.fetchall()}
-        return live, dead
-
 
 def test_queue_state_machine(dsn: str) -> None:
-    async def main() -> None:
-        async with (
-            await trioq.connect(dsn, autocommit=True) as conn,
-            await trioq.connect(dsn) as other,
-        ):
-            await trioq.migrate(conn)
-            await run_machine(
-                QueueMachine, {"conn": conn, "other": other}, examples=(200, 5000), steps=(50, 100)
-            )
-
     PATHS.clear()
-    trio.run(main)
-    print("\npaths taken:", ", ".join(f"{path} {n}" for path, n in sorted(PATHS.items())))
-    missing = [path for path in MUST_TAKE if not PATHS[path]]
-    assert not missing, f"the machines never took: {missing}"
+    prove(QueueMachine, dsn, examples=(200, 5000), steps=(50, 100), other=True)
+    PATHS.assert_taken(MUST_TAKE)

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
-from helpers import FAST
+from helpers import FAST, migrated
 
 import trioq
 from trioq import Failure, Lease, Queue
@@ -20,13 +18,6 @@ from trioq import Failure, Lease, Queue
 UTC = dt.UTC
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()
-
-
-@asynccontextmanager
-async def migrated(dsn: str) -> AsyncIterator[Any]:
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        yield conn
 
 
 async def claim(conn: Any, queue: str = "default") -> trioq.Job:

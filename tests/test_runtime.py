@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import helpers
 import pytest
 import trio
-from helpers import FAST, Counter, rows, wait_until
+from helpers import Counter, rows, wait_until
 
 import trioq
 from trioq.retry import Constant
@@ -208,32 +209,36 @@ async def test_exactly_once_effects_in_the_jobs_transaction(dsn: str) -> None:
         assert await rows(conn, "SELECT count(*) FROM trioq.jobs") == [(0,)]
 
 
-async def test_graceful_stop_leaves_nothing_running(dsn: str) -> None:
+async def _stop_among_sleepers(
+    dsn: str, *, jobs: int, slots: int,
+    until: Callable[[Any, trioq.Runtime, Counter], Awaitable[None]],
+) -> tuple[list[Any], list[tuple[Any, ...]]]:  # fmt: skip
+    """``jobs`` jobs whose handlers never return, ``slots`` at a time, and a graceful stop
+    (0.2 s of grace) once ``until(conn, runtime, started)`` returns. The ids the handlers
+    started, and the jobs' ``(state, attempt, count)`` after the stop."""
     tasks = trioq.Registry()
     started = Counter()
 
     @tasks.task
     async def long(job: trioq.JobContext) -> None:
-        started.hit()
+        started.hit(job.id)
         await trio.sleep_forever()
 
-    config = trioq.Config(
-        dsn=dsn,
-        registry=tasks,
-        shutdown_grace=0.2,
-        queues={"default": trioq.QueueConfig(concurrency=100)},
-        **FAST,
-    )
+    queues = {"default": trioq.QueueConfig(concurrency=slots)}
+    async with helpers.serving(dsn, tasks, shutdown_grace=0.2, queues=queues) as (conn, rt):
+        await trioq.enqueue_many(conn, [trioq.JobSpec(task="long") for _ in range(jobs)])
+        await until(conn, rt, started)
     async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        await trioq.enqueue_many(conn, [trioq.JobSpec(task="long") for _ in range(100)])
-        async with trio.open_nursery() as nursery:
-            runtime = await nursery.start(trioq.serve, config)
-            await started.wait_for(100)
-            runtime.stop()
-        assert await rows(
-            conn, "SELECT state, attempt, count(*) FROM trioq.jobs GROUP BY 1, 2"
-        ) == [("available", 0, 100)]
+        after = await rows(conn, "SELECT state, attempt, count(*) FROM trioq.jobs GROUP BY 1, 2")
+    return started.calls, after
+
+
+async def test_graceful_stop_leaves_nothing_running(dsn: str) -> None:
+    async def all_started(conn: Any, runtime: trioq.Runtime, started: Counter) -> None:
+        await started.wait_for(100)
+
+    _, after = await _stop_among_sleepers(dsn, jobs=100, slots=100, until=all_started)
+    assert after == [("available", 0, 100)]
 
 
 def _prefetch(runtime: Any, queue: str, n: int) -> None:
@@ -249,41 +254,22 @@ def _prefetch(runtime: Any, queue: str, n: int) -> None:
 
 async def test_prefetched_jobs_are_released_at_shutdown(dsn: str) -> None:
     """Jobs claimed ahead into the prefetch buffer never start after a stop: refunded."""
-    tasks = trioq.Registry()
-    started = Counter()
 
-    @tasks.task
-    async def long(job: trioq.JobContext) -> None:
-        started.hit(job.id)
-        await trio.sleep_forever()
+    async def two_prefetched(conn: Any, runtime: trioq.Runtime, started: Counter) -> None:
+        await started.wait_for(2)
+        _prefetch(runtime, "default", 2)
 
-    config = trioq.Config(
-        dsn=dsn,
-        registry=tasks,
-        shutdown_grace=0.2,
-        queues={"default": trioq.QueueConfig(concurrency=2)},
-        **FAST,
-    )
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        await trioq.enqueue_many(conn, [trioq.JobSpec(task="long") for _ in range(10)])
-        async with trio.open_nursery() as nursery:
-            runtime = await nursery.start(trioq.serve, config)
-            await started.wait_for(2)
-            _prefetch(runtime, "default", 2)
+        async def prefetched() -> bool:  # 2 running + 2 in the buffer
+            return runtime.statistics().held_leases == 4 and await rows(
+                conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'"
+            ) == [(4,)]
 
-            async def prefetched() -> bool:  # 2 running + 2 in the buffer
-                return runtime.statistics().held_leases == 4 and await rows(
-                    conn, "SELECT count(*) FROM trioq.jobs WHERE state = 'running'"
-                ) == [(4,)]
+        await wait_until(prefetched)
+        assert runtime.statistics().running == 2
 
-            await wait_until(prefetched)
-            assert runtime.statistics().running == 2
-            runtime.stop()
-        assert len(started.calls) == 2
-        assert await rows(
-            conn, "SELECT state, attempt, count(*) FROM trioq.jobs GROUP BY 1, 2"
-        ) == [("available", 0, 10)]
+    started, after = await _stop_among_sleepers(dsn, jobs=10, slots=2, until=two_prefetched)
+    assert len(started) == 2
+    assert after == [("available", 0, 10)]
 
 
 async def test_a_prefetched_job_cancelled_before_it_starts_never_runs(dsn: str) -> None:

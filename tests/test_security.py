@@ -30,7 +30,8 @@ import attrs
 import psycopg
 import pytest
 import trio
-from clitool import ServeProcess, trioq_cli
+from clitool import ServeProcess, cli_env, trioq_cli
+from helpers import poll_query
 from pgcluster import copy_cluster, scratch_dir, template_cluster
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -223,12 +224,6 @@ LISTENING = (
 )
 
 
-LISTENING = (
-    "SELECT {select} FROM pg_stat_activity"
-    " WHERE query LIKE 'LISTEN%%' AND datname = current_database()"
-)
-
-
 def test_serve_logs_never_show_the_password(dsn_with_password: str) -> None:
     """A worker that starts, runs a job of a task it does not know (logged as an error),
     loses its listener connection (logged) and stops on SIGTERM."""
@@ -240,16 +235,17 @@ def test_serve_logs_never_show_the_password(dsn_with_password: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=TESTS,
-        env={k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")},
+        env=cli_env(),
     )
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            _poll(conn, LISTENING.format(select="1"))
+            poll_query(conn, LISTENING.format(select="1"), READY_TIMEOUT)
             conn.execute(LISTENING.format(select="pg_terminate_backend(pid)"))
             enqueued = trioq_cli("enqueue", "nobody", "--max-attempts", "1", "--dsn", dsn)
             assert enqueued.returncode == 0
             # given back for a worker that knows the task (issue #10; it used to go dead)
-            _poll(conn, "SELECT 1 FROM trioq.jobs WHERE last_error LIKE 'unknown task%%'")
+            given_back = "SELECT 1 FROM trioq.jobs WHERE last_error LIKE 'unknown task%%'"
+            poll_query(conn, given_back, READY_TIMEOUT)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -265,15 +261,14 @@ def test_serve_logs_never_show_the_password(dsn_with_password: str) -> None:
 def test_serve_processes_keep_the_dsn_off_command_lines(dsn_with_password: str) -> None:
     dsn = dsn_with_password
     assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
-    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config",
          "--processes", "2", "--dsn", dsn],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS, env=cli_env(),
     )  # fmt: skip
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            _poll(conn, LISTENING.format(select="1") + " HAVING count(*) = 2")
+            poll_query(conn, LISTENING.format(select="1") + " HAVING count(*) = 2", READY_TIMEOUT)
         children = _children(proc.pid)
         assert len(children) == 2
         for pid in children:
@@ -290,14 +285,6 @@ def test_serve_processes_keep_the_dsn_off_command_lines(dsn_with_password: str) 
             proc.communicate()
     assert proc.returncode == 0, stderr
     assert_no_password(stdout, stderr)
-
-
-def _poll(conn: Any, query: str, timeout: float = READY_TIMEOUT) -> None:
-    """Poll the database (bounded) for state a subprocess cannot tell us about."""
-    deadline = time.monotonic() + timeout
-    while conn.execute(query).fetchone() is None:
-        assert time.monotonic() < deadline, f"timed out waiting for: {query}"
-        time.sleep(0.05)
 
 
 def _children(parent: int) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import select
 import shutil
 import signal
 import subprocess
@@ -18,24 +17,21 @@ from typing import Any
 import psycopg
 import psycopg.sql
 import pytest
+from clitool import cli_env, read_until
 
 import trioq  # noqa: F401 - the subprocesses import it; fail early here if broken
 
-TESTS = pathlib.Path(__file__).parent
 
-
-def _env(dsn: str, **app: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-    env["TRIOQ_DSN"] = dsn
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-    env.update({f"APP_{k.upper()}": v for k, v in app.items()})
-    return env
+def _app_env(dsn: str, **app: str) -> dict[str, str]:
+    """For ``trioq serve --app serve_app:config`` on ``dsn``: ``app`` are serve_app's
+    settings (``grace="0.5"`` is ``APP_GRACE``)."""
+    return cli_env({f"APP_{k.upper()}": v for k, v in app.items()}, dsn=dsn, apps=True)
 
 
 def _start(dsn: str, **app: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config", "--migrate"],
-        env=_env(dsn, **app),
+        env=_app_env(dsn, **app),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -81,22 +77,6 @@ def _wait_for(dsn: str, sql: str, expected: Any, timeout: float = 30) -> float:
         time.sleep(0.05)
 
 
-def _read_until(proc: subprocess.Popen[str], text: str, timeout: float = 30) -> None:
-    """Read the process's output until ``text`` appears (bounded)."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while text.encode() not in seen:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"{text!r} not in output: {seen.decode(errors='replace')}"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            chunk = os.read(fd, 65536)
-            assert chunk, f"process exited before printing {text!r}: {seen.decode()}"
-            seen += chunk
-
-
 def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 30) -> str:
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -124,10 +104,10 @@ def test_schema_on_the_command_line_wins_over_the_apps(
     proc = subprocess.Popen(
         [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config",
          "--schema", "elsewhere", "--migrate"],
-        env=_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=0,
+        env=_app_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=0,
     )  # fmt: skip
     procs.append(proc)
-    _read_until(proc, "schema elsewhere")  # the banner says which
+    read_until(proc, "schema elsewhere")  # the banner says which
     with psycopg.connect(dsn, autocommit=True) as conn:
         for schema in ("trioq", "elsewhere"):
             conn.execute(
@@ -169,7 +149,7 @@ def test_second_signal_skips_the_grace(dsn: str, procs: list[subprocess.Popen[st
     _wait_for(dsn, "SELECT count(*) FROM runs", [(3,)])
     proc.send_signal(signal.SIGINT)  # graceful: would wait up to 600 s for the jobs
     # trio coalesces a signal that arrives again before it is read: wait for the first.
-    _read_until(proc, "stopping: waiting up to 600")
+    read_until(proc, "stopping: waiting up to 600")
     start = time.monotonic()
     out = _stop(proc, signal.SIGINT)
     assert proc.returncode == 0, out
@@ -242,7 +222,7 @@ def test_demo_runs_on_the_embedded_postgres() -> None:
 
 def test_processes_flag_runs_supervised_workers(dsn: str) -> None:
     _setup(dsn)
-    env = _env(dsn, grace="0.5")
+    env = _app_env(dsn, grace="0.5")
     parent = subprocess.Popen(
         [
             sys.executable,
@@ -289,7 +269,7 @@ def test_children_stop_when_the_supervisor_is_sigkilled(dsn: str) -> None:
     parent = subprocess.Popen(
         [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config",
          "--processes", "2"],
-        env=_env(dsn, grace="0.5", lease="600"),
+        env=_app_env(dsn, grace="0.5", lease="600"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -326,7 +306,7 @@ def test_sigterm_while_connecting_stops_the_worker_gracefully() -> None:
         dsn = f"postgresql://nobody@127.0.0.1:{port}/app?connect_timeout=60"
         proc = subprocess.Popen(  # no --migrate: the runtime's own start-up connects
             [sys.executable, "-m", "trioq._cli", "serve", "--app", "serve_app:config"],
-            env=_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=_app_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
             with server.accept()[0]:  # the worker is connecting now, and waits for an answer

@@ -51,6 +51,20 @@ def _report(path: pathlib.Path) -> dict[str, Any]:
     return data
 
 
+def _verified(
+    tmp_path: pathlib.Path, jobs: int, *args: str, env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:  # fmt: skip
+    """``trioq stress ARGS --json REPORT``: it exits 0 and its report says all ``jobs`` were
+    verified (`_assert_verified`). Its output, and the report."""
+    path = tmp_path / "report.json"
+    out = trioq_cli("stress", *args, "--json", str(path), env=env, timeout=timeout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = _report(path)
+    _assert_verified(report, jobs)
+    return out, report
+
+
 def _assert_verified(report: dict[str, Any], jobs: int) -> None:
     v = report["verification"]
     assert v["passed"] is True, v
@@ -74,13 +88,9 @@ def test_usage_errors_exit_2() -> None:
 
 
 def test_burn_down_verifies_and_writes_the_json_report(dsn: str, tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "report.json"
-    out = _stress("--dsn", dsn, "--jobs", "2000", "--processes", "2", "--json", str(path))
-    assert out.returncode == 0, out.stdout + out.stderr
+    out, report = _verified(tmp_path, 2000, "--dsn", dsn, "--jobs", "2000", "--processes", "2")
     assert "verify:    PASSED" in out.stdout
     assert "done 2,000/2,000" in out.stderr  # the progress line
-    report = _report(path)
-    _assert_verified(report, 2000)
     assert report["enqueue"]["jobs"] == 2000 and report["enqueue"]["rate"] > 0
     assert report["drain"]["jobs"] == 2000 and report["drain"]["rate"] > 0
     latency = report["latency"]
@@ -99,14 +109,10 @@ def test_burn_down_verifies_and_writes_the_json_report(dsn: str, tmp_path: pathl
 
 
 def test_killed_workers_lose_nothing(dsn: str, tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "report.json"
-    out = _stress(
-        "--dsn", dsn, "--jobs", "300", "--concurrency", "5", "--work-ms", "50",
-        "--kill-every", "1", "--quiet", "--json", str(path),
+    _, report = _verified(
+        tmp_path, 300, "--dsn", dsn, "--jobs", "300", "--concurrency", "5", "--work-ms", "50",
+        "--kill-every", "1", "--quiet",
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    report = _report(path)
-    _assert_verified(report, 300)
     assert report["chaos"]["kills"] >= 1
     assert report["options"]["lease"] is None  # chaos picked the short lease itself
     reasons = report["verification"]["reexecuted_reasons"]
@@ -116,14 +122,10 @@ def test_killed_workers_lose_nothing(dsn: str, tmp_path: pathlib.Path) -> None:
 
 
 def test_terminated_connections_lose_nothing(dsn: str, tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "report.json"
-    out = _stress(
-        "--dsn", dsn, "--jobs", "300", "--concurrency", "5", "--work-ms", "20",
-        "--terminate-every", "0.5", "--quiet", "--json", str(path),
+    _, report = _verified(
+        tmp_path, 300, "--dsn", dsn, "--jobs", "300", "--concurrency", "5", "--work-ms", "20",
+        "--terminate-every", "0.5", "--quiet",
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    report = _report(path)
-    _assert_verified(report, 300)
     assert report["chaos"]["terminated_connections"] >= 1
 
 
@@ -134,15 +136,10 @@ def test_complete_with_loses_nothing_under_kills_and_terminated_connections(
     """``job.complete_with()`` (the statement, the completion and COMMIT in one round trip;
     ``one-shared``: batches of jobs in one transaction) under SIGKILLs and terminated
     connections: every job's ledger row once."""
-    path = tmp_path / "report.json"
-    out = _stress(
-        "--dsn", dsn, "--jobs", "800", "--concurrency", "10", "--work-ms", "50",
+    _, report = _verified(
+        tmp_path, 800, "--dsn", dsn, "--jobs", "800", "--concurrency", "10", "--work-ms", "50",
         "--transactions", mode, "--kill-every", "1", "--terminate-every", "0.5", "--quiet",
-        "--json", str(path),
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    report = _report(path)
-    _assert_verified(report, 800)
     assert report["chaos"]["kills"] >= 1 and report["chaos"]["terminated_connections"] >= 1
     assert report["options"]["transactions"] == mode
 
@@ -150,15 +147,11 @@ def test_complete_with_loses_nothing_under_kills_and_terminated_connections(
 def test_steady_rate_is_kept_and_restart_is_skipped_on_a_dsn(
     dsn: str, tmp_path: pathlib.Path
 ) -> None:
-    path = tmp_path / "report.json"
-    out = _stress(
-        "--dsn", dsn, "--mode", "steady", "--rate", "300", "--duration", "3",
-        "--restart-postgres-at", "1", "--json", str(path),
+    out, report = _verified(
+        tmp_path, 900, "--dsn", dsn, "--mode", "steady", "--rate", "300", "--duration", "3",
+        "--restart-postgres-at", "1",
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
     assert "--restart-postgres-at skipped" in out.stderr
-    report = _report(path)
-    _assert_verified(report, 900)
     steady = report["steady"]
     assert steady["produced"] == 900
     assert 270 <= steady["achieved_rate"] <= 330, steady
@@ -170,18 +163,13 @@ def test_embedded_postgres_restarted_mid_run_loses_nothing(tmp_path: pathlib.Pat
     root = tempfile.mkdtemp(prefix="trioq-stress-")
     os.chmod(root, 0o711)  # the server may run as another user (root runs it as postgres)
     data_dir = os.path.join(root, "pg")
-    env = {**cli_env(), "TRIOQ_EMBEDDED_DIR": data_dir}
-    path = tmp_path / "report.json"
+    env = cli_env({"TRIOQ_EMBEDDED_DIR": data_dir})
     try:
-        out = subprocess.run(
-            [sys.executable, "-m", "trioq._cli", "stress", "--jobs", "150", "--concurrency",
-             "5", "--work-ms", "20", "--restart-postgres-at", "0.3", "--quiet", "--json",
-             str(path)],
-            capture_output=True, text=True, env=env, timeout=180, check=False,
+        _, report = _verified(
+            tmp_path, 150, "--jobs", "150", "--concurrency", "5", "--work-ms", "20",
+            "--restart-postgres-at", "0.3", "--quiet", env={"TRIOQ_EMBEDDED_DIR": data_dir},
+            timeout=180,
         )  # fmt: skip
-        assert out.returncode == 0, out.stdout + out.stderr
-        report = _report(path)
-        _assert_verified(report, 150)
         assert report["database"]["embedded"] is True
         assert report["chaos"]["postgres_restarts"] == 1
         status = subprocess.run(

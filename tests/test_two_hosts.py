@@ -29,6 +29,7 @@ import attrs
 import psycopg
 import pytest
 from clitool import TESTS, cli_env, trioq_cli
+from helpers import assert_missing_fails, missing
 from netns import NS_PREFIX, Host, sweep_stale, two_hosts, unavailable
 from pgcluster import copy_cluster, create_database, scratch_dir, template_cluster
 from psycopg.conninfo import make_conninfo
@@ -52,23 +53,16 @@ SELECT application_name, host(client_addr) FROM pg_stat_activity
 def require_netns() -> None:
     """Fail (or skip, if `SKIP_VAR` is 1) when network namespaces cannot be made here."""
     reason = unavailable()
-    if reason is None:
-        return
-    if os.environ.get(SKIP_VAR) == "1":
-        pytest.skip(f"{reason} and {SKIP_VAR}=1")
-    pytest.fail(f"{reason}: the two-host tests need root and `ip netns` "
-                f"(CI runs as root). {SKIP_VAR}=1 skips them.")  # fmt: skip
+    if reason is not None:
+        missing(reason, skip_var=SKIP_VAR,
+                needs="the two-host tests need root and `ip netns` (CI runs as root)")  # fmt: skip
 
 
 def test_without_netns_the_tests_fail_and_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """Missing namespaces are a failure (a skipped test is not a passing one), unless asked."""
     monkeypatch.setattr(sys.modules[__name__], "unavailable", lambda: "no root here")
-    monkeypatch.delenv(SKIP_VAR, raising=False)
-    with pytest.raises(pytest.fail.Exception, match=rf"no root here.*{SKIP_VAR}=1 skips"):
-        require_netns()
-    monkeypatch.setenv(SKIP_VAR, "1")
-    with pytest.raises(pytest.skip.Exception):
-        require_netns()
+    assert_missing_fails(monkeypatch, require_netns, skip_var=SKIP_VAR,
+                         match=rf"no root here.*{SKIP_VAR}=1 skips")  # fmt: skip
 
 
 @attrs.frozen

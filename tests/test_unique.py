@@ -6,34 +6,23 @@ keys derived from args, and the migration of the old global keys. Time moves thr
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
+from helpers import migrated, wait_until_blocked
 
 import trioq
 from trioq import Failure, JobSpec, Lease, Queue, Unique
+from trioq.testing import set_clock
 
 UTC = dt.UTC
 LEASE = dt.timedelta(seconds=30)
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)  # a multiple of every period used here
+START = T0 + dt.timedelta(minutes=10)  # where each test's clock starts
 HOUR = dt.timedelta(hours=1)
 Q = Queue()
 HOURLY = Unique(key="report", period=HOUR)
-
-
-@asynccontextmanager
-async def migrated(dsn: str) -> AsyncIterator[Any]:
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        await set_clock(conn, T0 + dt.timedelta(minutes=10))
-        yield conn
-
-
-async def set_clock(conn: Any, when: dt.datetime) -> None:
-    await conn.execute("SELECT set_config('trioq.now', %s, false)", (when.isoformat(),))
 
 
 async def finish_all(conn: Any) -> None:
@@ -42,7 +31,7 @@ async def finish_all(conn: Any) -> None:
 
 
 async def test_one_job_per_period_finished_ones_included(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, START) as conn:
         first = await trioq.enqueue(conn, "t", unique=HOURLY)
         assert not first.duplicate
         assert await trioq.enqueue(conn, "t", unique=HOURLY) == trioq.EnqueueResult(
@@ -65,7 +54,7 @@ async def test_one_job_per_period_finished_ones_included(dsn: str) -> None:
 
 
 async def test_which_states_count(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, START) as conn:
         default = Unique(key="a", period=HOUR)  # live + done
         job = await trioq.enqueue(conn, "t", unique=default)
         await Q.cancel(conn, job.job_id)
@@ -98,7 +87,7 @@ async def test_which_states_count(dsn: str) -> None:
 
 
 async def test_by_args_fields_and_queue(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, START) as conn:
         by_user = Unique(by_args=["user"], period=HOUR)
         a = await trioq.enqueue(conn, "t", {"user": 1, "note": "x"}, unique=by_user)
         b = await trioq.enqueue(conn, "t", {"note": "y", "user": 1}, unique=by_user)
@@ -122,8 +111,8 @@ async def test_by_args_fields_and_queue(dsn: str) -> None:
 async def test_the_first_to_take_the_key_wins_and_the_loser_waits_for_its_commit(
     dsn: str,
 ) -> None:
-    async with migrated(dsn) as a, await trioq.connect(dsn, autocommit=True) as b:
-        await set_clock(b, T0 + dt.timedelta(minutes=10))
+    async with migrated(dsn, START) as a, await trioq.connect(dsn, autocommit=True) as b:
+        await set_clock(b, START)
         results: list[trioq.EnqueueResult] = []
 
         async def second() -> None:
@@ -146,20 +135,8 @@ async def test_the_first_to_take_the_key_wins_and_the_loser_waits_for_its_commit
                 assert not results[0].duplicate and results[0].job_id != first.job_id
 
 
-async def wait_until_blocked(observer: Any, blocked: Any) -> None:
-    pid = blocked.info.backend_pid
-    with trio.fail_after(10):
-        while True:
-            cur = await observer.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-            )
-            if (await cur.fetchone()) == ("Lock",):
-                return
-            await trio.sleep(0.01)
-
-
 async def test_a_batch_with_windows_keeps_input_order(dsn: str) -> None:
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, START) as conn:
         specs = [
             JobSpec(task="t", unique=HOURLY),
             JobSpec(task="t", dedup_key="plain"),
@@ -186,7 +163,7 @@ async def test_task_options_unique_and_concurrency_key_from_args(dsn: str) -> No
     @tasks.task(concurrency_key=lambda args: f"region-{args['region']}")
     async def ship(job: trioq.JobContext, region: str) -> None: ...
 
-    async with migrated(dsn) as conn:
+    async with migrated(dsn, START) as conn:
         a = await sync.enqueue(conn, customer=7)
         b = await sync.enqueue(conn, customer=7, full=True)
         c = await sync.enqueue(conn, customer=7, unique=False)  # the caller overrides

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -52,8 +54,14 @@ async def _jobs(dsn: str) -> dict[str, int]:
             "dead": ids[4], "done": ids[5]}  # fmt: skip
 
 
-def _dashboard(dsn: str, **options: Any) -> trioq.web.Dashboard:
-    return trioq.web.app(dsn, **options)
+@asynccontextmanager
+async def _dashboard(dsn: str, **options: Any) -> AsyncIterator[trioq.web.Dashboard]:
+    """The dashboard app of ``dsn``, closed at the end."""
+    app = trioq.web.app(dsn, **options)
+    try:
+        yield app
+    finally:
+        await app.aclose()
 
 
 async def _csrf(app: Any, path: str = "/confirm/purge?all=1") -> tuple[dict[str, str], str]:
@@ -77,8 +85,7 @@ async def test_the_workers_table_shows_registered_workers_idle_ones_too(dsn: str
             " ('hostA:111:aaaa', 'hostA', 111, '{\"email\": 10, \"work\": 4}', now()),"
             " ('hostB:222:bbbb', 'hostB', 222, '{\"email\": 2}', now() - interval '1 minute')"
         )
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         live = (await call(app, "GET", "/live/overview")).text
         idle = live[live.index('data-owner="hostA:111:aaaa"') :]
         idle = idle[: idle.index("</tr>")]
@@ -87,14 +94,11 @@ async def test_the_workers_table_shows_registered_workers_idle_ones_too(dsn: str
         gone = live[live.index('data-owner="hostB:222:bbbb"') :]
         assert 'class="bad"' in gone[: gone.index("</tr>")]
         assert f'data-owner="{OWNER}"' in live  # from its lease
-    finally:
-        await app.aclose()
 
 
 async def test_every_page_renders_what_is_there(dsn: str) -> None:
     ids = await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         overview = await call(app, "GET", "/")
         assert overview.status == 200
         for queue in ("email", "work"):
@@ -117,14 +121,11 @@ async def test_every_page_renders_what_is_there(dsn: str) -> None:
         assert history.status == 200 and len(history.text) > 1000
         gone = await call(app, "GET", "/jobs/999999")
         assert gone.status == 404 and "finished jobs are deleted" in gone.text
-    finally:
-        await app.aclose()
 
 
 async def test_search_by_id_args_json_and_text(dsn: str) -> None:
     ids = await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         found = await call(app, "GET", f"/jobs?q={ids['dead']}")
         assert found.status == 303 and found.header("location") == f"/jobs/{ids['dead']}"
         by_json = await call(app, "GET", '/jobs?state=available&q={"user_id":%2042}')
@@ -135,22 +136,17 @@ async def test_search_by_id_args_json_and_text(dsn: str) -> None:
         assert "data-job=" not in neither.text and "No available jobs match" in neither.text
         by_task = await call(app, "GET", "/jobs?state=available&task=nope")
         assert "data-job=" not in by_task.text
-    finally:
-        await app.aclose()
 
 
 async def test_every_response_carries_the_security_headers(dsn: str) -> None:
     await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         for path in ("/", "/jobs", "/static/trioq.js", "/nope", "/api/history"):
             reply = await call(app, "GET", path)
             csp = reply.header("content-security-policy") or ""
             assert "default-src 'self'" in csp and "script-src 'self'" in csp, path
             assert reply.header("x-frame-options") == "DENY", path
             assert reply.header("referrer-policy") == "same-origin", path
-    finally:
-        await app.aclose()
 
 
 # -- actions --------------------------------------------------------------------------------------
@@ -158,8 +154,7 @@ async def test_every_response_carries_the_security_headers(dsn: str) -> None:
 
 async def test_retry_purge_and_cancel_through_confirmation(dsn: str) -> None:
     ids = await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         cookies, csrf = await _csrf(app, f"/confirm/retry?ids={ids['dead']}")
         confirm = await call(app, "GET", f"/confirm/retry?ids={ids['dead']}", cookies=cookies)
         assert 'id="count">1<' in confirm.text
@@ -174,8 +169,6 @@ async def test_retry_purge_and_cancel_through_confirmation(dsn: str) -> None:
         assert cancel.header("location") == f"/jobs/{ids['running']}?done=requested"
         page = await call(app, "GET", f"/jobs/{ids['running']}", cookies=cookies)
         assert 'id="cancel-requested"' in page.text
-    finally:
-        await app.aclose()
     async with await trioq.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute("SELECT cancel_requested FROM trioq.jobs WHERE id = %s",
                                  (ids["running"],))  # fmt: skip
@@ -187,8 +180,7 @@ async def test_pause_and_resume_a_queue_through_confirmation(dsn: str) -> None:
     every worker (the `queues` row), the overview shows it paused with a Resume button, and
     resuming clears it. A paused queue with no jobs still shows, so it can be resumed."""
     await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         page = await call(app, "GET", "/")
         assert 'data-action="pause" href="/confirm/pause?queue=email"' in page.text
         cookies, csrf = await _csrf(app, "/confirm/pause?queue=email")
@@ -216,8 +208,6 @@ async def test_pause_and_resume_a_queue_through_confirmation(dsn: str) -> None:
         forged = await call(app, "POST", "/actions/pause", cookies=cookies,
                             form={"csrf": "0" * 64, "queue": "email"})  # fmt: skip
         assert forged.status == 403
-    finally:
-        await app.aclose()
     async with await trioq.connect(dsn, autocommit=True) as conn:
         assert [s.name for s in await Queue().queue_settings(conn) if s.paused] == ["idle"]
 
@@ -232,8 +222,7 @@ async def test_all_matching_walks_every_batch(dsn: str, monkeypatch: pytest.Monk
             " SELECT g, CASE WHEN g <= 5 THEN 'a' ELSE 'b' END, 't', '{}', 0, 1, 1, 'x', now()"
             " FROM generate_series(1, 8) AS g"
         )
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         cookies, csrf = await _csrf(app)
         confirm = await call(app, "GET", "/confirm/purge?all=1&queue=a", cookies=cookies)
         assert 'id="count">5<' in confirm.text
@@ -243,8 +232,6 @@ async def test_all_matching_walks_every_batch(dsn: str, monkeypatch: pytest.Monk
         done = await call(app, "POST", "/actions/retry", cookies=cookies,
                           form={"csrf": csrf, "all": "1"})  # fmt: skip
         assert done.header("location") == "/jobs?state=dead&done=retry&n=3"
-    finally:
-        await app.aclose()
     async with await trioq.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
             "SELECT (SELECT count(*) FROM trioq.dead_jobs),"
@@ -255,8 +242,7 @@ async def test_all_matching_walks_every_batch(dsn: str, monkeypatch: pytest.Monk
 
 async def test_a_post_without_a_valid_csrf_token_is_refused(dsn: str) -> None:
     ids = await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         cookies, csrf = await _csrf(app)
         form = {"ids": ids["available"]}
         for attempt in (
@@ -274,14 +260,11 @@ async def test_a_post_without_a_valid_csrf_token_is_refused(dsn: str) -> None:
         ok = await call(app, "POST", "/actions/cancel", form={**form, "csrf": csrf},
                         cookies=cookies, headers={"origin": "http://testserver"})  # fmt: skip
         assert ok.status == 303
-    finally:
-        await app.aclose()
 
 
 async def test_read_only_hides_and_refuses_every_action(dsn: str) -> None:
     ids = await _jobs(dsn)
-    app = _dashboard(dsn, read_only=True)
-    try:
+    async with _dashboard(dsn, read_only=True) as app:
         page = await call(app, "GET", f"/jobs/{ids['dead']}")
         assert 'id="read-only"' in page.text and 'id="retry"' not in page.text
         assert 'type="checkbox"' not in (await call(app, "GET", "/jobs?state=dead")).text
@@ -292,8 +275,6 @@ async def test_read_only_hides_and_refuses_every_action(dsn: str) -> None:
             refused = await call(app, "POST", f"/actions/{action}",
                                  form={"ids": ids["dead"], "queue": "email"})  # fmt: skip
             assert refused.status == 403 and "read-only" in refused.text
-    finally:
-        await app.aclose()
     async with await trioq.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute("SELECT count(*) FROM trioq.dead_jobs")
         assert await cur.fetchone() == (1,)
@@ -305,8 +286,7 @@ async def test_read_only_hides_and_refuses_every_action(dsn: str) -> None:
 
 async def test_the_token_guards_every_request(dsn: str) -> None:
     await _jobs(dsn)
-    app = _dashboard(dsn, token=TOKEN)
-    try:
+    async with _dashboard(dsn, token=TOKEN) as app:
         for path in ("/", "/jobs", "/static/trioq.js", "/api/history"):
             refused = await call(app, "GET", path)
             assert refused.status == 401 and TOKEN not in refused.text, path
@@ -319,8 +299,6 @@ async def test_the_token_guards_every_request(dsn: str) -> None:
         assert (await call(app, "GET", "/jobs", cookies=cookies)).status == 200
         bearer = await call(app, "GET", "/", headers={"authorization": f"Bearer {TOKEN}"})
         assert bearer.status == 200
-    finally:
-        await app.aclose()
 
 
 def test_a_weak_token_is_refused(dsn: str) -> None:
@@ -358,25 +336,19 @@ def test_a_weak_token_is_refused(dsn: str) -> None:
 )
 async def test_bad_input_gets_a_clear_answer(dsn: str, path: str, status: int, says: str) -> None:
     await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         reply = await call(app, "GET", path)
         assert reply.status == status, reply.text
         assert says in reply.text
-    finally:
-        await app.aclose()
 
 
 async def test_too_many_ids_are_refused(dsn: str) -> None:
     await _jobs(dsn)
-    app = _dashboard(dsn)
-    try:
+    async with _dashboard(dsn) as app:
         cookies, csrf = await _csrf(app)
         form = [("csrf", csrf), *(("ids", str(i)) for i in range(1, 1002))]
         reply = await call(app, "POST", "/actions/retry", form=form, cookies=cookies)
         assert reply.status == 400 and "at most 1000 jobs" in reply.text
-    finally:
-        await app.aclose()
 
 
 # -- secrets and mounting -----------------------------------------------------------------------
@@ -391,9 +363,11 @@ async def test_no_dsn_or_password_in_any_response(dsn: str, unused_port: int) ->
     password = "Pa55-w0rd-n0t-sh0wn"  # the test cluster trusts local users: any works
     target = conninfo_to_dict(dsn)
     secrets = [password, str(target["host"]), str(target["dbname"])]
-    app = _dashboard(_with_password(dsn, password))
-    down = _dashboard(make_conninfo(dsn, host="127.0.0.1", port=unused_port, password=password))
-    try:
+    unreachable = make_conninfo(dsn, host="127.0.0.1", port=unused_port, password=password)
+    async with (
+        _dashboard(_with_password(dsn, password)) as app,
+        _dashboard(unreachable) as down,
+    ):
         paths = ["/", "/live/overview", "/jobs", "/cron", "/api/history", "/nope",
                  *(f"/jobs/{i}" for i in ids.values()), "/jobs?state=bogus"]  # fmt: skip
         replies: list[Reply] = [await call(app, "GET", p) for p in paths]
@@ -404,16 +378,12 @@ async def test_no_dsn_or_password_in_any_response(dsn: str, unused_port: int) ->
             everything = reply.text + repr(reply.headers)
             for secret in secrets:
                 assert secret not in everything
-    finally:
-        await app.aclose()
-        await down.aclose()
 
 
 async def test_mounted_under_a_prefix_links_stay_inside_it(dsn: str) -> None:
     ids = await _jobs(dsn)
-    dashboard = _dashboard(dsn)
-    service = Starlette(routes=[Mount("/ops/trioq", app=dashboard)])
-    try:
+    async with _dashboard(dsn) as dashboard:
+        service = Starlette(routes=[Mount("/ops/trioq", app=dashboard)])
         page = await call(service, "GET", "/ops/trioq/")
         assert page.status == 200
         links = re.findall(r'(?:href|src|hx-get|data-history)="(/[^"]*)"', page.text)
@@ -421,8 +391,6 @@ async def test_mounted_under_a_prefix_links_stay_inside_it(dsn: str) -> None:
         job = await call(service, "GET", f"/ops/trioq/jobs/{ids['dead']}")
         assert f'href="/ops/trioq/confirm/retry?ids={ids["dead"]}"' in job.text
         assert (await call(service, "GET", "/ops/trioq/static/trioq.js")).status == 200
-    finally:
-        await dashboard.aclose()
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -446,7 +414,7 @@ def test_the_command_says_when_the_schema_is_missing(dsn: str) -> None:
 def test_under_asyncio_it_says_it_needs_trio(dsn: str) -> None:
     import asyncio
 
-    app = _dashboard(dsn)
+    app = trioq.web.app(dsn)
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
 
     async def nothing(*_: Any) -> Any:

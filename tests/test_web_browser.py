@@ -22,12 +22,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from clitool import TESTS, cli_env
+from helpers import assert_missing_fails, installed
 from pgcluster import create_database, drop_database
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 pytestmark = pytest.mark.slow
 
-TESTS = pathlib.Path(__file__).parent
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 SKIP_VAR = "TRIOQ_SKIP_BROWSER_TESTS"
 #: As the probe of this machine found: no first-run work, no calls home (refused here).
@@ -38,34 +39,18 @@ LIVE = 20_000  # ms a live update may take (polls every 2 s, charts every 5 s)
 
 
 def _chromium() -> str:
-    if CHROMIUM.exists():
-        return str(CHROMIUM)
-    if os.environ.get(SKIP_VAR) == "1":
-        pytest.skip(f"{CHROMIUM} is missing and {SKIP_VAR}=1")
-    pytest.fail(
-        f"Chromium is not installed at {CHROMIUM}: the dashboard's browser tests need it "
-        f"(apt-get install -y chromium; .ci/run does this). {SKIP_VAR}=1 skips them."
-    )
+    return installed(CHROMIUM, skip_var=SKIP_VAR, needs="the dashboard's browser tests need "
+                     "Chromium (apt-get install -y chromium; .ci/run does this)")  # fmt: skip
 
 
 def test_without_chromium_the_tests_fail_and_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """A missing browser is a failure (a skipped test is not a passing one), unless asked."""
     monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", pathlib.Path("/nonexistent/chromium"))
-    monkeypatch.delenv(SKIP_VAR, raising=False)
-    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y chromium"):
-        _chromium()
-    monkeypatch.setenv(SKIP_VAR, "1")
-    with pytest.raises(pytest.skip.Exception):
-        _chromium()
+    assert_missing_fails(monkeypatch, _chromium, skip_var=SKIP_VAR,
+                         match=r"apt-get install -y chromium")  # fmt: skip
 
 
 # -- processes ------------------------------------------------------------------------------------
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRIOQ_DSN", "DATABASE_URL")}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-    return env
 
 
 def _first_line(proc: subprocess.Popen[str], log: pathlib.Path, prefix: str,
@@ -98,7 +83,8 @@ class Stack:
         with log.open("w") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "trioq._cli", *args, "--dsn", self.dsn],
-                cwd=TESTS, env=env or _env(), text=True, stdout=out, stderr=subprocess.STDOUT,
+                cwd=TESTS, env=env or cli_env(apps=True), text=True, stdout=out,
+                stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.procs.append(proc)
         return proc, log
@@ -158,7 +144,7 @@ def stack(pg_admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     name = f"trioq_web_browser_{os.getpid()}"
     dsn = create_database(pg_admin_dsn, name)
     subprocess.run([sys.executable, "-m", "trioq._cli", "migrate", "--dsn", dsn], check=True,
-                   capture_output=True, env=_env(), timeout=60)  # fmt: skip
+                   capture_output=True, env=cli_env(apps=True), timeout=60)  # fmt: skip
     stack = Stack(dsn, tmp_path_factory.mktemp("web-browser-logs"))
     stack.sql("CREATE TABLE web_switch (name text PRIMARY KEY, fail bool NOT NULL)")
     try:
@@ -331,7 +317,7 @@ def test_read_only_mode_hides_and_refuses_actions(stack: Stack, watched: Watched
 
 
 def test_a_page_without_the_token_is_refused(stack: Stack, browser: Browser) -> None:
-    guarded = stack.web(env={**_env(), "TRIOQ_WEB_TOKEN": TOKEN})
+    guarded = stack.web(env=cli_env({"TRIOQ_WEB_TOKEN": TOKEN}, apps=True))
     context = browser.new_context()
     try:
         page = context.new_page()

@@ -34,55 +34,33 @@ at once in two connections for that.
 
 from __future__ import annotations
 
-import collections
-import datetime as dt
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import pytest
-import trio
-from hypothesis import event
+from helpers import rows
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    invariant,
-    precondition,
-    rule,
-)
-from machines import LeaseMachine, run_machine
+from hypothesis.stateful import invariant, precondition, rule
+from machines import LEASE, LeaseMachine, ModelJob, Paths, Q, prove
 
 import trioq
-from trioq import Failure, Lease, Queue
 
-T = TypeVar("T")
-LEASE = dt.timedelta(seconds=30)
-T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 WORKERS = ("w0", "w1")
 POLICIES = st.sampled_from(["cancel", "run"])
 MAX_JOBS = 50
-Q = Queue()
 ENDED = ("done", "gone", "dead", "cancelled")  # gone: done, its row deleted (no kept result)
 RUNNABLE = ("available", "running")
 #: How often each path was taken in this process (the test checks the main ones were).
-SEEN: collections.Counter[str] = collections.Counter()
+SEEN = Paths()
+_seen = SEEN.take
 
 
-def _seen(what: str) -> None:
-    SEEN[what] += 1
-    event(what)
+@attrs.define(kw_only=True)
+class WorkflowJob(ModelJob):
+    """States: waiting, available, running, done, gone, dead, cancelled."""
 
-
-@attrs.define
-class ModelJob:
-    id: int
-    run_at: dt.datetime
-    max_attempts: int
     deps: tuple[int, ...] = ()
     policy: str = "cancel"
-    state: str = "available"  # waiting, available, running, done, gone, dead, cancelled
-    attempt: int = 0
-    owner: str | None = None
-    lease_until: dt.datetime | None = None
-    cancel_requested: bool = False
     edges: dict[int, str | None] = attrs.Factory(dict)  # dependency -> its outcome
     freed: int = 0  # times it went from waiting to runnable
 
@@ -99,35 +77,17 @@ def _outcome(state: str) -> str:
     return "done" if state == "gone" else state
 
 
-class WorkflowMachine(LeaseMachine):
+class WorkflowMachine(LeaseMachine[WorkflowJob]):
     workers = WORKERS
-
-    conn: Any = None
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.jobs: dict[int, ModelJob] = {}
-        self.clock = T0
-        self.beliefs: dict[str, set[Lease]] = {w: set() for w in WORKERS}
-        self.call(self._reset)
-
-    async def _reset(self) -> None:
-        await self.conn.execute(
-            "TRUNCATE trioq.jobs, trioq.dead_jobs, trioq.job_dependencies, trioq.batches"
-        )
-        await self._set_clock()
-
-    async def _set_clock(self) -> None:
-        await self.conn.execute(
-            "SELECT set_config('trioq.now', %s, false)", (self.clock.isoformat(),)
-        )
+    tables = ("jobs", "dead_jobs", "job_dependencies", "batches")
+    gone = "gone"
+    columns = ("state", "attempt", "lease_owner", "dependencies_left")
 
     # -- the model of the resolution -----------------------------------------------------------
 
     def end(self, job_id: int, state: str) -> None:
         """``job_id`` ended as ``state``: resolve its dependants, a cancellation cascading."""
-        model = self.jobs[job_id]
-        model.state, model.owner, model.lease_until = state, None, None
+        super().end(job_id, state)
         self._cascade([job_id])
 
     def _cascade(self, todo: list[int]) -> None:
@@ -140,7 +100,7 @@ class WorkflowMachine(LeaseMachine):
                 if pending and self._resolve(other, dep, outcome):
                     todo.append(other.id)
 
-    def _resolve(self, model: ModelJob, dep: int, outcome: str) -> bool:
+    def _resolve(self, model: WorkflowJob, dep: int, outcome: str) -> bool:
         """One edge of ``model`` resolved; True if that cancels it."""
         model.edges[dep] = outcome
         if model.state != "waiting":
@@ -163,8 +123,8 @@ class WorkflowMachine(LeaseMachine):
         return list(data.draw(picks))
 
     def _add(self, job_id: int, deps: list[int], policy: str, attempts: int) -> None:
-        model = ModelJob(id=job_id, run_at=self.clock, max_attempts=attempts,
-                         deps=tuple(deps), policy=policy)  # fmt: skip
+        model = WorkflowJob(id=job_id, run_at=self.clock, max_attempts=attempts,
+                            deps=tuple(deps), policy=policy)  # fmt: skip
         model.edges = dict.fromkeys(deps)
         model.state = "waiting" if deps else "available"
         self.jobs[job_id] = model
@@ -226,10 +186,6 @@ class WorkflowMachine(LeaseMachine):
 
     # -- rules: workers ------------------------------------------------------------------------
 
-    def _runnable(self) -> list[ModelJob]:
-        due = [j for j in self.jobs.values() if j.state == "available" and j.run_at <= self.clock]
-        return sorted(due, key=lambda j: (j.run_at, j.id))
-
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 4))
     def claim_again(self, worker: str, limit: int) -> None:
         """(Claims and completions move graphs on: twice the weight of other rules.)"""
@@ -239,23 +195,11 @@ class WorkflowMachine(LeaseMachine):
     def claim(self, worker: str, limit: int) -> None:
         got = self.call(lambda: Q.claim(self.conn, "default", owner=worker, limit=limit,
                                         lease=LEASE))  # fmt: skip
-        expected = self._runnable()[:limit]
-        assert [j.id for j in got] == [m.id for m in expected]
-        for job, model in zip(got, expected, strict=True):
+        expected = self._due()[:limit]
+        self._took(worker, got, expected)
+        for model in expected:
             if model.deps:
                 _seen("a freed dependant claimed")
-            model.state, model.owner = "running", worker
-            model.attempt += 1
-            model.lease_until = self.clock + LEASE
-            assert job.attempt == model.attempt
-            self.beliefs[worker].add(Lease(job.id, job.attempt))
-
-    def _back(self, job_id: int) -> None:
-        """Not an ending: back to available (a retry, a release, a returned lease)."""
-        model = self.jobs[job_id]
-        model.state, model.owner, model.lease_until, model.run_at = (
-            "available", None, None, self.clock
-        )  # fmt: skip
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data(), keep=st.booleans())
@@ -265,48 +209,20 @@ class WorkflowMachine(LeaseMachine):
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data(), keep=st.booleans())
     def complete(self, data: st.DataObject, keep: bool) -> None:
-        worker, leases = self._pick(data)
-        valid = self._valid(worker, leases)
+        worker, leases = self._pick(data, "complete")
         results = [{"n": le.job_id} for le in leases] if keep else None
-        done = self.call(lambda: Q.complete_many(self.conn, owner=worker, leases=leases,
-                                                 results=results))  # fmt: skip
-        assert done == valid
-        for job_id in sorted(valid):
-            self.end(job_id, "done" if keep else "gone")
+        self._complete(worker, leases, state="done" if keep else "gone", results=results)
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data(), fatal=st.booleans())
     def fail(self, data: st.DataObject, fatal: bool) -> None:
-        worker, leases = self._pick(data)
-        valid = self._valid(worker, leases)
-        failures = [Failure(lease=le, error="boom", fatal=fatal) for le in leases]
-        result = self.call(lambda: Q.fail_many(self.conn, owner=worker, failures=failures))
-        for job_id in sorted(valid):
-            model = self.jobs[job_id]
-            if fatal or model.attempt >= model.max_attempts:
-                assert job_id in result.dead
-                self.end(job_id, "dead")
-            elif model.cancel_requested:
-                assert job_id in result.cancelled
-                self.end(job_id, "cancelled")
-            else:
-                assert job_id in result.retried
-                self._back(job_id)
+        worker, leases = self._pick(data, "fail")
+        self._fail(worker, leases, fatal=fatal)
 
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        worker, leases = self._pick(data)
-        valid = self._valid(worker, leases)
-        released = self.call(lambda: Q.release_many(self.conn, owner=worker, leases=leases))
-        assert released == valid
-        for job_id in sorted(valid):
-            model = self.jobs[job_id]
-            model.attempt -= 1
-            if model.cancel_requested:
-                self.end(job_id, "cancelled")
-            else:
-                self._back(job_id)
+        self._release(*self._pick(data, "release"))
 
     @precondition(lambda self: bool(self._holders()))
     @rule(worker=st.sampled_from(WORKERS))
@@ -316,60 +232,24 @@ class WorkflowMachine(LeaseMachine):
 
     @rule(seconds=st.sampled_from([4, 31]))
     def time_passes(self, seconds: int) -> None:
-        self.clock += dt.timedelta(seconds=seconds)
-        self.call(self._set_clock)
+        self.advance(seconds)
 
-    @rule()
-    def sweep(self) -> None:
-        result = self.call(lambda: Q.sweep(self.conn))
-        for model in sorted(self.jobs.values(), key=lambda m: m.id):
-            if model.state != "running" or model.lease_until is None:
-                continue
-            if model.lease_until >= self.clock:
-                continue
+    def _swept(self, expired: list[WorkflowJob], result: Any) -> None:
+        for _ in expired:
             _seen("a lease swept")
-            if model.cancel_requested:
-                assert model.id in result.cancelled
-                self.end(model.id, "cancelled")
-            elif model.attempt >= model.max_attempts:
-                assert model.id in result.dead
-                self.end(model.id, "dead")
-            else:
-                assert model.id in result.returned
-                self._back(model.id)
+        super()._swept(expired, result)
 
-    @precondition(lambda self: bool(self.jobs))
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        model = self.jobs[data.draw(st.sampled_from(sorted(self.jobs)))]
-        outcome = self.call(Q.cancel, self.conn, model.id)
-        if model.state in ("waiting", "available"):
-            assert outcome.status == "cancelled"
-            self.end(model.id, "cancelled")
-        elif model.state == "running":
-            assert outcome.status == "requested"
-            model.cancel_requested = True
-        else:
-            assert outcome.status == "not_found"
+    # -- invariants (and those of every machine) -----------------------------------------------
 
-    # -- invariants ----------------------------------------------------------------------------
+    def _check_row(self, model: WorkflowJob, row: tuple[Any, ...]) -> None:
+        if model.deps and model.state != "cancelled":
+            assert row[3] == model.left, (model.id, row, model)
 
     @invariant()
-    def database_matches_model(self) -> None:
-        live, dead, edges = self.call(self._fetch)
-        for job_id, model in self.jobs.items():
-            if model.state == "gone":
-                assert job_id not in live and job_id not in dead, job_id
-            elif model.state == "dead":
-                assert job_id not in live and dead.get(job_id) == model.attempt, job_id
-            else:
-                state, attempt, owner, left = live[job_id]
-                assert (state, attempt, owner) == (model.state, model.attempt, model.owner), (
-                    job_id, live[job_id], model,
-                )  # fmt: skip
-                if model.deps and model.state != "cancelled":
-                    assert left == model.left, (job_id, left, model)
-        assert set(live) | set(dead) <= set(self.jobs), "rows the model never enqueued"
+    def edges_match_model(self) -> None:
+        """Each edge records the outcome of its dependency once it ended, the right one."""
+        query = "SELECT job_id, depends_on, outcome FROM trioq.job_dependencies"
+        edges = {(r[0], r[1]): r[2] for r in self.call(rows, self.conn, query)}
         expected = {
             (model.id, dep): outcome
             for model in self.jobs.values() if model.has_row
@@ -389,31 +269,11 @@ class WorkflowMachine(LeaseMachine):
                 if model.policy == "cancel":
                     assert set(model.edges.values()) == {"done"}, model
 
-    async def _fetch(self) -> tuple[dict[int, Any], dict[int, int], dict[tuple[int, int], Any]]:
-        cur = await self.conn.execute(
-            "SELECT id, state, attempt, lease_owner, dependencies_left FROM trioq.jobs"
-        )
-        live = {r[0]: tuple(r[1:]) for r in await cur.fetchall()}
-        cur = await self.conn.execute("SELECT id, attempt FROM trioq.dead_jobs")
-        dead = {r[0]: r[1] for r in await cur.fetchall()}
-        cur = await self.conn.execute(
-            "SELECT job_id, depends_on, outcome FROM trioq.job_dependencies"
-        )
-        return live, dead, {(r[0], r[1]): r[2] for r in await cur.fetchall()}
-
 
 def test_workflow_state_machine(dsn: str) -> None:
-    async def main() -> None:
-        async with await trioq.connect(dsn, autocommit=True) as conn:
-            await trioq.migrate(conn)
-            await run_machine(
-                WorkflowMachine, {"conn": conn}, examples=(200, 2000), steps=(50, 80)
-            )
-
     SEEN.clear()
-    trio.run(main)
-    print(dict(SEEN))
-    for path in ("dependant freed", "a freed dependant claimed", "a lease swept",
-                 "a dependency dead: dependant cancelled",
-                 "a dependency cancelled: dependant cancelled"):  # fmt: skip
-        assert SEEN[path], f"no example took the path {path!r}: {dict(SEEN)}"
+    prove(WorkflowMachine, dsn, examples=(200, 2000), steps=(50, 80))
+    SEEN.assert_taken((
+        "dependant freed", "a freed dependant claimed", "a lease swept",
+        "a dependency dead: dependant cancelled", "a dependency cancelled: dependant cancelled",
+    ))  # fmt: skip

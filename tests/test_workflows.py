@@ -9,15 +9,18 @@ tests/test_workflow_processes.py kills workers under a 10,000-job graph.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 import trio
+from helpers import wait_until_blocked
 
 import trioq
 from trioq import Failure, JobSpec, Lease, Queue
 from trioq._worker.services.pruner import prune
 
+T = TypeVar("T")
 Q = Queue()
 LEASE = dt.timedelta(seconds=30)
 
@@ -330,54 +333,50 @@ async def test_enqueue_many_and_bulk_with_dependencies(dsn: str) -> None:
         assert await _state(conn, results[1].job_id) == "available"
 
 
+async def _at_once(
+    dsn: str, conn: Any, first: Callable[[Any], Awaitable[T]],
+    then: Callable[[Any], Awaitable[object]],
+) -> T:  # fmt: skip
+    """``first`` in a transaction of a connection of its own, and ``then`` on another, which
+    waits for a lock ``first`` took (``conn`` sees it wait) until that commits. What
+    ``first`` returned."""
+    async with (
+        await trioq.connect(dsn) as one,
+        await trioq.connect(dsn, autocommit=True) as two,
+    ):
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery, one.transaction():
+                result = await first(one)
+                nursery.start_soon(then, two)
+                await wait_until_blocked(conn, two)
+    return result
+
+
 async def test_concurrent_enqueue_and_completion_of_a_dependency(dsn: str) -> None:
     """The dependency completes while the dependant's enqueue is uncommitted: the
     completion waits for the enqueue's lock, then resolves the new edge."""
-    async with (
-        await _conn(dsn) as conn,
-        await trioq.connect(dsn) as producer,
-        await trioq.connect(dsn, autocommit=True) as completer,
-    ):
+    async with await _conn(dsn) as conn:
         a = (await trioq.enqueue(conn, "a")).job_id
         job = await _run_job(conn, a)
-        with trio.fail_after(20):
-            async with trio.open_nursery() as nursery, producer.transaction():
-                b = (await trioq.enqueue(producer, "b", after=[a])).job_id
-                nursery.start_soon(_complete, completer, [job])
-                await _wait_for_lock(conn, completer)  # the DELETE waits for our commit
+        enqueued = await _at_once(  # the DELETE waits for the enqueue's commit
+            dsn, conn, lambda c: trioq.enqueue(c, "b", after=[a]), lambda c: _complete(c, [job])
+        )
+        b = enqueued.job_id
         assert await _state(conn, a) == "unknown"
         assert await _state(conn, b) == "available"
-
-
-async def _wait_for_lock(conn: Any, waiter: Any) -> None:
-    pid = waiter.info.backend_pid
-    with trio.fail_after(10):
-        while True:
-            cur = await conn.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-            )
-            if (await cur.fetchone()) == ("Lock",):
-                return
-            await trio.sleep(0.01)
 
 
 async def test_the_last_two_dependencies_ending_at_once_free_the_dependant_once(
     dsn: str,
 ) -> None:
-    async with (
-        await _conn(dsn) as conn,
-        await trioq.connect(dsn) as one,
-        await trioq.connect(dsn, autocommit=True) as two,
-    ):
+    async with await _conn(dsn) as conn:
         a = (await trioq.enqueue(conn, "a")).job_id
         b = (await trioq.enqueue(conn, "b")).job_id
         c = (await trioq.enqueue(conn, "c", after=[a, b])).job_id
         jobs = {j.id: j for j in await _claim(conn)}
-        with trio.fail_after(20):
-            async with trio.open_nursery() as nursery, one.transaction():
-                await _complete(one, [jobs[a]])
-                nursery.start_soon(_complete, two, [jobs[b]])
-                await _wait_for_lock(conn, two)  # waits for c's row, locked by `one`
+        await _at_once(  # the second completion waits for c's row, locked by the first
+            dsn, conn, lambda one: _complete(one, [jobs[a]]), lambda two: _complete(two, [jobs[b]])
+        )
         assert await _state(conn, b) == "unknown"
         cur = await conn.execute(
             "SELECT state, dependencies_left FROM trioq.jobs WHERE id = %s", (c,)
@@ -388,20 +387,14 @@ async def test_the_last_two_dependencies_ending_at_once_free_the_dependant_once(
 async def test_the_last_two_members_of_a_batch_ending_at_once_enqueue_one_callback(
     dsn: str,
 ) -> None:
-    async with (
-        await _conn(dsn) as conn,
-        await trioq.connect(dsn) as one,
-        await trioq.connect(dsn, autocommit=True) as two,
-    ):
+    async with await _conn(dsn) as conn:
         batch = trioq.Batch(jobs=[JobSpec(task="m"), JobSpec(task="m")],
                             callback=JobSpec(task="cb", queue="callbacks"))  # fmt: skip
         enqueued = await batch.enqueue(conn)
         jobs = await _claim(conn)
-        with trio.fail_after(20):
-            async with trio.open_nursery() as nursery, one.transaction():
-                await _complete(one, jobs[:1])
-                nursery.start_soon(_kill, two, jobs[1:])
-                await _wait_for_lock(conn, two)  # waits for the batch row
+        await _at_once(  # the death waits for the batch row, locked by the completion
+            dsn, conn, lambda one: _complete(one, jobs[:1]), lambda two: _kill(two, jobs[1:])
+        )
         cur = await conn.execute("SELECT id, args FROM trioq.jobs WHERE task = 'cb'")
         [(callback, args)] = await cur.fetchall()
         assert args == {"batch": {"id": enqueued.batch_id, "total": 2, "succeeded": 1,
