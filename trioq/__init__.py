@@ -12,7 +12,7 @@ test checks that every module is named here and there):
   ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_context``,
   ``_job_transaction``, ``_complete_with``, ``_lanes``.
 - ``_pg/`` (psycopg 3 on trio): ``connection``, ``wait``, ``pipeline``, ``pool``,
-  ``errors``, ``dsn``, ``embedded``.
+  ``errors``, ``dsn``, ``embedded``, ``times``.
 - ``_db/`` (trioq's tables): ``statements``, ``insert``, ``driver``, ``params``,
   ``version``, ``migrate``.
 - ``_db/sql/`` (the text of every statement, by domain): ``common``, ``enqueue``,
@@ -23,7 +23,7 @@ test checks that every module is named here and there):
   ``pooling``.
 - ``_worker/services/`` (one module a maintenance service): ``loop``, ``listener``,
   ``heartbeat``, ``liveness``, ``sweeper``, ``scheduler``, ``governor``,
-  ``history_writer``, ``pruner``, ``lifecycle``.
+  ``history_writer``, ``pruner``, ``stranded``, ``lifecycle``.
 - ``_obs/`` (seeing what it does): ``metrics``, ``prometheus``, ``history``, ``depth``,
   ``carrier``.
 - Tools built on all this, which no library module imports: ``_cli`` (the ``trioq``

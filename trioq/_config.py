@@ -291,6 +291,12 @@ class Config:
     )
     #: Rows one pruning statement deletes at most (per kind).
     prune_batch: int = attrs.field(default=1000, validator=_positive_int)
+    #: How often waiting jobs that can never be freed (rows written by hand: an edge to a
+    #: job that never existed, a cycle) are moved to dead_jobs, reason ``stranded``
+    #: (docs/workflows.md); one process at a time. None: this process never looks.
+    stranded_interval: float | None = attrs.field(
+        default=60.0, converter=seconds_or_none, validator=_positive_or_none
+    )
     #: Event callbacks (``@registry.on(...)``, docs/observability.md): each is cancelled after
     #: this long; at most ``hook_concurrency`` run at once; at most ``hook_buffer`` events
     #: wait for them (beyond that new ones are dropped and counted).

@@ -14,6 +14,7 @@ import attrs
 from ._db.statements import Statements
 from ._job import JSONValue
 from ._pg.connection import Conn
+from ._pg.times import tolerant
 from ._sanitize import decode_args
 
 __all__ = ["DeadFilter", "DeadJob", "list_dead", "purge_dead", "retry_dead"]
@@ -65,7 +66,7 @@ class DeadJob:
 async def list_dead(
     conn: Conn, sql: Statements, where: DeadFilter, *, limit: int = 100
 ) -> list[DeadJob]:
-    cur = await conn.execute(sql.dead_list, {**where.params(), "limit": limit})
+    cur = await tolerant(conn).execute(sql.dead_list, {**where.params(), "limit": limit})
     return [DeadJob.from_row(row) for row in await cur.fetchall()]
 
 

@@ -151,7 +151,7 @@ def check_max_payload(value: object, field: str = "max_payload_bytes") -> int:
 
 
 def check_aware(value: dt.datetime | None, field: str) -> dt.datetime | None:
-    """None, or a datetime with a timezone."""
+    """None, or a datetime with a timezone that is within Python's range in UTC too."""
     if value is None:
         return None
     if not isinstance(value, dt.datetime):
@@ -161,6 +161,13 @@ def check_aware(value: dt.datetime | None, field: str) -> dt.datetime | None:
             f"{field} {value.isoformat()} is a naive datetime: give it a timezone "
             "(e.g. datetime.now(timezone.utc))"
         )
+    try:
+        value.astimezone(dt.UTC)
+    except OverflowError:  # 9999-12-31 23:00-05:00 is after the year 9999 in UTC
+        raise ValueError(
+            f"{field} {value.isoformat()} is outside the years 1 to 9999 in UTC (the times the "
+            "schema holds)"
+        ) from None
     return value
 
 

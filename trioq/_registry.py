@@ -146,10 +146,32 @@ class Task:
     concurrency_key: KeyFrom | None = attrs.field(default=None, converter=_key_from)
     #: Whether the handler is a coroutine function (run in the loop) or sync (in a thread).
     is_async: bool = attrs.field(init=False)
+    #: The handler's signature (None: it has none to read, as some builtins).
+    _signature: inspect.Signature | None = attrs.field(init=False, repr=False, eq=False)
+
+    @_signature.default
+    def _read_signature(self) -> inspect.Signature | None:
+        try:
+            return inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return None
 
     @is_async.default
     def _is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
+
+    def misfit(self, args: object) -> str | None:
+        """Why the handler cannot be called with ``args`` as its one positional argument
+        after the job context (what args that are not a JSON object are passed as); None if
+        it can, or if it has no signature to tell."""
+        if self._signature is None:
+            return None
+        try:
+            self._signature.bind(None, args)
+        except TypeError as ex:
+            shown = f"{self.name}{self._signature}"
+            return f"cannot be its one positional argument after the job: {shown}: {ex}"
+        return None
 
     def __attrs_post_init__(self) -> None:
         if not callable(self.fn):

@@ -37,6 +37,7 @@ from ._db.statements import Statements
 from ._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from ._job import JSONValue, check_job_id, to_delay
 from ._pg.connection import Conn
+from ._pg.times import tolerant
 
 __all__ = [
     "FINAL_STATES",
@@ -115,7 +116,7 @@ class JobStatus:
 async def job_status(conn: Conn, sql: Statements, job_id: int) -> JobStatus:
     """The job's status in one snapshot; ``state='unknown'`` when there is no such job."""
     check_job_id(job_id)
-    cur = await conn.execute(sql.job_status, {"id": job_id})
+    cur = await tolerant(conn).execute(sql.job_status, {"id": job_id})
     row = await cur.fetchone()
     return JobStatus(id=job_id, state="unknown") if row is None else JobStatus.from_row(row)
 

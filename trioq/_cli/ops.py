@@ -23,6 +23,7 @@ from .._db.statements import statements
 from .._dead import DeadFilter
 from .._pg.connection import connect
 from .._pg.dsn import database
+from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
 from .options import Commands, bounded, command, group
@@ -112,7 +113,8 @@ def _shown(value: Any) -> Any:
 
 async def _with_conn(dsn: str, action: Action, args: argparse.Namespace) -> tuple[int, Any, str]:
     queue = Queue(schema=args.schema)
-    async with await connect(dsn, autocommit=True) as conn:
+    # Times Python cannot hold (a row written by hand) read as the ends of its range.
+    async with await connect(dsn, autocommit=True, context=TOLERANT) as conn:
         # Never migrated, migrated by a newer trioq, or missing tables: say so (and what to
         # run) before touching anything, as `serve` does.
         await check_current(conn, queue.schema, writable=False)

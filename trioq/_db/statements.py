@@ -125,6 +125,7 @@ _OBJECTS = {
     "enqueue_unique": "enqueue_unique",
     "jobs_ended": "jobs_ended",
     "lease_lost": "lease_lost",
+    "epoch_us": "epoch_us",
 }
 
 #: The claim's RETURNING columns, by the names of `trioq.Job`'s row (`CLAIMED_COLUMNS`).
@@ -346,6 +347,11 @@ class Statements:
     batch_status = Statement(workflows.BATCH_STATUS)
     dependencies = Statement(workflows.DEPENDENCIES)
     dependants = Statement(workflows.DEPENDANTS)
+    stranded_turn = Statement(workflows.STRANDED_TURN)
+    stranded = Statement(workflows.STRANDED)
+    stranded_edges = Statement(workflows.STRANDED_EDGES)
+    stranded_lock = Statement(workflows.STRANDED_LOCK)
+    stranded_move = Statement(workflows.STRANDED_MOVE)
     prune_batches = Statement(maintenance.PRUNE_ENDED, table="batches",
                               ended=sql.Identifier("finished_at"))  # fmt: skip
 

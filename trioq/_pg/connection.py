@@ -38,7 +38,8 @@ from typing import Any, Self, TypeVar
 import psycopg
 import trio
 from psycopg import errors as e
-from psycopg.abc import PQGen
+from psycopg.abc import AdaptContext, PQGen
+from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_attempts, make_conninfo
 from psycopg.pq import ExecStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import AsyncRowFactory, Row
@@ -127,9 +128,11 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         autocommit: bool = False,
         prepare_threshold: int | None = 5,
         row_factory: AsyncRowFactory[Row] | None = None,
+        context: AdaptContext | None = None,
         **kwargs: Any,
     ) -> Self:
-        """Connect, honouring ``connect_timeout`` and any enclosing trio deadline."""
+        """Connect, honouring ``connect_timeout`` and any enclosing trio deadline;
+        ``context``: the adapters to start from (as psycopg's ``connect``)."""
         check_dsn(conninfo)  # libpq's own parse error would quote the DSN, password included
         params = await cls._get_connection_params(conninfo, **kwargs)
         timeout = connect_timeout(params)
@@ -154,6 +157,8 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             if row_factory is not None:
                 conn.row_factory = row_factory
             conn.prepare_threshold = prepare_threshold
+            if context is not None:
+                conn._adapters = AdaptersMap(context.adapters)
             return conn
         raise ConnectError(f"cannot connect to {describe_target(params)}: {'; '.join(errors)}")
 

@@ -17,7 +17,12 @@ database (``tests/test_execute.py``):
   shutdown -> released with the attempt refunded;
 - a task this process does not know: given back, attempt refunded, for a worker
   that knows it (`unknown_task`);
-- args Python cannot decode: dead at once (`undecodable`).
+- args Python cannot decode: dead at once (`undecodable`); args that are not a JSON object
+  and that the handler cannot take as its one positional argument: dead at once too
+  (`misfit`: no retry changes them; object args that do not fit are retried, for the
+  deploy that brings the parameter);
+- claimed with no attempt left (a row written by hand with ``attempt >= max_attempts``,
+  which the schema refuses since migration 12): dead at once, never run (`exhausted`).
 
 A sync handler runs in a worker thread, which Python cannot stop. When its job is
 stopped (timeout, cancel, lost lease) the thread runs on: the job keeps its slot (and,
@@ -118,6 +123,10 @@ class Executor:
             return self._unknown(job, lease)
         if isinstance(job.args, UndecodableArgs):
             return undecodable(job, lease)
+        if job.attempt > job.max_attempts:
+            return exhausted(job, lease)
+        if not isinstance(job.args, dict) and (why := task.misfit(job.args)) is not None:
+            return misfit(job, lease, why)
         ctx = JobContext(job, self.services)
         if self._tracing is None:
             outcome = await self._call(task, ctx, lease)
@@ -344,6 +353,29 @@ def undecodable(job: Job, lease: Lease) -> Outcome:
     error = f"args cannot be decoded: {job.args.reason}"  # logged once written (its death)
     fail = Failure(lease=lease, error=error, fatal=True, reason="undecodable args")
     return Outcome(kind=Kind.FAIL, lease=lease, failure=fail)
+
+
+def exhausted(job: Job, lease: Lease) -> Outcome:
+    """Claimed past its last attempt: the job goes to dead_jobs without running."""
+    error = (
+        f"claimed as attempt {job.attempt} of {job.max_attempts}: no attempt was left (a row "
+        "written with attempt >= max_attempts), so the handler did not run"
+    )
+    fail = Failure(lease=lease, error=error, fatal=True, reason="attempts exhausted")
+    return Outcome(kind=Kind.FAIL, lease=lease, failure=fail)
+
+
+def misfit(job: Job, lease: Lease, why: str) -> Outcome:
+    """Args that are not a JSON object and that the handler cannot take: dead at once."""
+    kind = type(job.args).__name__
+    error = f"args do not fit the handler: a JSON {_JSON_KINDS.get(kind, kind)} {why}"
+    fail = Failure(lease=lease, error=error, fatal=True, reason="args do not fit the handler")
+    return Outcome(kind=Kind.FAIL, lease=lease, failure=fail)
+
+
+#: The JSON names of what args that are not an object decode to.
+_JSON_KINDS = {"list": "array", "str": "string", "int": "number", "float": "number",
+               "bool": "boolean", "NoneType": "null"}  # fmt: skip
 
 
 def _fields(job: Job) -> dict[str, Any]:

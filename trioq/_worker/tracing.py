@@ -110,7 +110,7 @@ def _fields(stored: str) -> dict[str, str]:
     """The stored carrier; a malformed one (another producer's) is no parent at all."""
     try:
         fields = json.loads(stored)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python decodes
         return {}
     if not isinstance(fields, dict):
         return {}

@@ -32,6 +32,7 @@ from .._obs.metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
 from .._obs.prometheus import MetricsServer, trioq_version
 from .._outcome import Outcome
 from .._pg.pool import SESSION_RESET, Pool
+from .._pg.times import TOLERANT
 from .._queue import Queue
 from .banner import banner
 from .completer import Completer
@@ -46,6 +47,7 @@ from .services.listener import Listener
 from .services.liveness import Liveness
 from .services.pruner import Pruner
 from .services.scheduler import Scheduler
+from .services.stranded import Stranded
 from .services.sweeper import Sweeper
 from .tracing import Tracing
 from .tracing import enabled as tracing_enabled
@@ -93,9 +95,11 @@ class Services:
         threshold = prepare_threshold(config, dsn, self.session_dsn)
         self.prepared = threshold is not None
         pooled = {"autocommit": True, "prepare_threshold": threshold}
+        # trioq's own statements read times Python cannot hold as the ends of its range.
+        own = {**pooled, "context": TOLERANT}
         #: Claims, outcomes, heartbeats and maintenance: never starved by handlers. Neither
         #: pool's clock can be moved (``trioq.now`` unset on every connection they open).
-        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=pooled,
+        self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=own,
                          setup=[CLEAR_CLOCK])  # fmt: skip
         #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``):
         #: each connection goes back as clean as it came out (`SESSION_RESET`).
@@ -156,6 +160,9 @@ class Services:
             retain_done=config.retain_done, retain_cancelled=config.retain_cancelled,
             retain_dead=config.retain_dead,
         )  # fmt: skip
+        self.stranded = None if config.stranded_interval is None else Stranded(
+            self.pool, self.queue.sql, interval=config.stranded_interval
+        )
         self.governor = Governor(
             self.pool, self.queue, served, poll_interval=config.poll_interval,
             on_change=runtime.wake, on_paused=runtime.release_buffered,
@@ -192,6 +199,8 @@ class Services:
             nursery.start_soon(run)
         if self.pruner is not None:
             nursery.start_soon(self.pruner.run)
+        if self.stranded is not None:
+            nursery.start_soon(self.stranded.run)
         if self.config.metrics is not None:
             self.metrics_url = await nursery.start(self._serve_metrics)
 

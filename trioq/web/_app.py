@@ -35,6 +35,7 @@ from .._db.statements import statements
 from .._dead import DeadFilter, DeadJob
 from .._job import check_queue_name
 from .._pg.pool import Pool
+from .._pg.times import TOLERANT
 from .._queue import Queue
 from . import _queries as queries
 from ._config import DashboardConfig
@@ -115,8 +116,9 @@ class Dashboard:
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Any]:
         if self._pool is None:
-            # Never prepared: each statement is planned with its values (see _limits).
-            kwargs = {"autocommit": True, "prepare_threshold": None}
+            # Never prepared: each statement is planned with its values (see _limits); times
+            # Python cannot hold (a row written by hand) read as the ends of its range.
+            kwargs = {"autocommit": True, "prepare_threshold": None, "context": TOLERANT}
             self._pool = Pool(self.config.dsn, max_size=self.config.pool_size,
                               connect_kwargs=kwargs)  # fmt: skip
         async with self._pool.connection() as conn:

@@ -17,8 +17,12 @@ SELECT queue, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(%(channel)s, queue)
   FROM (SELECT DISTINCT queue FROM promoted) AS q
 """
 
+# Clamped to a day either side: a time the schema refuses that got in anyway (a check
+# dropped by hand, 'infinity') is never an interval Python cannot hold.
 NEXT_DUE = """
-SELECT pg_catalog.min(run_at) - {now} FROM {jobs} WHERE state = 'scheduled'
+SELECT greatest(least(pg_catalog.min(run_at), {now} + interval '1 day'), {now} - interval '1 day')
+       - {now}
+  FROM {jobs} WHERE state = 'scheduled'
 """
 
 # Expired leases: back to available (the attempt stays spent), or dead on the last attempt.

@@ -100,3 +100,96 @@ SELECT e.depends_on, coalesce(j.task, d.task, e.task),
 DEPENDANTS = """
 SELECT job_id FROM {deps} WHERE depends_on = %(id)s ORDER BY job_id LIMIT %(limit)s
 """
+
+# -- stranded: waiting jobs that can never be freed (trioq._worker.services.stranded) ---------
+
+# One sweep at a time across processes (the others skip their round): the second key of
+# this advisory lock's space, beside the workers' liveness locks (whose first key differs).
+STRANDED_TURN = """
+SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext(%(space)s), 0)
+"""
+
+# Waiting jobs no ending can free, and why: a count that is not a count (a check dropped by
+# hand), an unresolved edge to a job that is not pending (never existed, dead, or ended
+# without resolving it), or more dependencies to wait for than unresolved edges. An edge is
+# resolved in the transaction that ends its dependency, and a job's edges are written in the
+# transaction that enqueues it, so in one snapshot a pending edge always points at a live
+# job: none of these is a race. With ``ids``, only those jobs (the re-check under their
+# locks). Cycles are found apart (`STRANDED_EDGES`).
+STRANDED = """
+SELECT j.id,
+       CASE WHEN j.dependencies_left IS NULL OR j.dependencies_left < 1
+                 OR j.dependency_policy IS NULL
+            THEN pg_catalog.format('it waits with dependencies_left %%s and dependency_policy %%s',
+                                   coalesce(j.dependencies_left::text, 'NULL'),
+                                   coalesce(j.dependency_policy, 'NULL'))
+            WHEN g.id IS NOT NULL
+            THEN pg_catalog.format('it waits for job %%s, which %%s', g.id,
+                                   CASE WHEN g.state IS NOT NULL
+                                        THEN 'has ended (' || g.state || ')'
+                                        WHEN g.dead THEN 'is dead'
+                                        ELSE 'does not exist' END)
+            ELSE pg_catalog.format('it waits for %%s dependencies but only %%s are pending',
+                                   j.dependencies_left, p.n)
+       END
+  FROM {jobs} j
+  LEFT JOIN LATERAL (
+    SELECT e.depends_on AS id, d.state,
+           EXISTS (SELECT FROM {dead} x WHERE x.id = e.depends_on) AS dead
+      FROM {deps} e LEFT JOIN {jobs} d ON d.id = e.depends_on
+     WHERE e.job_id = j.id AND e.outcome IS NULL
+       AND (d.id IS NULL OR d.state IN ('done', 'cancelled'))
+     ORDER BY e.depends_on
+     LIMIT 1
+  ) g ON true
+  CROSS JOIN LATERAL (
+    SELECT pg_catalog.count(*) AS n FROM {deps} e WHERE e.job_id = j.id AND e.outcome IS NULL
+  ) p
+ WHERE j.state = 'waiting' AND (%(ids)s::int8[] IS NULL OR j.id = ANY(%(ids)s::int8[]))
+   AND (j.dependencies_left IS NULL OR j.dependencies_left < 1 OR j.dependency_policy IS NULL
+        OR g.id IS NOT NULL OR j.dependencies_left > p.n)
+ ORDER BY j.id
+ LIMIT %(limit)s
+"""
+
+# The pending edges between waiting jobs, where cycles are (at most `limit`: a cycle among
+# fewer edges is a cycle among all, so a capped read misses cycles, never invents one). With
+# ``ids``, only the edges among those jobs (the re-check under their locks).
+STRANDED_EDGES = """
+SELECT e.job_id, e.depends_on
+  FROM {deps} e
+  JOIN {jobs} w ON w.id = e.job_id AND w.state = 'waiting'
+  JOIN {jobs} d ON d.id = e.depends_on AND d.state = 'waiting'
+ WHERE e.outcome IS NULL
+   AND (%(ids)s::int8[] IS NULL OR (e.job_id = ANY(%(ids)s::int8[])
+                                    AND e.depends_on = ANY(%(ids)s::int8[])))
+ LIMIT %(limit)s
+"""
+
+# The stranded jobs, locked for the re-check (one that is being freed right now is skipped:
+# its ending holds it).
+STRANDED_LOCK = """
+SELECT id FROM {jobs} WHERE id = ANY(%(ids)s::int8[]) AND state = 'waiting'
+ ORDER BY id
+   FOR UPDATE SKIP LOCKED
+"""
+
+# To dead_jobs, each with why it could never run. The delete's trigger resolves their
+# dependants (a dependency that died: cancelled or run, by each one's policy) and their
+# edges go with them.
+STRANDED_MOVE = """
+WITH moved AS (
+    DELETE FROM {jobs} j
+     USING unnest(%(ids)s::int8[], %(errors)s::text[]) AS f(id, error)
+     WHERE j.id = f.id AND j.state = 'waiting'
+    RETURNING j.*, f.error
+), edges AS (
+    DELETE FROM {deps} e WHERE e.job_id IN (SELECT id FROM moved)
+)
+INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key, reason,
+                    last_error, enqueued_at, died_at, concurrency_key)
+SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, 'stranded', error,
+       enqueued_at, {now}, concurrency_key
+  FROM moved
+RETURNING id, queue, task, last_error
+"""
