@@ -215,7 +215,7 @@ class Dashboard:
             if found is not None:
                 return RedirectResponse(self._link(request)("job", job_id=found.id), 303)
         async with self._connection() as conn:
-            jobs, more = await queries.list_jobs(conn, self.statements, where)
+            jobs, more = await queries.job_page(conn, self.statements, where)
         return self._render(
             request, "jobs.html", where=where, jobs=jobs, more=more, states=queries.STATES,
             window=WINDOW, done=_done_message(request),

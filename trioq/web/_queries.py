@@ -38,7 +38,7 @@ __all__ = [
     "dead_ids",
     "find_job",
     "history",
-    "list_jobs",
+    "job_page",
     "overview",
 ]
 
@@ -324,7 +324,7 @@ class JobRow:
         return cls(**dict(zip(names, row, strict=True)))
 
 
-async def list_jobs(conn: Conn, st: Statements, where: JobFilter) -> tuple[list[JobRow], bool]:
+async def job_page(conn: Conn, st: Statements, where: JobFilter) -> tuple[list[JobRow], bool]:
     """One page of jobs, and whether there is a next one."""
     cur = await conn.execute(st.job_lists[where.state], where.params())
     rows = [JobRow.from_row(r) for r in await cur.fetchall()]
