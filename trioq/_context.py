@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import operator
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import attrs
@@ -25,6 +25,7 @@ from ._exceptions import JobNotFoundError, Snooze
 from ._job import MAX_RETRY_DELAY, Job, JSONValue, Lease, to_delay
 from ._job_transaction import Committing, SharedTransactions, own_transaction
 from ._pg.connection import Conn, TrioConnection
+from ._pg.errors import connection_fault
 from ._pg.pool import Pool
 from ._queue import Queue
 
@@ -61,8 +62,9 @@ def _on_app_connection(
     """``method`` of the worker's queue, on a connection of the app pool."""
 
     async def call(self: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        async with self.services.app_pool.connection() as conn:
-            return await method(self.services.queue, conn, *args, **kwargs)
+        with self._noting_faults():
+            async with self.services.app_pool.connection() as conn:
+                return await method(self.services.queue, conn, *args, **kwargs)
 
     without_first(call, method, name=method.__name__, first="self")
     call.__doc__ = (
@@ -85,6 +87,21 @@ class JobContext:
         self.services = services
         self.completed_in_transaction = False
         self._in_transaction = False  # inside a job.transaction() block
+        #: The connection fault (`trioq._pg.errors.connection_fault`) that broke one of this
+        #: job's own connections (``job.transaction()``, ``job.complete_with()``,
+        #: ``job.connection()``, ``job.enqueue()``): if the handler's error came from it, the
+        #: database failed, not the handler (the job is given back at once, `trioq._worker.
+        #: execute`).
+        self.fault: psycopg.Error | None = None
+
+    @contextmanager
+    def _noting_faults(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as ex:
+            if (fault := connection_fault(ex)) is not None:
+                self.fault = fault
+            raise
 
     # The running job's fields, read-only (as on `trioq.Job`).
     id: int = _of_job("id")
@@ -109,8 +126,9 @@ class JobContext:
     async def dependencies(self) -> list[Dependency]:
         """The jobs this job waited for (``after``, or a workflow's), by id, and what became
         of each; empty for a job without dependencies (``docs/workflows.md``)."""
-        async with self.services.app_pool.connection() as conn:
-            return await self.services.queue.dependencies(conn, self.id)
+        with self._noting_faults():
+            async with self.services.app_pool.connection() as conn:
+                return await self.services.queue.dependencies(conn, self.id)
 
     async def dependency_results(self) -> dict[int, JSONValue]:
         """The kept results of the dependencies that completed, by job id.
@@ -137,8 +155,9 @@ class JobContext:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[TrioConnection[Any]]:
         """A pooled connection (autocommit) for work that is not the job's outcome."""
-        async with self.services.app_pool.connection() as conn:
-            yield conn
+        with self._noting_faults():
+            async with self.services.app_pool.connection() as conn:
+                yield conn
 
     @asynccontextmanager
     async def transaction(self, *, shared: bool = False) -> AsyncIterator[TrioConnection[Any]]:
@@ -167,8 +186,9 @@ class JobContext:
             )
         self._in_transaction = True
         try:
-            async with block as conn:
-                yield conn
+            with self._noting_faults():
+                async with block as conn:
+                    yield conn
         finally:
             self._in_transaction = False
         self.completed_in_transaction = True
@@ -208,14 +228,15 @@ class JobContext:
                 "on the block's connection, which completes the job when the block ends"
             )
         services = self.services
-        if shared and services.completions is not None:
-            cursor = await services.completions.complete(
-                self.lease, services.committing, query, params
-            )
-        else:
-            cursor = await complete_with(
-                services.app_pool, services.queue, services.owner, self.lease,
-                services.committing, query=query, params=params,
-            )  # fmt: skip
+        with self._noting_faults():
+            if shared and services.completions is not None:
+                cursor = await services.completions.complete(
+                    self.lease, services.committing, query, params
+                )
+            else:
+                cursor = await complete_with(
+                    services.app_pool, services.queue, services.owner, self.lease,
+                    services.committing, query=query, params=params,
+                )  # fmt: skip
         self.completed_in_transaction = True
         return cursor

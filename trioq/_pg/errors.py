@@ -20,11 +20,17 @@ from .._exceptions import InvalidDSNError
 
 __all__ = [
     "check_dsn",
+    "connection_fault",
     "describe_target",
     "dsn_secrets",
     "redact",
     "redact_dsn",
 ]
+
+#: SQLSTATEs that say the server went away or will not serve this session (not the statement):
+#: its shutdown (57P01 admin, 57P02 crash), start-up (57P03), its database dropped (57P04), and a
+#: read-only server (25006: a standby after a failover, or default_transaction_read_only).
+_SERVER_GONE = frozenset({"57P01", "57P02", "57P03", "57P04", "25006"})
 
 #: Connection parameters whose values are secrets (libpq's, and psycopg's ``sslpassword``).
 SECRET_PARAMS = ("password", "sslpassword")
@@ -124,3 +130,24 @@ def _hide_quoted(message: str, dsn: str) -> str:
 def _first_line(text: str) -> str:
     text = text.strip()
     return text.splitlines()[0] if text else "unparseable"
+
+
+def connection_fault(error: BaseException) -> psycopg.Error | None:
+    """The error in ``error``'s chain (itself, its cause, its context) that says the database
+    connection failed rather than the statement: a connection exception (SQLSTATE class 08),
+    the server shutting down, starting up or read-only (`_SERVER_GONE`), or an
+    ``OperationalError`` with no SQLSTATE at all (the connection broke, or none could be
+    opened: psycopg's and trioq's `ConnectError`). None: the statement failed (a constraint,
+    a timeout, a deadlock), or it is not a database error."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, psycopg.Error):
+            state = current.sqlstate
+            if state is None and isinstance(current, psycopg.OperationalError):
+                return current
+            if state is not None and (state.startswith("08") or state in _SERVER_GONE):
+                return current
+        current = current.__cause__ or current.__context__
+    return None

@@ -17,6 +17,10 @@ database (``tests/test_execute.py``):
   shutdown -> released with the attempt refunded;
 - a task this process does not know: given back, attempt refunded, for a worker
   that knows it (`unknown_task`);
+- an error that came from a fault of the database on one of the job's own connections
+  (``job.transaction()``, ``job.complete_with()``, ``job.connection()``: a restart, a cut
+  connection, a read-only server): given back at once, the attempt refunded, at most
+  `FAULT_RELEASES` times in a row (`Executor._fault`);
 - args Python cannot decode: dead at once (`undecodable`); args that are not a JSON object
   and that the handler cannot take as its one positional argument: dead at once too
   (`misfit`: no retry changes them; object args that do not fit are retried, for the
@@ -36,6 +40,7 @@ is ended at once with ``os._exit(0)``, before it can act as a worker (``docs/con
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import functools
@@ -53,6 +58,7 @@ from .._exceptions import FatalError, LeaseLostError, Snooze, leaves
 from .._hooks import fields, run_chain
 from .._job import MAX_RETRY_DELAY, Failure, Job, Lease, encode_args
 from .._outcome import Kind, Outcome
+from .._pg.errors import connection_fault
 from .._registry import Registry, Task
 from .._retry import Sidekiq
 from .._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, UndecodableArgs, safe_text
@@ -76,6 +82,12 @@ logger = logging.getLogger("trioq.runtime")
 
 #: A job whose earlier attempt's sync handler still runs here is given back for this long.
 BUSY_THREAD_DELAY = dt.timedelta(seconds=5)
+#: A job is given back for a database fault at most this many times in a row by one
+#: process; the next fault is an ordinary failure (the attempt counted, the retry policy's
+#: delay), so a handler whose own statement breaks its connection every time cannot loop.
+FAULT_RELEASES = 3
+#: Jobs whose faults one process remembers at most (the oldest are forgotten first).
+FAULTS_REMEMBERED = 10_000
 
 
 class Executor:
@@ -96,6 +108,8 @@ class Executor:
         #: its lease lost must not start beside it).
         self._running: set[int] = set()
         self._unknown_logged: set[str] = set()
+        #: Faults of the database in a row, by job (`FAULT_RELEASES`).
+        self._faults: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._pid = os.getpid()
         self._middleware = tuple(registry.hooks.middleware)
 
@@ -113,9 +127,12 @@ class Executor:
             return Outcome(kind=Kind.RELEASE, lease=lease, delay=BUSY_THREAD_DELAY)
         self._running.add(job.id)
         try:
-            return await self._run(job, lease)
+            outcome = await self._run(job, lease)
         finally:
             self._running.discard(job.id)
+        if self._faults and outcome.kind is not Kind.RELEASE:  # no longer faults in a row
+            self._faults.pop(job.id, None)
+        return outcome
 
     async def _run(self, job: Job, lease: Lease) -> Outcome:
         task = self.registry.get(job.task)
@@ -148,11 +165,37 @@ class Executor:
                     error = f"timeout: handler ran over {task.timeout} s"
                     return failure(task, lease, error, None)
         except Exception as ex:
+            if (released := self._fault(ctx, lease, ex)) is not None:
+                return released
             return outcome_of_error(task, ctx.job, lease, ex)
         except BaseException as ex:  # KeyboardInterrupt, SystemExit, a stray Cancelled, ...
             reraise_cancellation(ex, ctx.job)
             return outcome_of_base_error(task, ctx.job, lease, ex)
         return outcome_of_result(task, lease, result)
+
+    def _fault(self, ctx: JobContext, lease: Lease, ex: Exception) -> Outcome | None:
+        """The job given back at once, its attempt refunded, when the handler's error came
+        from a fault of the database on one of the job's own connections (``ctx.fault``: a
+        restart, a cut connection, a read-only server), not from the handler: its writes
+        rolled back with that connection, and nothing about the job is wrong, so it must not
+        wait the retry policy's backoff (a minute, by the fifth attempt). At most
+        `FAULT_RELEASES` times in a row; None otherwise (an ordinary failure)."""
+        if isinstance(ex, LeaseLostError | Snooze) or ctx.fault is None:
+            return None
+        if connection_fault(ex) is not ctx.fault:
+            return None
+        job_id = ctx.job.id
+        faults = self._faults.pop(job_id, 0) + 1
+        if faults > FAULT_RELEASES:
+            return None
+        self._faults[job_id] = faults
+        while len(self._faults) > FAULTS_REMEMBERED:
+            self._faults.popitem(last=False)
+        logger.warning("job %d (%s): the database failed under it (%s): given back at once, "
+                       "attempt refunded (fault %d of at most %d in a row)", job_id,
+                       ctx.job.task, describe(ctx.fault), faults, FAULT_RELEASES,
+                       extra=_fields(ctx.job))  # fmt: skip
+        return Outcome(kind=Kind.RELEASE, lease=lease, delay=dt.timedelta(0))
 
     # KI-protected: a real Ctrl-C (without ``handle_signals``) that arrives while handler code
     # runs goes to trio's main task, as it does everywhere else in the runtime, instead of
