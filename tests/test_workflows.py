@@ -366,6 +366,24 @@ async def test_concurrent_enqueue_and_completion_of_a_dependency(dsn: str) -> No
         assert await _state(conn, b) == "available"
 
 
+async def test_a_dependency_moving_to_dead_jobs_meanwhile_is_dead_not_unknown(dsn: str) -> None:
+    """The enqueue's lock waits for the death's transaction and finds the row gone; its
+    snapshot, older than the death, did not see the dead row: it looks again (issue #22: 4
+    of 40 tries raised UnknownDependencyError)."""
+    async with await _conn(dsn) as conn:
+        a = (await trioq.enqueue(conn, "a")).job_id
+        job = await _run_job(conn, a)
+        enqueued: list[trioq.EnqueueResult] = []
+
+        async def dependant(c: Any) -> None:
+            enqueued.append(await trioq.enqueue(c, "b", after=[a]))
+
+        await _at_once(dsn, conn, lambda c: _kill(c, [job]), dependant)
+        assert await _state(conn, a) == "dead"
+        [b] = enqueued
+        assert await _state(conn, b.job_id) == "cancelled"  # its policy: a dead dependency
+
+
 async def test_the_last_two_dependencies_ending_at_once_free_the_dependant_once(
     dsn: str,
 ) -> None:

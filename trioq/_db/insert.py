@@ -431,6 +431,14 @@ async def _lock_existing(
         return []
     cur = await conn.execute(sql.dependencies_lock, {"ids": wanted})
     rows = await cur.fetchall()
+    unknown = [r[0] for r in rows if r[1] == "unknown"]
+    if unknown:
+        # A dependency moving to dead_jobs as we locked it: the lock waited for that
+        # transaction, found the row gone, and the statement's snapshot (taken before the
+        # death committed) did not see its dead row. A new statement does.
+        cur = await conn.execute(sql.dependencies_lock, {"ids": unknown})
+        again = {r[0]: r for r in await cur.fetchall()}
+        rows = [again.get(r[0], r) for r in rows]
     _check_known(tuple(r[0] for r in rows if r[1] == "unknown"))
     flag = [r[0] for r in rows if r[1] != "dead" and not r[5]]  # no dependant yet
     if flag:
