@@ -14,11 +14,12 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from typing import Any, Generic, TypeVar
 
 import attrs
+import hypothesis.internal.conjecture.engine as hypothesis_engine
 import trio
 from helpers import rows
 from hypothesis import HealthCheck, event, settings
@@ -38,6 +39,10 @@ from trioq.testing import set_clock
 
 T = TypeVar("T")
 LONG = os.environ.get("TRIOQ_HYPOTHESIS") == "long"
+#: Seconds Hypothesis may spend shrinking a failure of a machine (its own bound, 300 s, is a
+#: constant of its engine, not a setting). A step is a round trip to Postgres, and shrinking
+#: a failure once took 324 s; past this bound the smallest sequence found so far is reported.
+SHRINK_SECONDS = 20
 LEASE = dt.timedelta(seconds=30)
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 Q = Queue()
@@ -338,7 +343,21 @@ async def run_machine(
         derandomize=not LONG,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
-    await trio.to_thread.run_sync(lambda: run_state_machine_as_test(bound_machine, settings=config))
+    with shrinking_bounded():
+        await trio.to_thread.run_sync(
+            lambda: run_state_machine_as_test(bound_machine, settings=config)
+        )
+
+
+@contextmanager
+def shrinking_bounded(seconds: float = SHRINK_SECONDS) -> Iterator[None]:
+    """Hypothesis gives up shrinking after ``seconds`` (``SHRINK_SECONDS``) in this block."""
+    before = hypothesis_engine.MAX_SHRINKING_SECONDS
+    hypothesis_engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        hypothesis_engine.MAX_SHRINKING_SECONDS = before
 
 
 def prove(

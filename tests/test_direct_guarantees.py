@@ -23,7 +23,7 @@ from committing import Commits
 from helpers import migrated, rows, scalar, serving, wait_until
 
 import trioq
-from trioq import Lease, Queue, QueueConfig
+from trioq import Queue, QueueConfig
 from trioq._complete_with import SharedCompletions
 from trioq._job_transaction import SharedTransactions
 from trioq.testing import set_clock
@@ -73,8 +73,11 @@ async def _complete_with_shared(ctx: trioq.JobContext) -> None:
     await ctx.complete_with("INSERT INTO effects VALUES (%s)", (ctx.id,), shared=True)
 
 
-@pytest.mark.parametrize("path", [_own, _shared, _complete_with, _complete_with_shared],
-                         ids=["transaction", "shared", "complete_with", "complete_with-shared"])  # fmt: skip
+PATHS = {"transaction": _own, "shared": _shared, "complete_with": _complete_with,
+         "complete_with-shared": _complete_with_shared}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PATHS.values(), ids=PATHS.keys())
 async def test_a_stale_attempt_of_the_same_owner_commits_nothing(dsn: str, path: Any) -> None:
     async with migrated(dsn) as conn:
         await conn.execute("CREATE TABLE effects (job_id bigint)")

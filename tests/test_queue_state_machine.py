@@ -37,12 +37,22 @@ claim, or turning ``>=`` into ``>`` in the death condition of fail or sweep.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 import attrs
+import pytest
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule
-from machines import LEASE, LeaseMachine, ModelJob, Paths, Q, prove
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from machines import LEASE, LeaseMachine, ModelJob, Paths, Q, prove, shrinking_bounded
 
 import trioq
 from trioq import DeadFilter, Failure, JobSpec, Lease
@@ -439,3 +449,36 @@ def test_queue_state_machine(dsn: str) -> None:
     PATHS.clear()
     prove(QueueMachine, dsn, examples=(200, 5000), steps=(50, 100), other=True)
     PATHS.assert_taken(MUST_TAKE)
+
+
+class _SlowToShrink(RuleBasedStateMachine):
+    """Fails after 15 steps that add up to 5000 or more, each step a sleep (as a round trip
+    would be): shrinking it means hundreds of runs of 15 or more steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = self.total = 0
+
+    @rule(by=st.integers(0, 1000))
+    def add(self, by: int) -> None:
+        time.sleep(0.02)
+        self.steps += 1
+        self.total += by
+
+    @invariant()
+    def small(self) -> None:
+        assert self.steps < 15 or self.total < 5000
+
+
+def test_a_failing_machine_reports_within_the_shrink_bound() -> None:
+    """The bound on shrinking takes effect: 1 s here, and the whole run took 7 s; unbounded,
+    shrinking this machine ran for more than 200 s."""
+    config = settings(max_examples=50, stateful_step_count=50, deadline=None, database=None,
+                      derandomize=True, suppress_health_check=list(HealthCheck))  # fmt: skip
+    started = time.monotonic()
+    with shrinking_bounded(SHRINK_TEST_BOUND), pytest.raises(AssertionError):
+        run_state_machine_as_test(_SlowToShrink, settings=config)
+    assert time.monotonic() - started < 60
+
+
+SHRINK_TEST_BOUND = 1.0
