@@ -17,6 +17,7 @@ import pytest
 import trio
 from helpers import Counter, rows, scalar, serving, wait_until
 from pgproxy import CommitCut, dsn_through
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import trioq
@@ -167,3 +168,38 @@ def test_what_counts_as_a_fault_of_the_database(error: Exception, fault: bool) -
             raise RuntimeError("the handler's own error") from inner
     except RuntimeError as outer:
         assert (connection_fault(outer) is error) is fault  # found through the chain
+
+
+async def test_a_worker_on_a_read_only_server_says_so_waits_and_fails_no_job(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its connections are cut and every new one is read-only for 3 s (as on a standby, or
+    the old primary after a failover): it says so, waits, and fails no job; once the server
+    takes writes, the connections that saw it read-only are replaced and every job runs once
+    (its attempt not spent by the wait)."""
+    ran = Counter()
+
+    async def body(job: trioq.JobContext, tx: Any, run: int) -> None:
+        return None
+
+    async with serving(dsn, _registry(ran, body), lease=30) as (conn, runtime):
+        await conn.execute(LEDGER)
+        database = sql.Identifier(await scalar(conn, "SELECT current_database()"))
+        await conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
+                           .format(database))  # fmt: skip
+        try:
+            await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                               " WHERE datname = current_database() AND pid <> pg_backend_pid()")  # fmt: skip
+            ids = [(await trioq.enqueue(conn, "pay")).job_id for _ in range(10)]  # read-write
+            await trio.sleep(3)  # the fault: 3 s of a read-only server
+            assert await rows(conn, "SELECT state, attempt FROM trioq.jobs ORDER BY id") == [
+                ("available", 0)
+            ] * 10
+            assert not await rows(conn, "SELECT 1 FROM trioq.dead_jobs")
+            assert any("the database is read-only" in r.getMessage() for r in caplog.records)
+        finally:
+            await conn.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only")
+                               .format(database))  # fmt: skip
+        await wait_until(lambda: scalar(conn, "SELECT count(*) = 0 FROM trioq.jobs"), timeout=20)
+        assert sorted(job_id for job_id, in await rows(conn, "SELECT job_id FROM ledger")) == ids
+        assert [attempt for attempt, _ in ran.calls] == [1] * 10

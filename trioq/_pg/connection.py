@@ -119,6 +119,10 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         #: Set while the connection is lent out inside a transaction that someone else
         #: commits (``job.transaction()``): commit(), rollback() and set_autocommit() refuse.
         self._owned_by: str | None = None
+        #: A statement on it failed because the server is read-only (SQLSTATE 25006: a
+        #: standby, the old primary after a failover): a pool closes it rather than keep it,
+        #: so the next connection is a new one, to wherever the DSN leads now.
+        self.read_only_seen = False
 
     @classmethod
     async def connect(
@@ -211,11 +215,15 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         binary: bool = False,
     ) -> psycopg.AsyncCursor[Row]:  # fmt: skip
         """psycopg's ``execute``; deferred commands (`defer`) travel in its round trip."""
-        if params and self._deferred and self._pipeline is None:
-            (cur,) = await self.execute_together([(query, params)], prepare=prepare,
-                                                 binary=binary)  # fmt: skip
-            return cur
-        return await super().execute(query, params, prepare=prepare, binary=binary)
+        try:
+            if params and self._deferred and self._pipeline is None:
+                (cur,) = await self.execute_together([(query, params)], prepare=prepare,
+                                                     binary=binary)  # fmt: skip
+                return cur
+            return await super().execute(query, params, prepare=prepare, binary=binary)
+        except e.ReadOnlySqlTransaction:
+            self.read_only_seen = True
+            raise
 
     async def execute_together(
         self, statements: Sequence[tuple[Any, Any]], *, prepare: bool | None = None,
@@ -228,7 +236,11 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         in the same round trip (its ``BEGIN`` goes ahead of the deferred commands)."""
         if not self.autocommit and self.pgconn.transaction_status == _IDLE:
             self._deferred.insert(0, self._get_tx_start_command())
-        return await execute_pipelined(self, statements, prepare=prepare, binary=binary)
+        try:
+            return await execute_pipelined(self, statements, prepare=prepare, binary=binary)
+        except e.ReadOnlySqlTransaction:
+            self.read_only_seen = True
+            raise
 
     async def commit(self) -> None:
         self._check_not_owned("commit()")

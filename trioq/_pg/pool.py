@@ -223,14 +223,18 @@ class Pool:
         return (
             not self._closed
             and not conn.closed
+            and not conn.read_only_seen
             and conn.pgconn.status == ConnStatus.OK
             and conn.pgconn.transaction_status == _IDLE
             and conn.autocommit == self._autocommit
         )
 
     async def _reset(self, conn: TrioConnection[Any]) -> bool:
-        """Make ``conn`` fit for its next user; False if it must be closed."""
+        """Make ``conn`` fit for its next user; False if it must be closed (a read-only
+        server's too: `TrioConnection.read_only_seen`)."""
         if self._closed or conn.closed or conn.pgconn.status != ConnStatus.OK:
+            return False
+        if conn.read_only_seen:
             return False
         status = conn.pgconn.transaction_status
         try:

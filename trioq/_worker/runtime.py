@@ -43,6 +43,8 @@ logger = logging.getLogger("trioq.runtime")
 CLAIM_BACKOFF_MIN, CLAIM_BACKOFF_MAX = 0.05, 0.5
 #: Bound on one (shielded) claim statement.
 CLAIM_TIMEOUT = 10.0
+#: SQLSTATE read_only_sql_transaction: the server is a standby (or read-only by setting).
+READ_ONLY_SQLSTATE = "25006"
 #: A slot that finds its next job already buffered takes it without a checkpoint, but
 #: yields to the other tasks at least once every this many jobs. A checkpoint (one trip
 #: through trio's scheduler) costs about as much as the rest of a no-op job; handlers that
@@ -327,7 +329,12 @@ class Runtime:
                     got, written = await self._claim(state, wanted)
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
                     self._services.claim_errors[state.name] += 1
-                    logger.warning("claiming from queue %r failed: %s", state.name, ex)
+                    if getattr(ex, "sqlstate", None) == READ_ONLY_SQLSTATE:
+                        logger.warning("claiming from queue %r: the database is read-only (a "
+                                       "standby, or default_transaction_read_only): waiting "
+                                       "until it takes writes (%s)", state.name, ex)  # fmt: skip
+                    else:
+                        logger.warning("claiming from queue %r failed: %s", state.name, ex)
                     # Back off, but a notification (or the listener's reconnect) means
                     # the database is answering again: try at once rather than up to
                     # CLAIM_BACKOFF_MAX later.

@@ -44,6 +44,7 @@ import trio
 from ..._db.driver import Driver
 from ..._exceptions import PoolClosedError
 from ..._pg.connection import Conn, connect
+from ..._pg.errors import connection_fault
 from ..._pg.pool import Pool
 
 __all__ = ["Liveness"]
@@ -98,10 +99,17 @@ class Liveness:
                         started = True
                     backoff = RECONNECT_MIN
                     await self._ping_until_gone(conn)
-            except psycopg.OperationalError as ex:
-                if not started:
+            except psycopg.Error as ex:
+                # The connection broke, or the server is read-only (a standby, the old
+                # primary after a failover: the next connection may reach the new one).
+                fault = connection_fault(ex)
+                if not started or not (isinstance(ex, psycopg.OperationalError) or fault):
                     raise
-                logger.warning("liveness connection lost, reconnecting: %s", ex)
+                if fault is not None and fault.sqlstate == "25006":
+                    logger.warning("liveness: the database is read-only, reconnecting until it "
+                                   "takes writes: %s", ex)  # fmt: skip
+                else:
+                    logger.warning("liveness connection lost, reconnecting: %s", ex)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX)
 

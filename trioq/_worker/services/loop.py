@@ -17,6 +17,7 @@ from typing import NoReturn, TypeVar
 import psycopg
 import trio
 
+from ..._pg.errors import connection_fault
 from ..wakeup import Wakeup
 
 __all__ = ["every"]
@@ -68,4 +69,5 @@ async def _wait(seconds: float, wakeup: Wakeup | None) -> None:
 
 
 def _from_the_database(ex: Exception) -> bool:
-    return isinstance(ex, psycopg.OperationalError)
+    """The database failed (not the statement's input): no traceback is worth logging."""
+    return isinstance(ex, psycopg.OperationalError) or connection_fault(ex) is not None

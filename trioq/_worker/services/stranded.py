@@ -11,8 +11,8 @@ time (an advisory lock; the others skip the round) finds them (`STRANDED`, `STRA
 and Tarjan's strongly connected components for the cycles), locks them, checks again under
 the locks, and moves them to dead_jobs with reason ``stranded`` and a last_error that
 says what was wrong; their dependants are resolved as for any dependency that died
-(cancelled, or run anyway, by their policy). A round reads every waiting job once: on a
-table with 100,000 waiting jobs that took about 0.1 s (docs/workflows.md).
+(cancelled, or run anyway, by their policy). A round reads every waiting job once: 110,000
+of them (100,000 waiting on live jobs, a chain of 10,000) took 0.33 s (docs/workflows.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,202 @@
+"""Postgres fails over (issue #22): a primary and a streaming standby started from the embedded
+binaries, a worker (``trioq serve``) and a producer on a multi-host DSN
+(``host=a,b target_session_attrs=read-write``), the primary SIGKILLed under load and the
+standby promoted.
+
+With synchronous replication (``synchronous_standby_names = '*'``) every enqueue and every
+completion the primary acknowledged is on the standby: nothing acknowledged is lost, no
+effect commits twice (each job writes a ledger row in its own transaction), and the worker
+reaches the new primary and completes jobs within 5 s of the promotion. What asynchronous
+replication can lose is written down in docs/faults.md (scenario 9).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+from clitool import cli_env
+from helpers import poll_until
+from pgcluster import copy_cluster, scratch_dir, template_cluster
+from psycopg.conninfo import make_conninfo
+
+from trioq._pg.embedded import EmbeddedPostgres, default_server_user
+
+PRIMARY_PORT, STANDBY_PORT = 5491, 5492
+#: Within this long of the promotion the worker completes jobs on the new primary.
+REACH_WITHIN = 5.0
+
+
+@attrs.frozen
+class Pair:
+    primary: EmbeddedPostgres
+    standby_dir: Path
+    standby: subprocess.Popen[bytes]
+
+    def dsn(self, which: str = "both", dbname: str = "app") -> str:
+        hosts = {"primary": [self.primary], "standby": [], "both": [self.primary]}[which]
+        dirs = [str(p.data_dir) for p in hosts]
+        ports = [str(PRIMARY_PORT)] * len(dirs)
+        if which in ("standby", "both"):
+            dirs.append(str(self.standby_dir))
+            ports.append(str(STANDBY_PORT))
+        params: dict[str, Any] = {"host": ",".join(dirs), "port": ",".join(ports),
+                                  "user": "postgres", "dbname": dbname}  # fmt: skip
+        if which == "both":
+            params["target_session_attrs"] = "read-write"
+        return make_conninfo("", **params)
+
+
+def _as_server(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    user = default_server_user()
+    done = subprocess.run(cmd, user=user, capture_output=True, timeout=60, check=False, **kwargs)
+    assert done.returncode == 0, (cmd, done.stderr.decode(errors="replace"))
+    return done
+
+
+@contextlib.contextmanager
+def _pair() -> Iterator[Pair]:
+    """A primary (SIGKILLable) and a standby streaming from it synchronously."""
+    workdir = scratch_dir()
+    standby: subprocess.Popen[bytes] | None = None
+    try:
+        primary = copy_cluster(template_cluster(), workdir / "primary")
+        primary = attrs.evolve(primary, database="postgres", port=PRIMARY_PORT, settings={
+            "synchronous_standby_names": "*", "synchronous_commit": "on",
+            "wal_level": "replica", "max_wal_senders": "5", "wal_sender_timeout": "5s",
+        })  # fmt: skip
+        with primary.running():
+            standby_dir = workdir / "standby"
+            standby_dir.mkdir(mode=0o700)
+            if (user := default_server_user()) is not None:
+                shutil.chown(standby_dir, user, user)
+            bin_dir = primary.bin_dir
+            _as_server([str(bin_dir / "pg_basebackup"), "-D", str(standby_dir), "-R",
+                        "-X", "stream", "--checkpoint=fast", "-h", str(primary.data_dir),
+                        "-p", str(PRIMARY_PORT), "-U", "postgres"])  # fmt: skip
+            with (standby_dir / "server.log").open("ab") as log:
+                standby = subprocess.Popen(
+                    [str(bin_dir / "postgres"), "-D", str(standby_dir), "-p", str(STANDBY_PORT),
+                     "-c", "listen_addresses=", "-c", f"unix_socket_directories={standby_dir}",
+                     "-c", "fsync=off", "-c", "hot_standby=on"],
+                    user=default_server_user(), stdout=log, stderr=log,
+                )  # fmt: skip
+            pair = Pair(primary, standby_dir, standby)
+            with psycopg.connect(pair.dsn("primary", "postgres"), autocommit=True) as conn:
+                poll_until(lambda: conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
+                ).fetchone() == (1,), timeout=30, what="the standby streaming, synchronous")  # fmt: skip
+            yield pair
+    finally:
+        if standby is not None:
+            standby.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                standby.wait(30)
+            if standby.poll() is None:
+                standby.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class Producer(threading.Thread):
+    """Enqueues a job every ``interval`` s on the multi-host DSN, reconnecting on errors; what
+    the server acknowledged is in ``acknowledged``."""
+
+    def __init__(self, dsn: str, interval: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.interval = dsn, interval
+        self.acknowledged: list[int] = []
+        self.errors = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+                    while not self.stop.wait(self.interval):
+                        n += 1
+                        row = conn.execute(
+                            "INSERT INTO trioq.jobs (queue, task, args) VALUES ('default', 'pay',"
+                            " jsonb_build_object('n', %s::int)) RETURNING id", (n,),
+                        ).fetchone()  # fmt: skip
+                        conn.execute("SELECT pg_notify('trioq_trioq', 'default')")
+                        assert row is not None
+                        self.acknowledged.append(row[0])
+            except psycopg.Error:
+                self.errors += 1
+                time.sleep(0.05)
+
+
+def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice() -> None:
+    with _pair() as pair:
+        with psycopg.connect(pair.dsn("primary", "postgres"), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE app")
+        migrate = subprocess.run([sys.executable, "-m", "trioq._cli", "migrate"],
+                                 env=cli_env(dsn=pair.dsn("primary")), capture_output=True,
+                                 text=True, timeout=60, check=False)  # fmt: skip
+        assert migrate.returncode == 0, migrate.stderr
+        with psycopg.connect(pair.dsn("primary"), autocommit=True) as conn:
+            conn.execute("CREATE TABLE ledger (job_id bigint, n int,"
+                         " at timestamptz NOT NULL DEFAULT clock_timestamp())")  # fmt: skip
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "trioq._cli", "serve", "--app", "failover_app:config"],
+            env=cli_env(dsn=pair.dsn("both"), apps=True), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        producer = Producer(pair.dsn("both"))
+        try:
+            producer.start()
+            with psycopg.connect(pair.dsn("primary"), autocommit=True) as conn:
+                poll_until(lambda: conn.execute("SELECT count(*) >= 100 FROM ledger")
+                           .fetchone() == (True,), timeout=30, what="100 jobs done")  # fmt: skip
+            # The failover: the primary dies, the standby is promoted.
+            pid = int((pair.primary.data_dir / "postmaster.pid").read_text().split()[0])
+            os.kill(pid, signal.SIGKILL)
+            with psycopg.connect(pair.dsn("standby"), autocommit=True) as conn:
+                conn.execute("SELECT pg_promote(wait => true)")
+                (promoted,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+            time.sleep(3)  # production goes on against the new primary
+            producer.stop.set()
+            producer.join(10)
+            acknowledged = set(producer.acknowledged)
+            with psycopg.connect(pair.dsn("standby"), autocommit=True) as conn:
+                poll_until(lambda: conn.execute(
+                    "SELECT count(*) = 0 FROM trioq.jobs WHERE state IN ('available', 'running')"
+                ).fetchone() == (True,), timeout=60, what="the queue drained on the new primary")  # fmt: skip
+                ledger = conn.execute("SELECT job_id FROM ledger").fetchall()
+                (first_after,) = conn.execute(
+                    "SELECT min(at) - %s FROM ledger WHERE at > %s", (promoted, promoted)
+                ).fetchone() or (None,)
+                dead = conn.execute("SELECT id, reason FROM trioq.dead_jobs").fetchall()
+        finally:
+            producer.stop.set()
+            worker.send_signal(signal.SIGTERM)
+            try:
+                output, _ = worker.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                output, _ = worker.communicate()
+        done = [row[0] for row in ledger]
+        assert len(done) == len(set(done)), "an effect committed twice"
+        missing = acknowledged - set(done)
+        assert not missing, f"{len(missing)} acknowledged jobs lost or not run: {sorted(missing)[:10]}"
+        assert dead == [], dead
+        assert first_after is not None, output[-3000:]
+        reached = first_after.total_seconds()
+        print(f"{len(acknowledged)} jobs acknowledged, {len(done)} done once each, "
+              f"{producer.errors} producer errors; first completion {reached:.2f} s after "
+              "the promotion")  # fmt: skip
+        assert reached < REACH_WITHIN, output[-3000:]
+
