@@ -274,7 +274,8 @@ class Driver:
         return row[0]  # type: ignore[no-any-return]
 
     async def next_due(self, conn: Conn) -> dt.timedelta | None:
-        """How long until the earliest scheduled job is due (negative if overdue), or None."""
+        """How long until the earliest scheduled job is due (negative if overdue; at most a
+        day either way: the scheduler looks again by then), or None."""
         cur = await conn.execute(self.sql.next_due)
         row = await cur.fetchone()
         return None if row is None else row[0]

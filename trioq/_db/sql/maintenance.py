@@ -17,12 +17,13 @@ SELECT queue, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(%(channel)s, queue)
   FROM (SELECT DISTINCT queue FROM promoted) AS q
 """
 
-# Clamped to a day either side: a time the schema refuses that got in anyway (a check
-# dropped by hand, 'infinity') is never an interval Python cannot hold.
+# NULL when nothing is scheduled; else clamped to a day either side, so a time the schema
+# refuses that got in anyway (a check dropped by hand, 'infinity') is never an interval
+# Python cannot hold (the scheduler looks again by then).
 NEXT_DUE = """
-SELECT greatest(least(pg_catalog.min(run_at), {now} + interval '1 day'), {now} - interval '1 day')
-       - {now}
-  FROM {jobs} WHERE state = 'scheduled'
+SELECT greatest(least(d.due, {now} + interval '1 day'), {now} - interval '1 day') - {now}
+  FROM (SELECT pg_catalog.min(run_at) AS due FROM {jobs} WHERE state = 'scheduled') AS d
+ WHERE d.due IS NOT NULL
 """
 
 # Expired leases: back to available (the attempt stays spent), or dead on the last attempt.
