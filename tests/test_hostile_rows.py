@@ -234,6 +234,9 @@ async def test_a_row_that_gets_in_anyway_does_not_stop_its_queue(
         assert await scalar(conn, "SELECT state FROM trioq.jobs WHERE id = %s", never) == (
             "scheduled"
         )
+        # What the scheduler sleeps for: a day, not an 'infinity' psycopg reads as 0 (the
+        # scheduler would spin) or that Postgres before 17 cannot subtract.
+        assert await trioq.Queue().next_due(conn) == dt.timedelta(days=1)
     failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert [m for m in failed if "(attempts exhausted)" not in m] == []
 
