@@ -25,6 +25,10 @@ from trioq._pg.errors import connection_fault
 from trioq._worker.execute import FAULT_RELEASES
 
 LEDGER = "CREATE TABLE IF NOT EXISTS ledger (job_id bigint, attempt int, run int)"
+CUT_THE_OTHERS = """
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
 
 
 def _registry(ran: Counter, body: Any) -> trioq.Registry:
@@ -182,14 +186,13 @@ async def test_a_worker_on_a_read_only_server_says_so_waits_and_fails_no_job(
     async def body(job: trioq.JobContext, tx: Any, run: int) -> None:
         return None
 
-    async with serving(dsn, _registry(ran, body), lease=30) as (conn, runtime):
+    async with serving(dsn, _registry(ran, body), lease=30) as (conn, _runtime):
         await conn.execute(LEDGER)
         database = sql.Identifier(await scalar(conn, "SELECT current_database()"))
         await conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on")
                            .format(database))  # fmt: skip
         try:
-            await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                               " WHERE datname = current_database() AND pid <> pg_backend_pid()")  # fmt: skip
+            await conn.execute(CUT_THE_OTHERS)
             ids = [(await trioq.enqueue(conn, "pay")).job_id for _ in range(10)]  # read-write
             await trio.sleep(3)  # the fault: 3 s of a read-only server
             assert await rows(conn, "SELECT state, attempt FROM trioq.jobs ORDER BY id") == [
