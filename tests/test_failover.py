@@ -26,7 +26,6 @@ from typing import Any
 
 import attrs
 import psycopg
-import pytest
 from clitool import cli_env
 from helpers import poll_until
 from pgcluster import copy_cluster, scratch_dir, template_cluster
