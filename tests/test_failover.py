@@ -171,7 +171,8 @@ def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice(
             producer.join(10)
             acknowledged = set(producer.acknowledged)
             with psycopg.connect(pair.dsn("standby"), autocommit=True) as conn:
-                drained = "SELECT count(*) = 0 FROM trioq.jobs WHERE state IN ('available', 'running')"
+                drained = ("SELECT count(*) = 0 FROM trioq.jobs"
+                           " WHERE state IN ('available', 'running')")
                 poll_until(lambda: conn.execute(drained).fetchone() == (True,), timeout=60,
                            what="the queue drained on the new primary")  # fmt: skip
                 ledger = conn.execute("SELECT job_id FROM ledger").fetchall()
