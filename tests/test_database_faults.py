@@ -10,6 +10,8 @@ run sees says which (a refund keeps it at 1).
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -68,59 +70,54 @@ async def test_a_transaction_cut_by_the_server_runs_again_at_once_its_attempt_re
         assert await rows(conn, "SELECT job_id, attempt, run FROM ledger") == [(job_id, 1, 2)]
 
 
+async def _nothing(job: trioq.JobContext, tx: Any, run: int) -> None:
+    return None
+
+
+@asynccontextmanager
+async def _through_a_commit_cut(
+    dsn: str, ran: Counter, *, after_commit: bool
+) -> AsyncIterator[tuple[Any, int, CommitCut]]:
+    """A worker whose connections go through a `CommitCut` proxy (armed once it serves), and
+    one job enqueued: the connection, the job's id and the proxy."""
+    params = conninfo_to_dict(dsn)
+    socket = os.path.join(str(params["host"]), f".s.PGSQL.{params.get('port', 5432)}")
+    proxy = CommitCut(socket, after_commit=after_commit)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(proxy.serve)
+        async with await trioq.connect(dsn, autocommit=True) as setup:
+            await trioq.migrate(setup)
+            await setup.execute(LEDGER)
+        async with serving(dsn_through(dsn, port), _registry(ran, _nothing)) as (conn, _):
+            proxy.armed = True
+            yield conn, (await trioq.enqueue(conn, "pay")).job_id, proxy
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_commit_whose_answer_is_lost_is_not_run_again(dsn: str) -> None:
     """The server committed; the worker saw its connection break. The job is given back
     fenced by its lease: its row is gone with the commit, so nothing is given back and
     nothing runs again."""
     ran = Counter()
-
-    async def body(job: trioq.JobContext, tx: Any, run: int) -> None:
-        return None
-
-    params = conninfo_to_dict(dsn)
-    proxy = CommitCut(os.path.join(str(params["host"]), f".s.PGSQL.{params.get('port', 5432)}"))
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(proxy.serve)
-        async with await trioq.connect(dsn, autocommit=True) as setup:
-            await trioq.migrate(setup)
-            await setup.execute(LEDGER)
-        async with serving(dsn_through(dsn, port), _registry(ran, body)) as (conn, _runtime):
-            proxy.armed = True
-            job_id = (await trioq.enqueue(conn, "pay")).job_id
-            with trio.fail_after(10):
-                await proxy.cut.wait()
-            # Committed: the job's row went with the commit, so nothing can claim it again.
-            assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
-            assert await rows(conn, "SELECT job_id, run FROM ledger") == [(job_id, 1)]
-        assert len(ran.calls) == 1  # and the worker, stopped, wrote nothing for it
-        async with await trioq.connect(dsn, autocommit=True) as conn:
-            assert not await rows(conn, "SELECT 1 FROM trioq.dead_jobs")
-            assert not await rows(conn, "SELECT 1 FROM trioq.jobs")
-        nursery.cancel_scope.cancel()
+    async with _through_a_commit_cut(dsn, ran, after_commit=True) as (conn, job_id, proxy):
+        with trio.fail_after(10):
+            await proxy.cut.wait()
+        # Committed: the job's row went with the commit, so nothing can claim it again.
+        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
+        assert await rows(conn, "SELECT job_id, run FROM ledger") == [(job_id, 1)]
+    assert len(ran.calls) == 1  # and the worker, stopped, wrote nothing for it
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        assert not await rows(conn, "SELECT 1 FROM trioq.dead_jobs")
+        assert not await rows(conn, "SELECT 1 FROM trioq.jobs")
 
 
 async def test_a_commit_that_never_reached_the_server_runs_again_at_once(dsn: str) -> None:
     ran = Counter()
-
-    async def body(job: trioq.JobContext, tx: Any, run: int) -> None:
-        return None
-
-    params = conninfo_to_dict(dsn)
-    proxy = CommitCut(os.path.join(str(params["host"]), f".s.PGSQL.{params.get('port', 5432)}"),
-                      after_commit=False)  # fmt: skip
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(proxy.serve)
-        async with await trioq.connect(dsn, autocommit=True) as setup:
-            await trioq.migrate(setup)
-            await setup.execute(LEDGER)
-        async with serving(dsn_through(dsn, port), _registry(ran, body)) as (conn, _runtime):
-            proxy.armed = True
-            job_id = (await trioq.enqueue(conn, "pay")).job_id
-            await ran.wait_for(2, timeout=10)
-            assert [attempt for attempt, _ in ran.calls] == [1, 1]
-            await wait_until(lambda: scalar(conn, "SELECT count(*) = 0 FROM trioq.jobs"))
-            assert await rows(conn, "SELECT job_id, run FROM ledger") == [(job_id, 2)]
-        nursery.cancel_scope.cancel()
+    async with _through_a_commit_cut(dsn, ran, after_commit=False) as (conn, job_id, _proxy):
+        await ran.wait_for(2, timeout=10)
+        assert [attempt for attempt, _ in ran.calls] == [1, 1]
+        await wait_until(lambda: scalar(conn, "SELECT count(*) = 0 FROM trioq.jobs"))
+        assert await rows(conn, "SELECT job_id, run FROM ledger") == [(job_id, 2)]
 
 
 async def test_a_handler_that_breaks_its_own_connection_every_time_does_not_loop(

@@ -90,9 +90,11 @@ class ChaosLog:
 async def kill_loop(group: WorkerGroup, held: HeldJobs, every: float, log: ChaosLog) -> None:
     """SIGKILL a worker every ``every`` seconds, one holding running jobs if any does; its
     replacement starts at once."""
-    while True:
-        await trio.sleep(every)
-        await kill_one(group, held, log, wait=0.0)
+    async with trio.open_nursery() as nursery:  # the releases are timed beside the kills
+        while True:
+            await trio.sleep(every)
+            if (fault := await kill_one(group, held, log, wait=0.0)) is not None:
+                nursery.start_soon(_time_release, held, fault)
 
 
 async def kill_at(
@@ -101,7 +103,8 @@ async def kill_at(
     """Once, ``at`` seconds in: SIGKILL a worker mid-batch (waiting up to `KILL_WAIT` for one
     that holds running jobs), and start its replacement."""
     await trio.sleep(at)
-    await kill_one(group, held, log, wait=KILL_WAIT)
+    if (fault := await kill_one(group, held, log, wait=KILL_WAIT)) is not None:
+        await _time_release(held, fault)
     done.set()
 
 
@@ -109,9 +112,11 @@ async def kill_at(
 _RECORD_TIMEOUT = 5.0
 
 
-async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: float) -> None:
+async def kill_one(
+    group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: float
+) -> Fault | None:
     """SIGKILL a live worker that holds running jobs (polling up to ``wait`` s for one; then
-    any), start its replacement, and record the jobs it held."""
+    any), start its replacement, and record the jobs it held (the fault; None: no worker)."""
     deadline = trio.current_time() + wait
     while True:
         holding = await held.by_pid()
@@ -121,7 +126,7 @@ async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: f
         await trio.sleep(_HELD_POLL)
     live = group.live()
     if not live:
-        return
+        return None
     victim: Worker = random.choice(holders or live)
     jobs = holding.get(victim.pid, [])
     at = time.time()
@@ -140,7 +145,15 @@ async def kill_one(group: WorkerGroup, held: HeldJobs, log: ChaosLog, *, wait: f
     log.kills += 1
     log.note(f"SIGKILL worker pid {victim.pid} (slot {victim.slot}) holding {len(jobs)} jobs")
     detail = f"SIGKILL pid {victim.pid} holding {len(jobs)} running jobs"
-    log.fault(Fault(kind="kill", started=at, ended=at, detail=detail, held=jobs))
+    fault = Fault(kind="kill", started=at, ended=at, detail=detail, held=jobs, pids=[victim.pid])
+    log.fault(fault)
+    return fault
+
+
+async def _time_release(held: HeldJobs, fault: Fault) -> None:
+    """How long until none of the jobs a killed worker held runs under it any more."""
+    if fault.held:
+        fault.released = await _released(held, fault.pids, fault.started)
 
 
 async def kill_host_at(

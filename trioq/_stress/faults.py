@@ -9,10 +9,12 @@ starvation or a pin: its release; a graceful stop: the new workers spawned):
   two: the survivor's next completion; a Postgres restart: reconnecting);
 - ``caught_up_s``: until every job enqueued before the end had completed: the backlog the
   fault caused is gone (steady mode; in a burn-down it is the rest of the drain);
-- ``held_recovered_s`` (a kill): until the last job the victim held was completed elsewhere;
-- ``held_released_s`` (a host kill): until none of the jobs the dead host held was running
-  any more (another host's sweeper took its processes for dead, or the leases expired:
-  the jobs are back in the queue, behind what was due before them);
+- ``held_recovered_s`` (a kill): until the last job the victim held was completed elsewhere
+  (this includes waiting behind the backlog that built up while the victim was gone: on a
+  loaded machine the survivors may not keep up with the arrival rate, and it grows);
+- ``held_released_s`` (a kill, a host kill): until none of the jobs the victims held was
+  running any more (a sweeper took the processes for dead, or the leases expired: the jobs
+  are back in the queue, behind what was due before them): the recovery itself;
 - ``completed_during``, ``rate_during`` and ``pickup_p95_during`` for a window (starvation,
   a pinned xmin): the queue kept working, how fast, and how late jobs were picked up.
 
@@ -69,8 +71,8 @@ class Fault:
     ended: float
     detail: str
     held: list[int] = attrs.field(factory=list)  # a kill: the victim's running jobs
-    pids: list[int] = attrs.field(factory=list)  # a host kill: the processes it killed
-    #: A host kill: seconds until none of its jobs was running any more (taken back).
+    pids: list[int] = attrs.field(factory=list)  # a kill: the process(es) it killed
+    #: A kill: seconds until none of the victims' jobs was running any more (taken back).
     released: float | None = None
 
 
@@ -501,10 +503,10 @@ def _recovered(fault: Fault, row: Any) -> dict[str, Any]:
         out["held"] = len(fault.held)
         out["held_completed"] = int(held_completed)
         out["held_recovered_s"] = _r(held_done) if fault.held else None
+        out["held_released_s"] = fault.released if fault.held else None
     if fault.kind == "host kill":
         out["pids"] = list(fault.pids)
         out["held_ids"] = list(fault.held)  # at most the host's job slots
-        out["held_released_s"] = fault.released
         # Completions of the held jobs by the killed processes: a SIGKILLed process cannot
         # complete anything, so anything but 0 means the held jobs were misread.
         out["held_completed_by_victim"] = int(by_victim)

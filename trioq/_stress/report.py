@@ -236,7 +236,7 @@ def _fault_lines(chaos: dict[str, Any]) -> list[str]:
             counts = ", ".join(str(n) for n in entry["held"][:5])
             parts.append(f"victim's running jobs ({counts}) all completed after {held};")
         if (released := _spread(entry, "held_released_s")) is not None:
-            parts.append(f"released by the other hosts after {released};")
+            parts.append(f"released after {released};")
         first, caught = _spread(entry, "first_completion_s"), _spread(entry, "caught_up_s")
         parts.append(f"after it, next completion {first or 'n/a'}, caught up {caught or 'n/a'}")
         lines.append("  recovery:  " + " ".join(parts))
