@@ -49,6 +49,36 @@ async def test_several_deferred_commands_go_ahead_in_order(dsn: str) -> None:
         assert await cur.fetchall() == [(2,)]
 
 
+@pytest.mark.parametrize("params", [(5,), None])
+async def test_the_prelude_holds_when_the_statement_after_it_fails(
+    dsn: str, params: tuple[int] | None
+) -> None:
+    """The prelude is a transaction of its own: the statement's error (and the deferred
+    BEGIN's rollback) leaves what it set."""
+    async with await _conn(dsn) as conn:
+        conn.prelude = (b"SET statement_timeout = '7s'",)
+        conn.defer(b"BEGIN")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await conn.execute("SELECT 1 / (%s - 5)" if params else "SELECT 1 / 0", params)
+        await conn.execute("ROLLBACK")
+        cur = await conn.execute("SHOW statement_timeout")
+        assert await cur.fetchone() == ("7s",)
+        assert conn.prelude == ()  # sent once
+
+
+async def test_a_prelude_that_fails_closes_the_connection(dsn: str) -> None:
+    """Nothing more runs on a session whose setup failed (the statement sent after it in
+    the same round trip ran: it is in its own transaction)."""
+    async with await _conn(dsn) as conn:
+        conn.prelude = (b"SELECT 1 / 0",)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await conn.execute("INSERT INTO t VALUES (%s, %s)", (1, "a"))
+        assert conn.closed
+    async with await _conn(dsn) as conn:
+        cur = await conn.execute("SELECT id FROM t")
+        assert await cur.fetchall() == [(1,)]
+
+
 async def test_an_error_in_the_statement_is_raised_and_the_connection_recovers(dsn: str) -> None:
     async with await _conn(dsn) as conn:
         await conn.execute("INSERT INTO t VALUES (1, 'a')")

@@ -8,9 +8,12 @@ enqueues made on it; and a DSN's ``options=-c trioq.now=...`` moves no worker's 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from typing import Any
 
+import psycopg
+import pytest
 from helpers import Counter, rows, scalar, serving, wait_until
 
 import trioq
@@ -39,8 +42,18 @@ def leaky_registry(seen: list[dict[str, Any]], done: Counter) -> trioq.Registry:
         done.hit()
 
     @tasks.task(name="look")
-    async def look(job: trioq.JobContext) -> None:
+    async def look(job: trioq.JobContext, stumble: str = "") -> None:
         async with job.connection() as conn:
+            # a first statement that fails, in the round trip of the reset: with parameters
+            # (trioq's pipeline), without (a simple query), in psycopg's pipeline mode
+            with contextlib.suppress(psycopg.errors.DivisionByZero):
+                if stumble == "params":
+                    await conn.execute("SELECT 1 / %s", [0])
+                elif stumble == "plain":
+                    await conn.execute("SELECT 1 / 0")
+                elif stumble == "pipeline":
+                    async with conn.pipeline():
+                        await conn.execute("SELECT 1 / %s", [0])
             found = await rows(
                 conn,
                 "SELECT current_setting('statement_timeout'),"
@@ -63,7 +76,7 @@ def leaky_registry(seen: list[dict[str, Any]], done: Counter) -> trioq.Registry:
     return tasks
 
 
-async def _run(dsn: str, via: str) -> list[dict[str, Any]]:
+async def _run(dsn: str, via: str, *, stumble: str = "") -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     done = Counter()
     one_slot = {"default": trioq.QueueConfig(concurrency=1)}
@@ -75,7 +88,7 @@ async def _run(dsn: str, via: str) -> list[dict[str, Any]]:
         else:
             await wait_until(lambda: _no_leak_left(conn))
         for _ in range(3):
-            await trioq.enqueue(conn, "look")
+            await trioq.enqueue(conn, "look", {"stumble": stumble})
         await done.wait_for(3 if via != "connection" else 4)
         run_ats = await rows(conn, "SELECT run_at FROM trioq.jobs WHERE task = 'noop'")
         assert len(run_ats) == 3
@@ -91,6 +104,18 @@ async def test_what_a_handler_sets_on_its_connection_stays_with_it(dsn: str) -> 
     """Before: the next jobs on the connection ran with a 1 ms statement timeout, its
     enqueues were stamped 2000-01-01, lock 42 stayed held."""
     for look in await _run(dsn, "connection"):
+        assert look["timeout"] != "1ms" and look["clock"] == "unset"
+        assert (look["locks"], look["listening"], look["temp"]) == (0, 0, False)
+
+
+@pytest.mark.parametrize("stumble", ["params", "plain", "pipeline"])
+async def test_a_first_statement_that_fails_does_not_undo_the_reset(
+    dsn: str, stumble: str
+) -> None:
+    """The reset is its own transaction: sent in one with the next user's first statement,
+    that statement's error rolled it back (RESET ALL, set_config, UNLISTEN, DISCARD TEMP
+    are transactional), and the user went on with its predecessor's timeout and clock."""
+    for look in await _run(dsn, "connection", stumble=stumble):
         assert look["timeout"] != "1ms" and look["clock"] == "unset"
         assert (look["locks"], look["listening"], look["temp"]) == (0, 0, False)
 

@@ -31,7 +31,8 @@ about trioq's tables: the Postgres layer's health check (``SELECT 1`` in
 exists). The other tools keep their own (the load tester's ledger, the demo's counts).
 Two statements of the database's own live in the migrations, which are history and never
 change: the limited claim and the windowed unique insert (PL/pgSQL functions of migration
-6, which `Statements.claim_limited` and `Statements.enqueue_unique` call); the limited
+6, which `Statements.claim_limited` and `Statements.enqueue_unique` call; the session
+reset of migration 13 is a third, `Statements.reset_session`); the limited
 claim returns the columns of `trioq.Job` by the same names as `Statements.claim`
 (``tests/test_layout.py`` checks both).
 """
@@ -83,6 +84,7 @@ __all__ = [
     "Statements",
     "qualified",
     "rendered",
+    "session_reset",
     "statements",
     "validate_schema_name",
 ]
@@ -96,6 +98,13 @@ SCHEMA_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 WRITABLE = sql.SQL(schema.WRITABLE)
 #: The session's ``trioq.now`` unset, as a command to defer (no table, no parameter).
 CLEAR_CLOCK = jobs.CLEAR_CLOCK.encode()
+
+
+def session_reset(schema: str) -> tuple[bytes, ...]:
+    """The reset of a connection of the worker's app pool before each of its users, for
+    ``schema`` (``trioq/_db/sql/jobs.py``, ``RESET_SESSION``)."""
+    reset = rendered(schema, "reset_session")
+    return (jobs.RESET_ROLE.encode(), jobs.RESET_SETTINGS.encode(), reset)
 
 
 def validate_schema_name(schema: str, field: str = "schema") -> str:
@@ -126,6 +135,7 @@ _OBJECTS = {
     "jobs_ended": "jobs_ended",
     "lease_lost": "lease_lost",
     "epoch_us": "epoch_us",
+    "reset_session": "reset_session",
 }
 
 #: The claim's RETURNING columns, by the names of `trioq.Job`'s row (`CLAIMED_COLUMNS`).
@@ -269,6 +279,7 @@ class Statements:
     # -- one job: cancel, status, its result, the clock, trioq.testing --------------------------
     cancel = Statement(jobs.CANCEL)
     clock = Statement(jobs.CLOCK)
+    reset_session = Statement(jobs.RESET_SESSION)
     clock_epoch = Statement(jobs.CLOCK_EPOCH)
     set_clock = Statement(jobs.SET_CLOCK)
     job_status = Statement(jobs.JOB_STATUS)

@@ -22,6 +22,13 @@ same round trip when that statement is an ``execute()`` with parameters (pipelin
 else as one simple query just before it. `wait()` sends them, so every operation (a
 cursor, COPY, a nested ``transaction()``) finds them done; ``job.transaction()`` uses them
 so that its ``BEGIN`` costs no round trip of its own.
+
+A prelude (`TrioConnection.prelude`): commands a pool sets up a session with for its next
+user (`trioq._pg.pool`'s reset). They go out ahead of the deferred commands in the same
+write, but in an implicit transaction of their own (a pipeline ``Sync`` after them): sent
+in one with the next statement, a failing statement or a rolled-back transaction would
+undo what they set (``RESET ALL`` and ``set_config`` are transactional), and the user
+would go on in its predecessor's session.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from psycopg.rows import AsyncRowFactory, Row
 
 from .._exceptions import ConnectError
 from .errors import check_dsn, describe_target
-from .pipeline import execute_pipelined
+from .pipeline import execute_pipelined, send_pipelined
 from .wait import readable_now as _readable_now
 from .wait import wait_conn_gen, wait_gen
 
@@ -116,6 +123,8 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         self.lock = ConnectionLock()  # type: ignore[assignment]
         #: Commands to send before the next statement (`defer`).
         self._deferred: list[bytes] = []
+        #: Commands to send before those, in a transaction of their own (`prelude`).
+        self._prelude: tuple[bytes, ...] = ()
         #: Set while the connection is lent out inside a transaction that someone else
         #: commits (``job.transaction()``): commit(), rollback() and set_autocommit() refuse.
         self._owned_by: str | None = None
@@ -210,13 +219,33 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         """The commands `defer` holds, not sent yet."""
         return tuple(self._deferred)
 
+    @property
+    def prelude(self) -> tuple[bytes, ...]:
+        """Commands (SQL without parameters) sent before the next operation, ahead of the
+        deferred ones (`defer`) and in the same round trip, but in an implicit transaction
+        of their own, so that nothing after them can undo what they set; sent once. Setting
+        it replaces what was not sent yet. If one of them fails, the connection is closed
+        and the error raised: the statements sent after them in that round trip may have
+        run (in autocommit mode, committed), and nothing more runs on a session whose
+        setup failed."""
+        return self._prelude
+
+    @prelude.setter
+    def prelude(self, commands: Sequence[bytes]) -> None:
+        self._prelude = tuple(commands)
+
+    def take_prelude(self) -> tuple[bytes, ...]:
+        """The prelude, forgotten (it is being sent)."""
+        prelude, self._prelude = self._prelude, ()
+        return prelude
+
     async def execute(
         self, query: Any, params: Any = None, *, prepare: bool | None = None,
         binary: bool = False,
     ) -> psycopg.AsyncCursor[Row]:  # fmt: skip
         """psycopg's ``execute``; deferred commands (`defer`) travel in its round trip."""
         try:
-            if params and self._deferred and self._pipeline is None:
+            if params and (self._deferred or self._prelude) and self._pipeline is None:
                 (cur,) = await self.execute_together([(query, params)], prepare=prepare,
                                                      binary=binary)  # fmt: skip
                 return cur
@@ -276,7 +305,7 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         is left usable; if the drain does not finish, the connection is closed.
         The cancellation is always re-raised.
         """
-        if self._deferred:
+        if self._deferred or self._prelude:
             await self._send_deferred()
         return await self._wait(gen, timeout)
 
@@ -294,17 +323,27 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             raise
 
     async def _send_deferred(self) -> None:
-        """The deferred commands: queued ahead in pipeline mode, else sent now."""
+        """The prelude and the deferred commands: queued ahead in pipeline mode, else sent
+        now."""
         pipeline = self._pipeline
         if pipeline is not None:
             if self.pgconn.pipeline_status == _PIPELINE_OFF:
                 return  # entering pipeline mode: the next operation queues them
             send = self.pgconn.send_query_params
+            prelude = self.take_prelude()
+            for command in prelude:
+                pipeline.command_queue.append(partial(send, command, None))
+                pipeline.result_queue.append(None)
+            if prelude:
+                pipeline._enqueue_sync()
             for command in self.discard_deferred():
                 pipeline.command_queue.append(partial(send, command, None))
                 pipeline.result_queue.append(None)
             return
         self._check_connection_ok()
+        if self._prelude:
+            await send_pipelined(self, ())  # the lock is held already
+            return
         self.pgconn.send_query(b"; ".join(self.discard_deferred()))
         for result in await self._wait(psycopg.generators.execute(self.pgconn), None):
             if result.status == _FATAL_ERROR:

@@ -33,7 +33,7 @@ from psycopg.waiting import Ready, Wait
 #: A `trioq.pg.TrioConnection` (``_pg`` imports this module, so not imported back here).
 TrioConnection = Any
 
-__all__ = ["execute_pipelined"]
+__all__ = ["execute_pipelined", "send_pipelined"]
 
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
@@ -43,9 +43,10 @@ _BINARY = pq.Format.BINARY
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 
 
-def _results(pgconn: pq.abc.PGconn) -> PQGen[list[list[pq.abc.PGresult]]]:
-    """Flush what is queued, then collect the results up to the ``Sync``: one list per
-    command, in order (libpq ends each command's results with a None)."""
+def _results(pgconn: pq.abc.PGconn, syncs: int = 1) -> PQGen[list[list[pq.abc.PGresult]]]:
+    """Flush what is queued, then collect the results up to the last of ``syncs``
+    ``Sync``s: one list per command, in order (libpq ends each command's results with a
+    None)."""
     while pgconn.flush():
         ready = yield Wait.RW
         if ready & Ready.R:
@@ -61,7 +62,9 @@ def _results(pgconn: pq.abc.PGconn) -> PQGen[list[list[pq.abc.PGresult]]]:
             groups.append(group)
             group = []
         elif result.status == _SYNC:
-            return groups
+            syncs -= 1
+            if not syncs:
+                return groups
         elif result.status in _COPY:  # libpq would hand out this result forever
             raise _CopyStarted
         else:
@@ -87,30 +90,39 @@ async def execute_pipelined(
     binary: bool = False,
     then: Sequence[bytes] = (),
 ) -> list[psycopg.AsyncCursor[Any]]:
-    """The deferred commands, then ``statements`` (query, params), then the commands
-    ``then`` (SQL without parameters, e.g. ``COMMIT``: no cursor for them), in one round
-    trip; a cursor for each statement. The first error is raised once every result is in:
-    what follows a failing command does not run. Holds the connection's lock."""
+    """The prelude (`TrioConnection.prelude`, followed by a ``Sync`` of its own), the
+    deferred commands, then ``statements`` (query, params), then the commands ``then`` (SQL
+    without parameters, e.g. ``COMMIT``: no cursor for them), in one round trip; a cursor
+    for each statement. The first error is raised once every result is in: what follows a
+    failing command does not run (but for the prelude's, see `TrioConnection.prelude`).
+    Holds the connection's lock."""
     async with conn.lock:
         conn._check_connection_ok()
-        return await _execute(conn, statements, prepare=prepare, binary=binary, then=then)
+        return await send_pipelined(conn, statements, prepare=prepare, binary=binary, then=then)
 
 
-async def _execute(
+async def send_pipelined(
     conn: TrioConnection,
     statements: Sequence[tuple[Any, Any]],
     *,
-    prepare: bool | None,
-    binary: bool,
-    then: Sequence[bytes],
+    prepare: bool | None = None,
+    binary: bool = False,
+    then: Sequence[bytes] = (),
 ) -> list[psycopg.AsyncCursor[Any]]:
+    """`execute_pipelined` by a caller that holds the connection's lock already."""
     pgconn = conn.pgconn
     # Parameters are adapted first: one that cannot be (NUL in a string, an unknown type)
     # raises here, with nothing sent and the deferred commands still deferred.
     converted = [_convert(conn, query, params) for query, params in statements]
+    prelude = conn.take_prelude()
     commands = conn.discard_deferred()
+    ahead = len(prelude) + len(commands)  # the results ahead of the statements'
     pgconn.enter_pipeline_mode()
     try:
+        for command in prelude:
+            pgconn.send_query_params(command, None)
+        if prelude:
+            pgconn.pipeline_sync()
         for command in commands:
             pgconn.send_query_params(command, None)
         sent = [_send(conn, cursor, pgq, prepare, binary) for cursor, pgq in converted]
@@ -118,7 +130,7 @@ async def _execute(
             pgconn.send_query_params(command, None)
         pgconn.pipeline_sync()
         try:
-            groups = await conn._wait(_results(pgconn), None)
+            groups = await conn._wait(_results(pgconn, 1 + bool(prelude)), None)
         except _CopyStarted:
             conn._close_now()  # mid-COPY: the server rolls back what it has not committed
             raise e.ProgrammingError(
@@ -126,17 +138,29 @@ async def _execute(
                 "execute_together()): the connection was closed"
             ) from None
         except BaseException:  # cancelled, or the connection broke: which Parse ran is unknown
-            _forget_failed_parses(conn, len(commands), sent, None)
+            _forget_failed_parses(conn, ahead, sent, None)
+            conn.prelude = prelude  # whether it ran is unknown too; running it again is harmless
             raise
     finally:
         _leave_pipeline(conn)
+    if prelude:
+        _check_prelude(conn, groups[: len(prelude)])
     try:
-        cursors = _cursors(conn, len(commands), sent, groups)
+        cursors = _cursors(conn, ahead, sent, groups)
     except BaseException:
-        _forget_failed_parses(conn, len(commands), sent, groups)
+        _forget_failed_parses(conn, ahead, sent, groups)
         raise
     await conn._wait(conn._prepared.maintain_gen(conn), None)
     return cursors
+
+
+def _check_prelude(conn: TrioConnection, groups: list[list[pq.abc.PGresult]]) -> None:
+    """A prelude that failed closes the connection (`TrioConnection.prelude`)."""
+    try:
+        _raise_first_error(groups, conn.pgconn._encoding)
+    except e.Error:
+        conn._close_now()
+        raise
 
 
 def _cursors(

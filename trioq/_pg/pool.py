@@ -7,12 +7,13 @@ checkout, which also catches a backend killed by ``pg_terminate_backend``
 while idle (see `_looks_alive`). A connection returned inside a transaction is
 rolled back; one returned in an unknown state is closed, never handed on.
 
-A pool may be given ``reset`` commands (`SESSION_RESET`): each connection returned is reset
-with them before its next user, so what a session can carry (settings, advisory locks,
-LISTEN, temporary tables, open cursors, a role) does not reach that user. They are
-deferred (`TrioConnection.defer`): they travel with the next user's first statement, in
-its round trip. ``setup`` commands are deferred the same way once, when a connection is
-opened.
+A pool may be given ``reset`` commands (the worker's app pool: `trioq._db.statements.
+session_reset`): each connection is reset with them before each user, its first included,
+so what a session can carry (settings, advisory locks, LISTEN, temporary tables, open
+cursors, a role, a DSN's ``options``) does not reach that user. They are its prelude
+(`TrioConnection.prelude`): they travel with the user's first statement, in its round
+trip, in a transaction of their own, so that statement failing (or its transaction rolled
+back) does not undo them. ``setup`` commands follow them the same way.
 """
 
 from __future__ import annotations
@@ -32,21 +33,7 @@ from psycopg.pq import ConnStatus, TransactionStatus
 from .._exceptions import PoolClosedError
 from .connection import TrioConnection
 
-__all__ = ["SESSION_RESET", "Pool", "PoolStatistics"]
-
-#: What a session can carry from one user to the next, undone (``DISCARD ALL`` but the
-#: prepared statements and plans, which psycopg keeps for the connection, and which carry
-#: nothing of a user's). ``RESET ALL`` gives every setting its session default, the DSN's
-#: ``options`` included.
-SESSION_RESET = (
-    b"SET SESSION AUTHORIZATION DEFAULT",
-    b"RESET ALL",
-    b"CLOSE ALL",
-    b"UNLISTEN *",
-    b"SELECT pg_catalog.pg_advisory_unlock_all()",
-    b"DISCARD TEMP",
-    b"DISCARD SEQUENCES",
-)
+__all__ = ["Pool", "PoolStatistics"]
 
 logger = logging.getLogger("trioq.pg")
 
@@ -194,14 +181,14 @@ class Pool:
     async def _open(self) -> TrioConnection[Any]:
         conn = await TrioConnection.connect(self._conninfo, **self._connect_kwargs)
         self._opened += 1
-        conn.defer(*self._setup)
+        conn.prelude = (*self._reset_commands, *self._setup)
         return conn
 
     def _keep(self, conn: TrioConnection[Any]) -> None:
-        """Back among the idle, its session to be reset for its next user (`SESSION_RESET`)."""
+        """Back among the idle, its session to be reset for its next user (``reset``)."""
         if self._reset_commands:
             conn.discard_deferred()  # what its last user left unsent is nobody's now
-            conn.defer(*self._reset_commands, *self._setup)
+            conn.prelude = (*self._reset_commands, *self._setup)
         self._idle.append(conn)
 
     async def _take_idle(self) -> TrioConnection[Any] | None:

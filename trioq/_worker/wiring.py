@@ -24,14 +24,14 @@ from .._complete_with import SharedCompletions
 from .._config import Config, parse_address
 from .._context import JobServices
 from .._db.migrate import check_current
-from .._db.statements import CLEAR_CLOCK
+from .._db.statements import CLEAR_CLOCK, session_reset
 from .._hooks import EventDispatcher
 from .._job_transaction import SharedTransactions
 from .._obs.history import History
 from .._obs.metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
 from .._obs.prometheus import MetricsServer, trioq_version
 from .._outcome import Outcome
-from .._pg.pool import SESSION_RESET, Pool
+from .._pg.pool import Pool
 from .._pg.times import TOLERANT
 from .._queue import Queue
 from .banner import banner
@@ -102,9 +102,10 @@ class Services:
         self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=own,
                          setup=[CLEAR_CLOCK])  # fmt: skip
         #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``):
-        #: each connection goes back as clean as it came out (`SESSION_RESET`).
+        #: each user gets a session as clean as a new one, but for its prepared statements
+        #: (`session_reset`, which unsets ``trioq.now`` too).
         self.app_pool = Pool(dsn, max_size=config.app_pool_size, connect_kwargs=pooled,
-                             reset=SESSION_RESET, setup=[CLEAR_CLOCK])  # fmt: skip
+                             reset=session_reset(config.schema))  # fmt: skip
         self.queue = Queue(schema=config.schema, max_payload_bytes=config.max_payload_bytes)
         driver = self.queue.driver
         lanes = {"lanes": config.shared_transactions, "max_jobs": config.shared_transaction_jobs}

@@ -25,6 +25,17 @@ CLOCK_EPOCH = "SELECT extract(epoch FROM {now})"
 # DSN's ``options=-c trioq.now=...`` or a handler's set_config moves no clock of theirs.
 CLEAR_CLOCK = "SELECT pg_catalog.set_config('trioq.now', '', false)"
 
+# What a session can carry from one user of the worker's app pool to the next, undone
+# (DISCARD ALL but the prepared statements and plans, which psycopg keeps for the connection
+# and which carry nothing of a user's), and the session's trioq.now unset: three commands
+# (`trioq._db.statements.session_reset`). The role first: a role a handler switched to may
+# not be allowed to call the function. RESET ALL next, on its own: a statement_timeout or
+# lock_timeout a handler set applies to the statement it is reset in, not to the ones after.
+# Then migration 13's function for the rest (one result to read, not five).
+RESET_ROLE = "SET SESSION AUTHORIZATION DEFAULT"
+RESET_SETTINGS = "RESET ALL"
+RESET_SESSION = "SELECT {reset_session}()"
+
 # Sets (or, with '', unsets) the session's `trioq.now`, which `NOW` reads.
 SET_CLOCK = "SELECT set_config('trioq.now', %(now)s, false)"
 
