@@ -14,98 +14,32 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import attrs
 import psycopg
 from clitool import cli_env
 from helpers import poll_until
-from pgcluster import copy_cluster, scratch_dir, template_cluster
-from psycopg.conninfo import make_conninfo
 
-from trioq._pg.embedded import EmbeddedPostgres, default_server_user
+from trioq._pg.embedded import EmbeddedPostgres
+from trioq._stress.failover import Pair, replicated_pair
 
-PRIMARY_PORT, STANDBY_PORT = 5491, 5492
 #: Within this long of the promotion the worker completes jobs on the new primary.
 REACH_WITHIN = 5.0
 
 
-@attrs.frozen
-class Pair:
-    primary: EmbeddedPostgres
-    standby_dir: Path
-    standby: subprocess.Popen[bytes]
-
-    def dsn(self, which: str = "both", dbname: str = "app") -> str:
-        hosts = {"primary": [self.primary], "standby": [], "both": [self.primary]}[which]
-        dirs = [str(p.data_dir) for p in hosts]
-        ports = [str(PRIMARY_PORT)] * len(dirs)
-        if which in ("standby", "both"):
-            dirs.append(str(self.standby_dir))
-            ports.append(str(STANDBY_PORT))
-        params: dict[str, Any] = {"host": ",".join(dirs), "port": ",".join(ports),
-                                  "user": "postgres", "dbname": dbname}  # fmt: skip
-        if which == "both":
-            params["target_session_attrs"] = "read-write"
-        return make_conninfo("", **params)
-
-
-def _as_server(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-    user = default_server_user()
-    done = subprocess.run(cmd, user=user, capture_output=True, timeout=60, check=False, **kwargs)
-    assert done.returncode == 0, (cmd, done.stderr.decode(errors="replace"))
-    return done
-
-
 @contextlib.contextmanager
 def _pair() -> Iterator[Pair]:
-    """A primary (SIGKILLable) and a standby streaming from it synchronously."""
-    workdir = scratch_dir()
-    standby: subprocess.Popen[bytes] | None = None
-    try:
-        primary = copy_cluster(template_cluster(), workdir / "primary")
-        primary = attrs.evolve(primary, database="postgres", port=PRIMARY_PORT, settings={
-            "synchronous_standby_names": "*", "synchronous_commit": "on",
-            "wal_level": "replica", "max_wal_senders": "5", "wal_sender_timeout": "5s",
-        })  # fmt: skip
-        with primary.running():
-            standby_dir = workdir / "standby"
-            standby_dir.mkdir(mode=0o700)
-            if (user := default_server_user()) is not None:
-                shutil.chown(standby_dir, user, user)
-            bin_dir = primary.bin_dir
-            _as_server([str(bin_dir / "pg_basebackup"), "-D", str(standby_dir), "-R",
-                        "-X", "stream", "--checkpoint=fast", "-h", str(primary.data_dir),
-                        "-p", str(PRIMARY_PORT), "-U", "postgres"])  # fmt: skip
-            with (standby_dir / "server.log").open("ab") as log:
-                standby = subprocess.Popen(
-                    [str(bin_dir / "postgres"), "-D", str(standby_dir), "-p", str(STANDBY_PORT),
-                     "-c", "listen_addresses=", "-c", f"unix_socket_directories={standby_dir}",
-                     "-c", "fsync=off", "-c", "hot_standby=on"],
-                    user=default_server_user(), stdout=log, stderr=log,
-                )  # fmt: skip
-            pair = Pair(primary, standby_dir, standby)
-            with psycopg.connect(pair.dsn("primary", "postgres"), autocommit=True) as conn:
-                query = "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
-                poll_until(lambda: conn.execute(query).fetchone() == (1,), timeout=30,
-                           what="the standby streaming, synchronous")  # fmt: skip
-            yield pair
-    finally:
-        if standby is not None:
-            standby.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                standby.wait(30)
-            if standby.poll() is None:
-                standby.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
+    """A primary (SIGKILLable) and a standby streaming from it synchronously: the pair
+    ``trioq stress --failover-at`` runs on (fsync off, as the suite's other servers)."""
+    base = attrs.evolve(EmbeddedPostgres.from_env(), durable=False)
+    with replicated_pair(base) as pair:
+        yield pair
 
 
 class Producer(threading.Thread):
@@ -140,8 +74,6 @@ class Producer(threading.Thread):
 
 def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice() -> None:
     with _pair() as pair:
-        with psycopg.connect(pair.dsn("primary", "postgres"), autocommit=True) as admin:
-            admin.execute("CREATE DATABASE app")
         migrate = subprocess.run([sys.executable, "-m", "trioq._cli", "migrate"],
                                  env=cli_env(dsn=pair.dsn("primary")), capture_output=True,
                                  text=True, timeout=60, check=False)  # fmt: skip
@@ -161,8 +93,7 @@ def test_failover_to_a_synchronous_standby_loses_nothing_and_runs_nothing_twice(
                 poll_until(lambda: conn.execute("SELECT count(*) >= 100 FROM ledger")
                            .fetchone() == (True,), timeout=30, what="100 jobs done")  # fmt: skip
             # The failover: the primary dies, the standby is promoted.
-            pid = int((pair.primary.data_dir / "postmaster.pid").read_text().split()[0])
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pair.primary_pid(), signal.SIGKILL)
             with psycopg.connect(pair.dsn("standby"), autocommit=True) as conn:
                 conn.execute("SELECT pg_promote(wait => true)")
                 (promoted,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)

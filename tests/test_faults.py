@@ -82,6 +82,10 @@ class Run:
         return "\n".join(x for x in self.stdout.splitlines() if x.strip().startswith(keep))
 
 
+#: A failover: within this long of the promotion the workers complete jobs again.
+REACH_WITHIN = 5.0
+
+
 def _stress(
     tmp_path: pathlib.Path, *args: str, env: dict[str, str] | None = None, check: bool = True
 ) -> Run:
@@ -189,6 +193,27 @@ def test_postgres_restarted_mid_run(embedded_dir: str, tmp_path: pathlib.Path) -
     print(f"Postgres down {restart['seconds']:.2f} s; next completion "
           f"{restart['first_completion_s']:.2f} s after it was back, caught up after "
           f"{restart['caught_up_s']:.2f} s")  # fmt: skip
+
+
+# -- 9. Postgres fails over, under trioq stress ------------------------------------------------
+
+
+def test_failover_under_stress_loses_nothing_and_runs_nothing_twice(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``--failover-at``: the run's own primary and synchronous standby, the primary
+    SIGKILLed and the standby promoted; every job is completed exactly once (each ledger row
+    in the job's ``complete_with`` statement), and the workers complete jobs on the new
+    primary soon after (REACH_WITHIN; the distribution is in docs/faults.md)."""
+    more = ("--transactions", "one", "--failover-at", "4", "--concurrency", "10")
+    run = _stress(tmp_path, *_steady(None, 100, 10, 20, *more))
+    [failover] = run.faults("failover")
+    assert failover["first_completion_s"] is not None, run.recovery()
+    assert failover["first_completion_s"] < REACH_WITHIN, run.recovery()
+    assert failover["caught_up_s"] is not None
+    print(f"failover: standby promoted {failover['seconds']:.2f} s after the kill; next "
+          f"completion {failover['first_completion_s']:.2f} s after, caught up after "
+          f"{failover['caught_up_s']:.2f} s")  # fmt: skip
 
 
 # -- 4. A continuous stream of pg_terminate_backend against trioq's connections -------------

@@ -14,6 +14,7 @@ from .._exceptions import EmbeddedPostgresError, SchemaError, leaves
 from .._pg.dsn import configured_dsn
 from .._pg.embedded import EmbeddedPostgres
 from .._pg.errors import check_dsn
+from .._stress.failover import replicated_pair
 from .._stress.report import StressReport, render
 from .._stress.run import MODES, TRANSACTIONS, StressError, StressOptions, Target, run_stress
 from .options import Commands, command
@@ -128,6 +129,8 @@ def _chaos_flags(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--kill-every", type=float, metavar="S", help="SIGKILL a worker every S s")
     _moment(sub, "--terminate-every", "pg_terminate_backend the workers' connections every S s")
     _moment(sub, "--restart-postgres-at", "stop and start the embedded Postgres S s into the run")
+    _moment(sub, "--failover-at", "run on a primary and a synchronous standby of the run's own "
+            "(from the embedded binaries), SIGKILL the primary S s in and promote the standby")
     _fault_flags(sub)
     sub.add_argument("--lease", type=float, help="job lease, s (30; 2 with chaos)")
     sub.add_argument("--heartbeat", type=float, help="heartbeat interval, s (5; 0.5 with chaos)")
@@ -157,6 +160,7 @@ def _options(args: argparse.Namespace) -> StressOptions:
             work_ms=args.work_ms, payload_bytes=args.payload_bytes, schema=args.schema,
             timeout=args.timeout, kill_every=args.kill_every,
             terminate_every=args.terminate_every, restart_postgres_at=args.restart_postgres_at,
+            failover_at=args.failover_at,
             lease=args.lease, heartbeat=args.heartbeat, sweep=args.sweep,
             pool_size=args.pool_size, app_pool_size=args.app_pool_size, quiet=args.quiet,
             transactions=args.transactions,
@@ -197,6 +201,12 @@ def _run(options: StressOptions, cli_dsn: str | None, pooler: str | None) -> Str
         check_dsn(pooler, what="--pooler-dsn")
         if dsn is None:
             raise StressError("--pooler-dsn needs --dsn (or $TRIOQ_DSN): the database behind it")
+    if options.failover_at is not None:
+        if dsn is not None or options.launchers or options.restart_postgres_at is not None:
+            raise StressError("--failover-at runs on a pair of servers of its own: not with "
+                              "--dsn, --launcher or --restart-postgres-at")  # fmt: skip
+        with replicated_pair(EmbeddedPostgres.from_env()) as pair:  # main thread, before trio.run
+            return trio.run(run_stress, options, Target(dsn=pair.dsn(), pair=pair))
     if dsn is not None:
         return trio.run(run_stress, options, Target(dsn=dsn, pooler_dsn=pooler))
     embedded = EmbeddedPostgres.from_env()

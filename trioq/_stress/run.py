@@ -42,6 +42,7 @@ from .._pg.errors import redact_dsn
 from .._queue import Queue
 from .chaos import ChaosLog, kill_at, kill_host_at, kill_loop, restart_at, terminate_loop
 from .cpu import ServerMeter, machine_busy, postmaster_of
+from .failover import Pair, failover_at
 from .faults import (
     GracefulStop,
     HeldJobs,
@@ -112,6 +113,9 @@ class StressOptions:
     kill_every: float | None = attrs.field(default=None, validator=_positive)
     terminate_every: float | None = attrs.field(default=None, validator=_positive)
     restart_postgres_at: float | None = attrs.field(default=None, validator=_non_negative)
+    #: SIGKILL the primary of a pair of the run's own and promote its standby
+    #: (`trioq._stress.failover`).
+    failover_at: float | None = attrs.field(default=None, validator=_non_negative)
     kill_at: float | None = attrs.field(default=None, validator=_non_negative)
     starve_at: float | None = attrs.field(default=None, validator=_non_negative)
     starve_for: float | None = attrs.field(default=None, validator=_positive)
@@ -185,6 +189,7 @@ class StressOptions:
             for x in (
                 self.kill_every, self.terminate_every, self.restart_postgres_at, self.kill_at,
                 self.starve_at, self.pin_xmin_at, self.sigterm_at, self.kill_host_at,
+                self.failover_at,
             )
         )  # fmt: skip
 
@@ -234,6 +239,9 @@ class Target:
     pooler_dsn: str | None = None
     embedded: EmbeddedPostgres | None = None
     owned: bool = False  # this run started the embedded server (it was not running)
+    #: ``--failover-at``: the run's own primary and standby, ``dsn`` reaching whichever
+    #: takes writes.
+    pair: Pair | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -427,6 +435,9 @@ def _start_chaos(run: _Run, nursery: trio.Nursery, group: WorkerGroup) -> None:
             restart = functools.partial(_restart_postgres, run)
             at = options.restart_postgres_at
             nursery.start_soon(restart_at, at, restart, chaos, chaos.one_shot())
+    if options.failover_at is not None and run.target.pair is not None:
+        at, pair = options.failover_at, run.target.pair
+        nursery.start_soon(failover_at, at, pair, chaos, chaos.one_shot(), run.meter)
     _start_faults(run, nursery, group, held)
 
 
