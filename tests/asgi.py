@@ -46,7 +46,7 @@ async def call(
     parts = urlsplit(url)
     body = b""
     sent = dict(headers or {})
-    sent.setdefault("host", "testserver")
+    sent.setdefault("host", "localhost")
     if form is not None:
         pairs = form if isinstance(form, list) else [
             (k, str(x)) for k, v in form.items() for x in (v if isinstance(v, list) else [v])

@@ -258,7 +258,7 @@ async def test_a_post_without_a_valid_csrf_token_is_refused(dsn: str) -> None:
             assert attempt.status == 403, attempt.text
             assert "CSRF" in attempt.text
         ok = await call(app, "POST", "/actions/cancel", form={**form, "csrf": csrf},
-                        cookies=cookies, headers={"origin": "http://testserver"})  # fmt: skip
+                        cookies=cookies, headers={"origin": "http://localhost"})  # fmt: skip
         assert ok.status == 303
 
 
@@ -299,6 +299,78 @@ async def test_the_token_guards_every_request(dsn: str) -> None:
         assert (await call(app, "GET", "/jobs", cookies=cookies)).status == 200
         bearer = await call(app, "GET", "/", headers={"authorization": f"Bearer {TOKEN}"})
         assert bearer.status == 200
+
+
+def _route_paths(app: trioq.web.Dashboard) -> list[str]:
+    """Every route of the dashboard, from its route table, with sample values for its
+    parameters."""
+    paths = []
+    for route in app.router.routes:
+        path = getattr(route, "path", "")
+        paths.append(re.sub(r"\{[^}]+\}", "1", path) or "/")
+    assert len(paths) >= 10, paths  # the walk sees the table
+    return paths
+
+
+FOREIGN_HOSTS = ["evil.example", "evil.example:8089", "localhost.evil.example",
+                 "LOCALHOST.evil.example.", "", "bad host", "localhost:abc", "[::1"]  # fmt: skip
+
+
+async def test_a_foreign_host_is_refused_before_any_page_or_action(dsn: str) -> None:
+    """DNS rebinding: a page of evil.example whose name resolves to 127.0.0.1 sends
+    ``Host: evil.example``. Before: every page answered it, and a CSRF token read from a
+    confirmation page purged a dead job (its Origin matched that same Host)."""
+    await _jobs(dsn)
+    async with _dashboard(dsn, token=TOKEN) as app:
+        paths = _route_paths(app)
+        for host in FOREIGN_HOSTS:
+            for path in paths:
+                for method in ("GET", "POST"):
+                    reply = await call(app, method, path, headers={
+                        "host": host, "authorization": f"Bearer {TOKEN}",
+                        "origin": f"http://{host}"})  # fmt: skip
+                    assert reply.status == 421, (host, method, path, reply.status)
+                    assert "dashboard" in reply.text and TOKEN not in reply.text
+        bearer = {"authorization": f"Bearer {TOKEN}"}
+        for host in ("localhost", "localhost:8089", "LocalHost.", "127.0.0.1:8089",
+                     "[::1]:8089", "10.1.2.3"):  # fmt: skip
+            reply = await call(app, "GET", "/", headers={"host": host, **bearer})
+            assert reply.status == 200, host
+    async with _dashboard(dsn) as app:
+        cookies, csrf = await _csrf(app)
+        rebound = {"host": "evil.example:8089", "origin": "http://evil.example:8089"}
+        posted = await call(app, "POST", "/actions/purge", form={"all": "1", "csrf": csrf},
+                            cookies=cookies, headers=rebound)  # fmt: skip
+        assert posted.status == 421
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute("SELECT count(*) FROM trioq.dead_jobs")
+            assert await cur.fetchone() == (1,)  # nothing purged
+
+
+async def test_allowed_hosts_name_a_proxys_host(dsn: str) -> None:
+    await _jobs(dsn)
+    async with _dashboard(dsn, allowed_hosts=["jobs.example.com"]) as app:
+        assert (await call(app, "GET", "/", headers={"host": "jobs.example.com"})).status == 200
+        assert (await call(app, "GET", "/", headers={"host": "localhost"})).status == 421
+        assert (await call(app, "GET", "/", headers={"host": "evil.example"})).status == 421
+    async with _dashboard(dsn, allowed_hosts=["*"]) as app:
+        assert (await call(app, "GET", "/", headers={"host": "anything.example"})).status == 200
+    for bad, error in (("", ValueError), ("a b", ValueError), ("x/y", ValueError),
+                       ("\x00", ValueError), (None, TypeError)):  # fmt: skip
+        with pytest.raises(error, match="allowed_hosts"):
+            trioq.web.app(dsn, allowed_hosts=[bad])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="allowed_hosts"):
+        trioq.web.app(dsn, allowed_hosts="localhost")
+
+
+async def test_the_token_redirect_stays_on_the_dashboard(dsn: str) -> None:
+    """Before: ``GET //evil.example/?token=...`` redirected to ``//evil.example/``."""
+    async with _dashboard(dsn, token=TOKEN) as app:
+        for path, expected in (("//evil.example/", "/evil.example/"),
+                               ("/\\evil.example/x", "/evil.example/x"),
+                               ("///evil.example", "/evil.example")):  # fmt: skip
+            entry = await call(app, "GET", f"http://localhost{path}?token={TOKEN}")
+            assert entry.status == 303 and entry.header("location") == expected, path
 
 
 def test_a_weak_token_is_refused(dsn: str) -> None:

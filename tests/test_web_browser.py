@@ -32,8 +32,11 @@ pytestmark = pytest.mark.slow
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 SKIP_VAR = "TRIOQ_SKIP_BROWSER_TESTS"
 #: As the probe of this machine found: no first-run work, no calls home (refused here).
+#: The attacker's name of the DNS-rebinding test resolves to the dashboard's address.
+REBOUND = "rebound.test"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"]  # fmt: skip
 TOKEN = "browser-test-token-0123456789"
 LIVE = 20_000  # ms a live update may take (polls every 2 s, charts every 5 s)
 
@@ -337,3 +340,33 @@ def test_a_page_without_the_token_is_refused(stack: Stack, browser: Browser) -> 
         assert stranger.new_page().goto(guarded + "/jobs").status == 401  # type: ignore[union-attr]
     finally:
         stranger.close()
+
+
+def test_a_rebound_name_can_neither_read_a_page_nor_post(
+    stack: Stack, web: str, browser: Browser
+) -> None:
+    """DNS rebinding in Chromium: the attacker's name resolves to the dashboard's address
+    (``--host-resolver-rules``), so its page is same-origin with what it loads from there.
+    Before: it read every page, took a CSRF token from a confirmation page and purged a
+    dead job. Now every request for that name gets 421, the page and its fetches alike."""
+    stack.start_worker()
+    stack.sql("INSERT INTO web_switch VALUES ('rebound', true)")
+    (job_id,) = stack.enqueue("web", "flaky", '{"name": "rebound"}', max_attempts=1)
+    stack.wait_for("SELECT count(*) FROM trioq.dead_jobs WHERE id = %s", [(1,)], job_id)
+    port = web.rsplit(":", 1)[1]
+    attacker = browser.new_context(bypass_csp=True)
+    try:
+        page = attacker.new_page()
+        origin = f"http://{REBOUND}:{port}"
+        landed = page.goto(f"{origin}/confirm/purge?ids={job_id}")
+        assert landed is not None and landed.status == 421
+        assert 'name="csrf"' not in page.content()
+        expect(page.locator("h1")).to_have_text("This dashboard is not served under this name")
+        statuses = page.evaluate("""async (id) => [
+            (await fetch('/jobs?state=dead')).status,
+            (await fetch('/actions/purge', {method: 'POST', body: new URLSearchParams(
+                {ids: String(id), csrf: 'x'})})).status]""", job_id)  # fmt: skip
+        assert statuses == [421, 421]
+    finally:
+        attacker.close()
+    stack.wait_for("SELECT count(*) FROM trioq.dead_jobs WHERE id = %s", [(1,)], job_id)

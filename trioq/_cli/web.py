@@ -63,6 +63,11 @@ def add_web_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--app", help="MODULE:ATTRIBUTE of a trioq.Config: the cron page shows its schedules"
     )
+    sub.add_argument(
+        "--allowed-host", action="append", default=[], metavar="NAME",
+        help="a name the dashboard is served as, beside localhost, the --bind name and IP "
+        "addresses (a reverse proxy's; '*' for any): requests for other names get 421",
+    )  # fmt: skip
     sub.set_defaults(handler=_web)
 
 
@@ -83,11 +88,15 @@ def _web(args: argparse.Namespace) -> int:
             f"${TOKEN_ENV_VAR}), or keep 127.0.0.1 behind a reverse proxy that authenticates"
         )
     cron = _cron(args.app) if args.app else ()
+    # The names it is served as: localhost, the --bind name (an address needs none), and
+    # the proxy's.
+    allowed = ["localhost", *([host] if port is not None and host else []), *args.allowed_host]
     _log(args)
     with database(args.dsn) as dsn:
         dashboard = trioq.web.app(
-            dsn, schema=args.schema, read_only=args.read_only, token=token, cron=cron
-        )
+            dsn, schema=args.schema, read_only=args.read_only, token=token, cron=cron,
+            allowed_hosts=allowed,
+        )  # fmt: skip
         trio.run(_run, dashboard, dsn, args)
     return 0
 

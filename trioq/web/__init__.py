@@ -30,6 +30,11 @@ from ._config import DashboardConfig as DashboardConfig
 __all__ = ["Dashboard", "DashboardConfig", "app"]
 
 
+def _hosts(hosts: _Iterable[str]) -> object:
+    """A string stays one, for the config's TypeError (not a host per character)."""
+    return hosts if isinstance(hosts, str) else tuple(hosts)
+
+
 def app(
     dsn: str | None = None,
     *,
@@ -39,20 +44,22 @@ def app(
     cron: _Iterable[_CronEntry] = (),
     pool_size: int = 4,
     secret: bytes | None = None,
+    allowed_hosts: _Iterable[str] = ("localhost",),
 ) -> Dashboard:
     """The dashboard for the trioq tables in ``schema`` of ``dsn`` (default: ``$TRIOQ_DSN``,
     then ``$DATABASE_URL``), as an ASGI app.
 
     ``read_only`` hides and refuses every action; ``token`` is then required on every
     request; ``cron`` (your `trioq.Config`'s entries) adds schedules and next ticks to the
-    cron page. Nothing connects until the first request.
+    cron page; ``allowed_hosts`` are the names it is served as (beside IP addresses:
+    `DashboardConfig.allowed_hosts`). Nothing connects until the first request.
     """
     chosen = _configured_dsn(dsn)
     if chosen is None:
         raise ValueError("trioq.web.app needs a DSN: pass dsn=, or set TRIOQ_DSN or DATABASE_URL")
     config = DashboardConfig(
         dsn=chosen, schema=schema, read_only=read_only, token=token, cron=tuple(cron),
-        pool_size=pool_size, secret=secret,
+        pool_size=pool_size, secret=secret, allowed_hosts=_hosts(allowed_hosts),
     )  # fmt: skip
     return Dashboard(config)
 

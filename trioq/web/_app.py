@@ -40,7 +40,7 @@ from .._queue import Queue
 from . import _queries as queries
 from ._config import DashboardConfig
 from ._limits import COUNT_CAP, WINDOW
-from ._security import CSRF_COOKIE, Csrf, SecurityHeaders, TokenGuard
+from ._security import CSRF_COOKIE, Csrf, HostGuard, SecurityHeaders, TokenGuard
 
 __all__ = ["ACTION_BATCH", "MAX_PER_ACTION", "Dashboard"]
 
@@ -91,7 +91,7 @@ class Dashboard:
         app: Any = SecurityHeaders(self.router)
         if config.token is not None:
             app = TokenGuard(app, config.token)
-        self._app = app
+        self._app = HostGuard(app, config.allowed_hosts)  # first: before the token
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and sniffio.current_async_library() != "trio":

@@ -52,6 +52,22 @@ def _cron(value: Iterable[CronEntry] | None) -> tuple[CronEntry, ...]:
 _pool_size = rule(positive_int)
 
 
+def _hosts(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise TypeError(f"allowed_hosts must be a sequence of host names, got {value!r}")
+    hosts = []
+    for host in value:
+        if not isinstance(host, str):
+            raise TypeError(f"allowed_hosts must hold strings, got {type(host).__name__}")
+        name = host.strip().lower().rstrip(".")
+        if not name or not name.isascii() or not name.isprintable() or any(
+            c in name for c in " /?#@[]"
+        ):
+            raise ValueError(f"allowed_hosts: {host!r} is not a host name (nor '*')")
+        hosts.append(name)
+    return tuple(hosts)
+
+
 def _secret(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, bytes):
         raise TypeError(f"{attribute.name} must be bytes or None, got {type(value).__name__}")
@@ -74,3 +90,8 @@ class DashboardConfig:
     #: Signs the forms' CSRF tokens; random per process when None (give every process
     #: behind one address the same secret).
     secret: bytes | None = attrs.field(default=None, repr=False, validator=_secret)
+    #: The names the dashboard is served as (its ``Host`` header); a request for another
+    #: name is refused (421) before any page or action, which stops DNS rebinding. IP
+    #: addresses are always accepted (a name can be rebound, an address cannot); ``"*"``
+    #: accepts every name (when a proxy in front checks it). docs/security.md.
+    allowed_hosts: tuple[str, ...] = attrs.field(default=("localhost",), converter=_hosts)

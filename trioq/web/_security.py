@@ -8,6 +8,11 @@
 - **CSRF** (`Csrf`): a random per-browser id in the ``trioq_csrf`` cookie (HttpOnly,
   SameSite=Strict), and in every form an HMAC of it under a per-process secret. A POST
   whose form token does not match, or whose ``Origin`` is another site, gets 403.
+- **Host** (`HostGuard`): a request whose ``Host`` is not a name the dashboard is served as
+  (`DashboardConfig.allowed_hosts`, or an IP address) gets 421 before anything else: a page
+  of another site whose name an attacker rebinds to this machine's address (DNS rebinding)
+  can neither read a page nor post a form, whose ``Origin`` check compares with that same
+  ``Host``.
 - **Headers** (`SecurityHeaders`): a Content-Security-Policy that allows only the
   dashboard's own origin (no inline script, no CDN: everything comes from the package),
   no framing, no referrer to other sites, no MIME sniffing, no caching of pages.
@@ -28,6 +33,7 @@ __all__ = [
     "CSRF_COOKIE",
     "TOKEN_COOKIE",
     "Csrf",
+    "HostGuard",
     "SecurityHeaders",
     "TokenGuard",
     "is_loopback",
@@ -62,6 +68,32 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def host_name(header: str) -> str | None:
+    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case,
+    without a trailing dot; None if it is not one."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        name, sep, rest = header[1:].partition("]")
+        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+    else:
+        name, _, port = header.partition(":")
+        if port and not port.isdigit():
+            return None
+    name = name.rstrip(".")
+    if not name or not name.isascii() or not name.isprintable() or any(c in name for c in " /?#@"):
+        return None
+    return name
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _cookies(scope: Scope) -> dict[str, str]:
@@ -147,7 +179,10 @@ class TokenGuard:
         self, scope: Scope, send: Send, query: list[tuple[str, str]]
     ) -> None:
         rest = urlencode([(k, v) for k, v in query if k != "token"])
-        location = (scope.get("path") or "/") + (f"?{rest}" if rest else "")
+        # A path of this dashboard, never another site: ``//evil.example/`` (or with
+        # backslashes, which browsers read as slashes) would be a scheme-relative address.
+        path = "/" + (scope.get("path") or "/").lstrip("/\\")
+        location = path + (f"?{rest}" if rest else "")
         cookie = (
             f"{TOKEN_COOKIE}={self._token.decode()}; Path={_cookie_path(scope)}; HttpOnly; "
             "SameSite=Strict"
@@ -156,6 +191,37 @@ class TokenGuard:
             (b"location", location.encode("latin-1", "replace")),
             (b"set-cookie", cookie.encode("latin-1", "replace")),
         ])  # fmt: skip
+
+
+_MISDIRECTED = """<!doctype html><html><head><meta charset="utf-8">
+<title>trioq: unknown host</title></head><body><h1>This dashboard is not served under this name</h1>
+<p>Open it by a name it was started with, or start it with
+<code>trioq web --allowed-host NAME</code> (<code>allowed_hosts=</code> of
+<code>trioq.web.app</code>) for the name a proxy serves it as.</p></body></html>"""
+
+
+class HostGuard:
+    """ASGI middleware: refuse (421) a request for a name the dashboard is not served as."""
+
+    def __init__(self, app: ASGIApp, allowed: tuple[str, ...]) -> None:
+        self.app = app
+        self._any = "*" in allowed
+        self._allowed = frozenset(allowed)
+
+    def allows(self, header: str | None) -> bool:
+        name = host_name(header) if header is not None else None
+        if name is None:
+            return False
+        return self._any or name in self._allowed or _is_address(name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or self.allows(_header(scope, b"host")):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await _respond(send, 421, _MISDIRECTED)
 
 
 class Csrf:
