@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import trio
-from helpers import FAST, migrated
+from helpers import FAST, migrated, rows, serving, wait_until
 
 import trioq
 from trioq import Failure, Lease, Queue
@@ -336,3 +336,36 @@ async def test_bad_arguments_are_named_before_any_sql(
     if "job_id" in kwargs:
         with pytest.raises(error, match=message):
             await trioq.job_status(conn, kwargs["job_id"])
+
+
+async def test_a_result_over_max_result_bytes_kills_its_job_and_says_why(dsn: str) -> None:
+    """Before: results had no limit (args have 1 MiB): a 50 MB result stalled the worker's
+    other jobs and every dashboard refresh read it whole. The limit counts the JSON's
+    bytes: a result of exactly the limit is kept, one byte more is dead at once."""
+    tasks = trioq.Registry()
+
+    @tasks.task(keep_result=True, max_attempts=5)
+    async def big(job: trioq.JobContext, n: int) -> str:
+        return "é" * n  # two bytes each in UTF-8, plus the two quotes
+
+    limit = 1002
+    async with serving(dsn, tasks, max_result_bytes=limit) as (conn, _):
+        fits = await big.enqueue(conn, n=500)  # 1,002 bytes
+        over = await big.enqueue(conn, n=501)  # 1,004 bytes
+        assert await trioq.result(conn, fits.job_id) == "é" * 500
+
+        async def dead() -> bool:
+            return bool(await rows(conn, "SELECT 1 FROM trioq.dead_jobs WHERE id = %s",
+                                   over.job_id))  # fmt: skip
+
+        await wait_until(dead)
+        ((attempt, error),) = await rows(
+            conn, "SELECT attempt, last_error FROM trioq.dead_jobs WHERE id = %s", over.job_id
+        )
+    assert attempt == 1  # not retried: the same handler returns the same value
+    assert "result of task 'big' is 1,004 bytes of JSON, over max_result_bytes (1,002)" in error
+    cases: list[tuple[Any, type[Exception]]] = [
+        (0, ValueError), (-1, ValueError), ("1", TypeError), (True, TypeError)]  # fmt: skip
+    for bad, kind in cases:
+        with pytest.raises(kind, match="max_result_bytes"):
+            trioq.Config(dsn=dsn, registry=tasks, max_result_bytes=bad)

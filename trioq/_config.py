@@ -18,7 +18,7 @@ from ._cron import CronEntry, check_entries
 from ._db.sql.status import DEPTH_CAP
 from ._db.statements import validate_schema_name
 from ._flow import RateLimit, check_limit, to_rate_limit
-from ._job import DEFAULT_MAX_PAYLOAD, check_max_payload, check_queue_name
+from ._job import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT, check_max_payload, check_queue_name
 from ._pg.errors import check_dsn, redact_dsn
 from ._registry import Registry
 from ._rules import (
@@ -249,6 +249,12 @@ class Config:
     app_pool_size: int = attrs.field(default=10, validator=_positive_int)
     max_payload_bytes: int = attrs.field(
         default=DEFAULT_MAX_PAYLOAD, validator=rule(check_max_payload)
+    )
+    #: The most bytes of JSON a kept result may have (``keep_result=True``): a larger one
+    #: fails its job, dead at once, with an error that says so (a 50 MB result stalled the
+    #: worker's other jobs for seconds and every dashboard refresh read it whole).
+    max_result_bytes: int = attrs.field(
+        default=DEFAULT_MAX_RESULT, validator=rule(check_max_payload)
     )
     #: ``job.transaction(shared=True)``: how many shared transactions may be open at once,
     #: each on a connection of the app pool (docs/transactions.md).

@@ -71,6 +71,7 @@ PRIORITY_MIN, PRIORITY_MAX = -100, 100  # lower runs first
 DEFAULT_MAX_ATTEMPTS = 25
 MAX_ATTEMPTS_LIMIT = 10_000
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # bytes of JSON args
+DEFAULT_MAX_RESULT = 1024 * 1024  # bytes of a kept result's JSON
 #: Longest a retry or a snooze may put a job off (Postgres timestamps are finite).
 MAX_RETRY_DELAY = dt.timedelta(days=365)
 #: Longest an enqueue may put a job off.

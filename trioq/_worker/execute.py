@@ -56,7 +56,7 @@ import trio
 from .._context import JobContext, JobServices
 from .._exceptions import FatalError, LeaseLostError, Snooze, leaves
 from .._hooks import fields, run_chain
-from .._job import MAX_RETRY_DELAY, Failure, Job, Lease, encode_args
+from .._job import DEFAULT_MAX_RESULT, MAX_RETRY_DELAY, Failure, Job, Lease, encode_args
 from .._outcome import Kind, Outcome
 from .._pg.errors import connection_fault
 from .._registry import Registry, Task
@@ -96,8 +96,9 @@ class Executor:
 
     def __init__(
         self, registry: Registry, services: JobServices, *, sync_threads: int,
-        tracing: Tracing | None = None,
+        tracing: Tracing | None = None, max_result_bytes: int = DEFAULT_MAX_RESULT,
     ) -> None:  # fmt: skip
+        self._max_result = max_result_bytes
         self.registry = registry
         self._tracing = tracing  # a span per execution (OpenTelemetry), or None
         self.services = services
@@ -171,7 +172,7 @@ class Executor:
         except BaseException as ex:  # KeyboardInterrupt, SystemExit, a stray Cancelled, ...
             reraise_cancellation(ex, ctx.job)
             return outcome_of_base_error(task, ctx.job, lease, ex)
-        return outcome_of_result(task, lease, result)
+        return outcome_of_result(task, lease, result, max_bytes=self._max_result)
 
     def _fault(self, ctx: JobContext, lease: Lease, ex: Exception) -> Outcome | None:
         """The job given back at once, its attempt refunded, when the handler's error came
@@ -273,14 +274,22 @@ class Executor:
         return unknown_task(job, self.registry, lease, log=first)
 
 
-def outcome_of_result(task: Task, lease: Lease, result: Any) -> Outcome:
-    """A handler returned ``result``: complete the job, or keep the result if it is JSON."""
+def outcome_of_result(
+    task: Task, lease: Lease, result: Any, *, max_bytes: int = DEFAULT_MAX_RESULT
+) -> Outcome:
+    """A handler returned ``result``: complete the job, or keep the result if it is JSON of
+    at most ``max_bytes`` (`Config.max_result_bytes`); else the job is dead, saying why."""
     if not task.keep_result:
         return Outcome(kind=Kind.COMPLETE, lease=lease)
     try:
-        encode_args(result)
+        size = len(encode_args(result).encode())
     except ValueError as ex:
         error = f"result of task {task.name!r} is not JSON: {ex}"
+        return failure(task, lease, error, None, fatal=True)
+    if size > max_bytes:
+        error = (f"result of task {task.name!r} is {size:,} bytes of JSON, over "
+                 f"max_result_bytes ({max_bytes:,}): keep large values elsewhere (a table, "
+                 "object storage) and return a reference to them")  # fmt: skip
         return failure(task, lease, error, None, fatal=True)
     return Outcome(kind=Kind.KEEP, lease=lease, result=result)
 

@@ -118,6 +118,7 @@ class Services:
                         completions=self.completions),
             sync_threads=config.sync_threads,
             tracing=Tracing() if tracing_enabled(config.tracing) else None,
+            max_result_bytes=config.max_result_bytes,
         )  # fmt: skip
         self.completer = Completer(
             self.pool, driver, owner, capacity=sum(q.concurrency for q in served.values()),
