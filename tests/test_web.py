@@ -20,7 +20,7 @@ from starlette.routing import Mount
 import trioq
 import trioq.web
 from trioq import Failure, JobSpec, Lease, Queue
-from trioq.web import _app
+from trioq.web import _app, _queries
 
 OWNER = "host-a:4242:abcd1234"
 TOKEN = "s3cret-token-for-the-tests"
@@ -121,6 +121,29 @@ async def test_every_page_renders_what_is_there(dsn: str) -> None:
         assert history.status == 200 and len(history.text) > 1000
         gone = await call(app, "GET", "/jobs/999999")
         assert gone.status == 404 and "finished jobs are deleted" in gone.text
+
+
+async def test_a_large_result_is_not_read_to_show_its_page(dsn: str) -> None:
+    """Before: the job page (which refreshes every 2 s) read a kept result whole, 50 MB
+    each time. Now over 1 MiB stored it reads only its size."""
+    ids = await _jobs(dsn)
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE trioq.jobs SET result = to_jsonb((SELECT string_agg(md5(i::text), '')"
+            " FROM generate_series(1, 200000) i)) WHERE id = %s", (ids["done"],),
+        )  # fmt: skip
+        cur = await conn.execute("SELECT pg_column_size(result) FROM trioq.jobs WHERE id = %s",
+                                 (ids["done"],))  # fmt: skip
+        (stored,) = await cur.fetchone() or (0,)
+    assert stored > _queries.LOAD_LIMIT
+    async with _dashboard(dsn) as app:
+        for path in (f"/jobs/{ids['done']}", f"/jobs/{ids['done']}/live"):
+            page = await call(app, "GET", path)
+            assert page.status == 200, path
+            assert f"{stored:,} bytes stored: too large to" in page.text
+            assert len(page.body) < 64 * 1024
+        kept = await call(app, "GET", f"/jobs/{ids['available']}")
+        assert kept.status == 200 and "too large" not in kept.text
 
 
 async def test_search_by_id_args_json_and_text(dsn: str) -> None:

@@ -65,7 +65,7 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
     for state, statement in ST.job_lists.items():
         for name, filters in FILTERS.items():
             yield f"job_lists[{state}] {name}", statement, {**filters, **PAGE}
-    yield "job", ST.job, {"id": 42}
+    yield "job", ST.job, {"id": 42, "load": 1024 * 1024}
     yield "dead_job", ST.dead_job, {"id": FIRST_DEAD + 42}
     for queue, task in DEAD_FILTERS:
         where = {"queue": queue, "task": task}

@@ -42,6 +42,9 @@ __all__ = [
     "overview",
 ]
 
+#: The most bytes of a stored result a job page reads (`JobDetail.result_stored`).
+LOAD_LIMIT = 1024 * 1024
+
 
 #: The states a job list can show (dead is the dead_jobs table).
 STATES = ("running", "available", "scheduled", "waiting", "dead", "cancelled", "done")
@@ -354,6 +357,8 @@ class JobDetail:
     enqueued_at: dt.datetime
     finished_at: dt.datetime | None
     now: dt.datetime
+    #: Bytes the result takes where it is stored; over `LOAD_LIMIT`, ``result`` is None.
+    result_stored: int | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> JobDetail:
@@ -368,7 +373,7 @@ class JobDetail:
 
 async def find_job(conn: Conn, st: Statements, job_id: int) -> JobDetail | DeadJob | None:
     """The job with this id, live (or kept) in jobs, or in dead_jobs; None if neither."""
-    cur = await conn.execute(st.job, {"id": job_id})
+    cur = await conn.execute(st.job, {"id": job_id, "load": LOAD_LIMIT})
     row = await cur.fetchone()
     if row is not None:
         return JobDetail.from_row(row)

@@ -78,9 +78,13 @@ FIRST_SCHEDULED = """
 SELECT min(run_at) FROM {jobs} WHERE state = 'scheduled' AND queue = ANY(%(queues)s::text[])
 """
 
+# The result only when what is stored of it is at most %(load)s bytes (else NULL, and the page
+# says how big it is): a page that refreshes every 2 s must not read a 50 MB value each time.
+# pg_column_size is the stored (possibly compressed) size and reads no more than the header.
 JOB = """
 SELECT id, queue, task, state, args::text, priority, run_at, attempt, max_attempts,
-       lease_owner, lease_expires_at, dedup_key, cancel_requested, last_error, result::text,
-       enqueued_at, finished_at, {now}
+       lease_owner, lease_expires_at, dedup_key, cancel_requested, last_error,
+       CASE WHEN pg_catalog.pg_column_size(result) <= %(load)s THEN result::text END,
+       enqueued_at, finished_at, {now}, pg_catalog.pg_column_size(result)
   FROM {jobs} WHERE id = %(id)s
 """
