@@ -67,8 +67,8 @@ async def test_the_prelude_holds_when_the_statement_after_it_fails(
 
 
 async def test_a_prelude_that_fails_closes_the_connection(dsn: str) -> None:
-    """Nothing more runs on a session whose setup failed (the statement sent after it in
-    the same round trip ran: it is in its own transaction)."""
+    """Nothing more runs on a session whose setup failed: not even the statement sent
+    after it in the same round trip (the server skips to the Sync)."""
     async with await _conn(dsn) as conn:
         conn.prelude = (b"SELECT 1 / 0",)
         with pytest.raises(psycopg.errors.DivisionByZero):
@@ -76,7 +76,7 @@ async def test_a_prelude_that_fails_closes_the_connection(dsn: str) -> None:
         assert conn.closed
     async with await _conn(dsn) as conn:
         cur = await conn.execute("SELECT id FROM t")
-        assert await cur.fetchall() == [(1,)]
+        assert await cur.fetchall() == []
 
 
 async def test_an_error_in_the_statement_is_raised_and_the_connection_recovers(dsn: str) -> None:

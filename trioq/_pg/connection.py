@@ -25,10 +25,12 @@ so that its ``BEGIN`` costs no round trip of its own.
 
 A prelude (`TrioConnection.prelude`): commands a pool sets up a session with for its next
 user (`trioq._pg.pool`'s reset). They go out ahead of the deferred commands in the same
-write, but in an implicit transaction of their own (a pipeline ``Sync`` after them): sent
-in one with the next statement, a failing statement or a rolled-back transaction would
+write, but in a transaction of their own (``BEGIN`` ... ``COMMIT``): sent in the implicit
+transaction of the next statement, a failing statement or a rolled-back transaction would
 undo what they set (``RESET ALL`` and ``set_config`` are transactional), and the user
-would go on in its predecessor's session.
+would go on in its predecessor's session. (Not a pipeline ``Sync`` of their own: a
+transaction pooler such as PgBouncer 1.18 may hand the server connection to another
+client at a ``Sync``, with the rest of the round trip still in flight.)
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ _IDLE = TransactionStatus.IDLE
 _PIPELINE_OFF = PipelineStatus.OFF
 _FATAL_ERROR = ExecStatus.FATAL_ERROR
 
+
+#: The prelude's own transaction (`TrioConnection.take_prelude`).
+_BEGIN, _COMMIT = b"BEGIN", b"COMMIT"
 
 class ConnectionLock:
     """The connection's lock: a `trio.Lock` that does not checkpoint when free.
@@ -223,10 +228,10 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
     def prelude(self) -> tuple[bytes, ...]:
         """Commands (SQL without parameters) sent before the next operation, ahead of the
         deferred ones (`defer`) and in the same round trip, but in an implicit transaction
-        of their own, so that nothing after them can undo what they set; sent once. Setting
-        it replaces what was not sent yet. If one of them fails, the connection is closed
-        and the error raised: the statements sent after them in that round trip may have
-        run (in autocommit mode, committed), and nothing more runs on a session whose
+        of their own (``BEGIN`` ... ``COMMIT``), so that nothing after them can undo what
+        they set; sent once. Setting it replaces what was not sent yet. If one of them
+        fails, nothing after it in that round trip runs (the server skips to the ``Sync``),
+        the connection is closed, and the error raised: nothing more runs on a session whose
         setup failed."""
         return self._prelude
 
@@ -235,9 +240,9 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         self._prelude = tuple(commands)
 
     def take_prelude(self) -> tuple[bytes, ...]:
-        """The prelude, forgotten (it is being sent)."""
+        """The prelude as it is sent (in ``BEGIN`` ... ``COMMIT``), forgotten; () if none."""
         prelude, self._prelude = self._prelude, ()
-        return prelude
+        return (_BEGIN, *prelude, _COMMIT) if prelude else ()
 
     async def execute(
         self, query: Any, params: Any = None, *, prepare: bool | None = None,
@@ -330,13 +335,7 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             if self.pgconn.pipeline_status == _PIPELINE_OFF:
                 return  # entering pipeline mode: the next operation queues them
             send = self.pgconn.send_query_params
-            prelude = self.take_prelude()
-            for command in prelude:
-                pipeline.command_queue.append(partial(send, command, None))
-                pipeline.result_queue.append(None)
-            if prelude:
-                pipeline._enqueue_sync()
-            for command in self.discard_deferred():
+            for command in (*self.take_prelude(), *self.discard_deferred()):
                 pipeline.command_queue.append(partial(send, command, None))
                 pipeline.result_queue.append(None)
             return

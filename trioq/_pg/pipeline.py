@@ -90,11 +90,11 @@ async def execute_pipelined(
     binary: bool = False,
     then: Sequence[bytes] = (),
 ) -> list[psycopg.AsyncCursor[Any]]:
-    """The prelude (`TrioConnection.prelude`, followed by a ``Sync`` of its own), the
+    """The prelude (`TrioConnection.prelude`, in a transaction of its own), the
     deferred commands, then ``statements`` (query, params), then the commands ``then`` (SQL
     without parameters, e.g. ``COMMIT``: no cursor for them), in one round trip; a cursor
     for each statement. The first error is raised once every result is in: what follows a
-    failing command does not run (but for the prelude's, see `TrioConnection.prelude`).
+    failing command does not run (a failing prelude also closes the connection).
     Holds the connection's lock."""
     async with conn.lock:
         conn._check_connection_ok()
@@ -119,10 +119,8 @@ async def send_pipelined(
     ahead = len(prelude) + len(commands)  # the results ahead of the statements'
     pgconn.enter_pipeline_mode()
     try:
-        for command in prelude:
+        for command in prelude:  # BEGIN ... COMMIT (`TrioConnection.take_prelude`)
             pgconn.send_query_params(command, None)
-        if prelude:
-            pgconn.pipeline_sync()
         for command in commands:
             pgconn.send_query_params(command, None)
         sent = [_send(conn, cursor, pgq, prepare, binary) for cursor, pgq in converted]
@@ -130,7 +128,7 @@ async def send_pipelined(
             pgconn.send_query_params(command, None)
         pgconn.pipeline_sync()
         try:
-            groups = await conn._wait(_results(pgconn, 1 + bool(prelude)), None)
+            groups = await conn._wait(_results(pgconn), None)
         except _CopyStarted:
             conn._close_now()  # mid-COPY: the server rolls back what it has not committed
             raise e.ProgrammingError(
@@ -139,7 +137,7 @@ async def send_pipelined(
             ) from None
         except BaseException:  # cancelled, or the connection broke: which Parse ran is unknown
             _forget_failed_parses(conn, ahead, sent, None)
-            conn.prelude = prelude  # whether it ran is unknown too; running it again is harmless
+            conn.prelude = prelude[1:-1]  # whether it ran is unknown; running it again is harmless
             raise
     finally:
         _leave_pipeline(conn)
