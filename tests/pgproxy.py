@@ -30,6 +30,10 @@ def dsn_through(dsn: str, port: int) -> str:
     return make_conninfo("", **params)
 
 
+#: What the last command of a pool's prelude says (the app pool's reset, the worker pool's
+#: setup): the COMMIT after it is the prelude's.
+_PRELUDE_MARKS = (b"RESET_SESSION", b"SET_CONFIG('TRIOQ.NOW', ''")
+
 @attrs.define
 class CommitCut:
     socket_path: str
@@ -49,7 +53,10 @@ class CommitCut:
 
     async def _relay(self, client: trio.SocketStream) -> None:
         server = await trio.open_unix_socket(self.socket_path)
-        state = {"armed": False}
+        # "passed": COMMITs of a pool's prelude (its reset or setup, in BEGIN ... COMMIT:
+        # `trioq._pg.connection`) sent and not yet answered: not the job's, so neither cut
+        # nor armed by.
+        state: dict[str, Any] = {"armed": False, "reset": False, "passed": 0}
         async with client, server, trio.open_nursery() as nursery:
 
             async def up() -> None:
@@ -63,7 +70,7 @@ class CommitCut:
 
     async def _pump(
         self, source: trio.SocketStream, sink: trio.SocketStream, nursery: trio.Nursery,
-        state: dict[str, bool], *, typed: bool,
+        state: dict[str, Any], *, typed: bool,
     ) -> None:  # fmt: skip
         """Relay whole messages; the client's first (the startup message) has no type."""
         buffer = b""
@@ -85,7 +92,7 @@ class CommitCut:
         nursery.cancel_scope.cancel()  # either side gone or cut: close both
 
     def _messages(
-        self, buffer: bytes, typed: bool, from_client: bool, state: dict[str, bool]
+        self, buffer: bytes, typed: bool, from_client: bool, state: dict[str, Any]
     ) -> tuple[bytes, bytes, bool, bool]:
         """The complete messages of ``buffer`` to pass on, the rest, whether the next one
         is typed, and whether to cut the connection here."""
@@ -104,10 +111,20 @@ class CommitCut:
             if self.cut.is_set() or not self.armed:
                 out += message
                 continue
-            if from_client and kind in (b"Q", b"P") and b"COMMIT" in message.upper():
+            if from_client and kind in (b"Q", b"P") and any(
+                mark in message.upper() for mark in _PRELUDE_MARKS
+            ):
+                state["reset"] = True
+            elif from_client and kind in (b"Q", b"P") and b"COMMIT" in message.upper() and (
+                state["reset"]
+            ):
+                state["reset"], state["passed"] = False, state["passed"] + 1
+            elif from_client and kind in (b"Q", b"P") and b"COMMIT" in message.upper():
                 if not self.after_commit:
                     return out, buffer, typed, True  # the COMMIT never reaches the server
                 state["armed"] = True
-            if not from_client and state["armed"] and kind == b"C" and b"COMMIT" in message:
+            if not from_client and kind == b"C" and b"COMMIT" in message and state["passed"]:
+                state["passed"] -= 1  # a reset's
+            elif not from_client and state["armed"] and kind == b"C" and b"COMMIT" in message:
                 return out, buffer, typed, True  # committed; the answer is lost
             out += message
