@@ -43,10 +43,9 @@ _BINARY = pq.Format.BINARY
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 
 
-def _results(pgconn: pq.abc.PGconn, syncs: int = 1) -> PQGen[list[list[pq.abc.PGresult]]]:
-    """Flush what is queued, then collect the results up to the last of ``syncs``
-    ``Sync``s: one list per command, in order (libpq ends each command's results with a
-    None)."""
+def _results(pgconn: pq.abc.PGconn) -> PQGen[list[list[pq.abc.PGresult]]]:
+    """Flush what is queued, then collect the results up to the ``Sync``: one list per
+    command, in order (libpq ends each command's results with a None)."""
     while pgconn.flush():
         ready = yield Wait.RW
         if ready & Ready.R:
@@ -62,9 +61,7 @@ def _results(pgconn: pq.abc.PGconn, syncs: int = 1) -> PQGen[list[list[pq.abc.PG
             groups.append(group)
             group = []
         elif result.status == _SYNC:
-            syncs -= 1
-            if not syncs:
-                return groups
+            return groups
         elif result.status in _COPY:  # libpq would hand out this result forever
             raise _CopyStarted
         else:
