@@ -335,6 +335,77 @@ def _route_paths(app: trioq.web.Dashboard) -> list[str]:
     return paths
 
 
+def _route_urls(app: trioq.web.Dashboard, ids: dict[str, int]) -> list[tuple[str, str]]:
+    """(method, url) for every route of the app's route table and every method it takes, each
+    parameter filled with every value that reaches a different page: each action, a job id of
+    each state, a static file."""
+    values: dict[str, list[str]] = {
+        "job_id": [str(i) for i in ids.values()], "action": list(_app.ACTIONS),
+        "path": ["trioq.js", "trioq.css"],
+    }  # fmt: skip
+    urls = []
+    for route in app.router.routes:
+        path = getattr(route, "path", "") or "/"
+        methods = sorted(getattr(route, "methods", None) or {"GET"})
+        names = re.findall(r"\{(\w+)(?::\w+)?\}", path)
+        if isinstance(route, Mount):
+            path, names = path + "/{path}", ["path"]
+        filled = [path]
+        for name in names:
+            filled = [re.sub(r"\{" + name + r"(?::\w+)?\}", value, url, count=1)
+                      for url in filled for value in values[name]]  # fmt: skip
+        urls += [(method, url) for method in methods if method != "HEAD" for url in filled]
+    assert len(urls) >= 25, urls  # the walk sees the table
+    return urls
+
+
+async def _snapshot(dsn: str) -> tuple[Any, ...]:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT array_agg((id, state, attempt) ORDER BY id) FROM trioq.jobs),"
+            " (SELECT array_agg(id ORDER BY id) FROM trioq.dead_jobs),"
+            " (SELECT array_agg((name, paused) ORDER BY name) FROM trioq.queues)"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return tuple(row)
+
+
+async def test_every_route_with_and_without_the_token_and_read_only(dsn: str) -> None:
+    """Every route of the route table, every method it takes, every parameter value: without
+    the token 401 and nothing read; with it a page or a refusal, never a 5xx, and a POST
+    without a CSRF token refused; read-only refuses every action and every confirmation.
+    Nothing in the database changes, and no reply carries the token."""
+    ids = await _jobs(dsn)
+    before = await _snapshot(dsn)
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    async with _dashboard(dsn, token=TOKEN) as app:
+        urls = _route_urls(app, ids)
+        for method, url in urls:
+            refused = await call(app, method, url, form={"all": "1"} if method == "POST" else None)
+            assert refused.status == 401, (method, url, refused.status)
+            assert TOKEN not in refused.text and "ada@example.com" not in refused.text
+            reply = await call(app, method, url, headers=bearer,
+                               form={"all": "1", "ids": str(ids["dead"]), "queue": "email"}
+                               if method == "POST" else None)  # fmt: skip
+            assert reply.status < 500 and reply.status != 401, (method, url, reply.status)
+            assert TOKEN not in reply.text
+            if method == "POST":
+                assert reply.status == 403 and "CSRF" in reply.text, (url, reply.status)
+    async with _dashboard(dsn, read_only=True) as app:
+        cookies = (await call(app, "GET", "/")).cookies()  # read-only pages carry no form
+        for method, url in _route_urls(app, ids):
+            form = {"all": "1", "ids": str(ids["dead"]), "queue": "email", "csrf": "0" * 64}
+            reply = await call(app, method, url, cookies=cookies,
+                               form=form if method == "POST" else None)  # fmt: skip
+            assert reply.status < 500, (method, url, reply.status)
+            if method == "POST" or url.startswith("/confirm/"):
+                assert reply.status == 403 and "read-only" in reply.text, (method, url)
+            else:
+                assert reply.status in (200, 404), (method, url, reply.status)
+    assert await _snapshot(dsn) == before
+
+
 FOREIGN_HOSTS = ["evil.example", "evil.example:8089", "localhost.evil.example",
                  "LOCALHOST.evil.example.", "", "bad host", "localhost:abc", "[::1"]  # fmt: skip
 
