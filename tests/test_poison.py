@@ -154,6 +154,29 @@ async def test_a_snooze_too_far_fails_the_call_not_the_worker(dsn: str, delay: A
     assert error is not None and error.startswith("ValueError: snooze delay must be at most 365")
 
 
+@pytest.mark.parametrize(
+    ("delay", "message"),
+    [(0, "snooze delay must be at least 0.01 s, got 0 s"),
+     (dt.timedelta(0), "snooze delay must be at least 0.01 s, got 0 s"),
+     (0.001, "snooze delay must be at least 0.01 s, got 0.001 s"),
+     (None, "TypeError: snooze delay must be a timedelta or seconds, got None")],
+    ids=["0", "timedelta(0)", "1 ms", "None"],
+)  # fmt: skip
+async def test_a_snooze_for_nothing_is_a_failure_not_a_loop(
+    dsn: str, delay: Any, message: str
+) -> None:
+    """snooze(0) refunded the attempt and ran the job again at once, forever, without a word;
+    snooze(None) did the same. Now each is the handler's error: retried, then dead."""
+
+    async def bad(job: trioq.JobContext) -> None:
+        job.snooze(delay)
+
+    _conn, job_id = await run_with_good_jobs(dsn, bad)
+    state, error = await last_error(dsn, job_id)
+    assert state == "scheduled"
+    assert error is not None and message in error
+
+
 # -- what handlers return -------------------------------------------------------------------------
 
 

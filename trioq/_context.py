@@ -79,6 +79,11 @@ def _of_job(name: str) -> Any:
     return property(operator.attrgetter(f"job.{name}"), doc=f"The job's ``{name}``.")
 
 
+#: The shortest snooze: a snoozed attempt is refunded, so ``snooze(0)`` would run the job
+#: again at once and forever, a busy loop through the database that nothing reports.
+MIN_SNOOZE = dt.timedelta(milliseconds=10)
+
+
 class JobContext:
     """The running job: ``job.id``, ``job.attempt``, ``job.queue``, ... and helpers."""
 
@@ -116,8 +121,19 @@ class JobContext:
         return Lease(self.job.id, self.job.attempt)
 
     def snooze(self, delay: dt.timedelta | float) -> NoReturn:
-        """Stop now and run again after ``delay``; this attempt does not count."""
-        raise Snooze(to_delay(delay, "snooze delay", MAX_RETRY_DELAY))
+        """Stop now and run again after ``delay`` (at least `MIN_SNOOZE`, at most 365 days);
+        this attempt does not count."""
+        if delay is None:
+            raise TypeError("snooze delay must be a timedelta or seconds, got None: give the "
+                            "time to wait, e.g. job.snooze(30)")  # fmt: skip
+        wait = to_delay(delay, "snooze delay", MAX_RETRY_DELAY)
+        if wait < MIN_SNOOZE:
+            raise ValueError(
+                f"snooze delay must be at least {MIN_SNOOZE.total_seconds():g} s, got "
+                f"{wait.total_seconds():g} s: a snoozed attempt is refunded, so a job that "
+                "snoozes for nothing runs again at once, forever; give the time to wait"
+            )
+        raise Snooze(wait)
 
     enqueue = _on_app_connection(Queue.enqueue)
     enqueue_many = _on_app_connection(Queue.enqueue_many)
