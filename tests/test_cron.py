@@ -71,7 +71,7 @@ def test_validation_names_entry_and_field(overrides: dict[str, Any], message: st
 
 def test_defaults_and_accepted_syntax() -> None:
     e = entry()
-    assert (e.args, e.queue, e.priority, e.max_attempts) == ({}, "default", 0, 25)
+    assert (e.args, e.queue, e.priority, e.max_attempts) == ({}, "default", 0, None)
     assert (e.misfire, e.misfire_grace, e.timezone) == ("skip", MINUTE, "UTC")
     assert entry(misfire_grace=90).misfire_grace == dt.timedelta(seconds=90)
     for schedule in ["@daily", "@HOURLY", "0 9 * * mon-fri", "0 0 L * *", "0 0 1 jan,jul *"]:

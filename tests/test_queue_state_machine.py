@@ -115,7 +115,7 @@ class QueueMachine(LeaseMachine[QueueJob]):
         self.jobs[job_id] = QueueJob(
             id=job_id,
             queue=spec.queue,
-            max_attempts=spec.max_attempts,
+            max_attempts=spec.stored_max_attempts,
             priority=spec.priority,
             run_at=self.clock + spec.delay,
             dedup_key=key,

@@ -19,8 +19,8 @@ test checks that every module is named here and there):
   ``leases``, ``maintenance``, ``workers``, ``jobs``, ``status``, ``lists``, ``dead``,
   ``queues``, ``cron``, ``history``, ``schema``, ``workflows``.
 - ``_worker/`` (the runtime): ``serve``, ``runtime``, ``wiring``, ``execute``,
-  ``completer``, ``leases``, ``wakeup``, ``watchdog``, ``banner``, ``tracing``,
-  ``pooling``.
+  ``completer``, ``leases``, ``task_settings``, ``wakeup``, ``watchdog``, ``banner``,
+  ``tracing``, ``pooling``.
 - ``_worker/services/`` (one module a maintenance service): ``loop``, ``listener``,
   ``heartbeat``, ``liveness``, ``sweeper``, ``scheduler``, ``governor``,
   ``history_writer``, ``pruner``, ``stranded``, ``lifecycle``.

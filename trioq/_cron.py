@@ -29,10 +29,9 @@ import attrs
 from croniter import CroniterBadDateError, croniter
 
 from ._job import (
-    DEFAULT_MAX_ATTEMPTS,
     JSONValue,
     args_or_empty,
-    check_max_attempts,
+    check_chosen_max_attempts,
     check_payload,
     check_priority,
     check_queue_name,
@@ -175,8 +174,9 @@ class CronEntry:
     )
     queue: str = attrs.field(default="default", validator=_in_entry(rule(check_queue_name)))
     priority: int = attrs.field(default=0, validator=_in_entry(rule(check_priority)))
-    max_attempts: int = attrs.field(
-        default=DEFAULT_MAX_ATTEMPTS, validator=_in_entry(rule(check_max_attempts))
+    #: None: the task's, resolved by the worker that claims each job (``docs/tasks.md``).
+    max_attempts: int | None = attrs.field(
+        default=None, validator=_in_entry(rule(check_chosen_max_attempts))
     )
     #: After downtime: drop the missed ticks (``skip``) or run one job for them (``run_once``).
     misfire: Misfire = attrs.field(default="skip", validator=_misfire)

@@ -50,6 +50,7 @@ __all__ = [
     "args_or_empty",
     "check_after",
     "check_aware",
+    "check_chosen_max_attempts",
     "check_dedup_key",
     "check_dependency_policy",
     "check_job_id",
@@ -139,6 +140,11 @@ def check_max_attempts(value: object, field: str = "max_attempts") -> int:
     if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
         raise ValueError(f"{field} must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}")
     return value
+
+
+def check_chosen_max_attempts(value: object, field: str = "max_attempts") -> int | None:
+    """A job's ``max_attempts``: a number, or None to leave it to the job's task."""
+    return None if value is None else check_max_attempts(value, field)
 
 
 def check_max_payload(value: object, field: str = "max_payload_bytes") -> int:
@@ -330,8 +336,10 @@ class JobSpec:
     priority: int = attrs.field(default=0, validator=rule(check_priority))
     run_at: dt.datetime | None = attrs.field(default=None, validator=rule(check_aware))
     delay: dt.timedelta = attrs.field(default=None, converter=to_delay)
-    max_attempts: int = attrs.field(
-        default=DEFAULT_MAX_ATTEMPTS, validator=rule(check_max_attempts)
+    #: None (the default): the task's, resolved by the worker that claims the job (its
+    #: `trioq.Task`'s ``max_attempts``, or `DEFAULT_MAX_ATTEMPTS` for a task it does not know).
+    max_attempts: int | None = attrs.field(
+        default=None, validator=rule(check_chosen_max_attempts)
     )
     #: An explicit deduplication key, scoped by task; with ``unique=True`` and no key, the
     #: fingerprint of task, queue and canonical args is used; ``unique=trioq.Unique(...)``
@@ -369,6 +377,17 @@ class JobSpec:
             raise ValueError("give run_at or delay, not both")
         if self.after and self._uniqueness is not None:
             raise ValueError(DEPENDANT_NOT_UNIQUE)
+
+    @property
+    def stored_max_attempts(self) -> int:
+        """What the row's ``max_attempts`` holds until a worker claims the job: the chosen
+        number, or `DEFAULT_MAX_ATTEMPTS` when the task's is left to the worker."""
+        return DEFAULT_MAX_ATTEMPTS if self.max_attempts is None else self.max_attempts
+
+    @property
+    def max_attempts_unset(self) -> bool:
+        """The row's ``max_attempts_unset``: the worker that claims it applies its task's."""
+        return self.max_attempts is None
 
     def uniqueness(self) -> UniqueKey | None:
         """The key (and window) the enqueue compares, or None (see `trioq._unique`)."""
@@ -495,6 +514,12 @@ class Job:
             row = (*row[:3], decode_args(args), *row[4:])
         job = object.__new__(cls)
         object.__setattr__(job, "_row", tuple(row))
+        return job
+
+    def with_max_attempts(self, max_attempts: int) -> Job:
+        """This job with another ``max_attempts`` (its task's, resolved after the claim)."""
+        job = object.__new__(Job)
+        object.__setattr__(job, "_row", (*self._row[:7], max_attempts, *self._row[8:]))
         return job
 
     def __setattr__(self, name: str, value: Any) -> None:

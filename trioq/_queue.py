@@ -29,7 +29,6 @@ from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, read_dependencies
 from ._flow import UNSET, QueueSettings, RateLimit, Unset, change_settings, read_settings
 from ._job import (
-    DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD,
     EnqueueResult,
     JobSpec,
@@ -137,7 +136,7 @@ class Queue:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
         dedup_key: str | None = None,
         unique: bool | Unique = False,
         concurrency_key: str | None = None,
@@ -221,7 +220,7 @@ class Queue:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
         notify: bool = True,

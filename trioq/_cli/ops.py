@@ -141,7 +141,8 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
     sub.add_argument("--queue", default="default")
     sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
     sub.add_argument("--delay", type=float, help="seconds from now")
-    sub.add_argument("--max-attempts", type=int, default=25)
+    sub.add_argument("--max-attempts", type=int,
+                     help="default: the task's, as the worker that runs the job declares it")
     sub.add_argument("--dedup-key", help="skip if a live job of this task has this key")
     sub.add_argument(
         "--global-key",

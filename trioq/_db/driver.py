@@ -129,6 +129,16 @@ class Driver:
         return LimitedClaim(jobs=[Job.from_row(r) for r in jobs], reason=reason,
                             retry_in=retry_in)  # fmt: skip
 
+    async def resolve_max_attempts(
+        self, conn: Conn, *, owner: str, jobs: Sequence[tuple[Job, int]]
+    ) -> dict[int, int]:
+        """Write each claimed job's ``max_attempts`` (``jobs``: the job and its task's
+        value) where its row left it to the task; the id and value of each row written."""
+        params = {**fence([Lease(job.id, job.attempt) for job, _ in jobs]), "owner": owner,
+                  "max_attempts": [value for _, value in jobs]}  # fmt: skip
+        cur = await conn.execute(self.sql.resolve_max_attempts, params)
+        return {job_id: value for job_id, value in await cur.fetchall()}
+
     # -- leases -------------------------------------------------------------------------------
 
     async def heartbeat(

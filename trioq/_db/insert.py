@@ -113,7 +113,9 @@ def _one_job(sql: Statements, spec: JobSpec, notify: bool) -> dict[str, Any]:
         "priority": spec.priority,
         "run_at": spec.run_at,
         "delay": spec.delay,
-        "max_attempts": spec.max_attempts,
+        "max_attempts": spec.stored_max_attempts,
+        "max_attempts_unset": spec.max_attempts_unset,
+        "chosen_max_attempts": spec.max_attempts,
         "concurrency_key": spec.concurrency_key,
         "notify": notify,
         "channel": sql.channel,
@@ -267,7 +269,8 @@ async def _insert_unnest(
     params = {
         "ids": list(ids),
         **columns(specs, queues="queue", tasks="task", args="args_json", priorities="priority",
-                   max_attempts="max_attempts", concurrency_keys="concurrency_key"),
+                   max_attempts="stored_max_attempts", max_attempts_unset="max_attempts_unset",
+                   concurrency_keys="concurrency_key"),
         "run_ats": list(run_ats),
         "dedup_keys": list(keys),
         "trace": trace,
@@ -292,7 +295,8 @@ async def _copy(
         args = _copy_escape(s.args_json) if "\\" in s.args_json else s.args_json
         lines.append(
             f"{job_id}\t{s.queue}\t{s.task}\t{args}\t{s.priority}\t{stamp}\t"
-            f"{'scheduled' if run_at > now else 'available'}\t{s.max_attempts}{end}"
+            f"{'scheduled' if run_at > now else 'available'}\t{s.stored_max_attempts}\t"
+            f"{'t' if s.max_attempts is None else 'f'}{end}"
         )
     copy_jobs = statements(sql.schema, traced=trace is not None).copy_jobs
     async with conn.cursor() as cur, cur.copy(copy_jobs) as copy:
@@ -355,7 +359,8 @@ async def _bulk_one(
         "priority": spec.priority,
         "run_at": spec.run_at,
         "delay": spec.delay,
-        "max_attempts": spec.max_attempts,
+        "max_attempts": spec.stored_max_attempts,
+        "max_attempts_unset": spec.max_attempts_unset,
         "channel": sql.channel,
         "notify": notify,
         "trace": trace,
@@ -484,8 +489,8 @@ def _graph_rows(
     return {
         "ids": ids,
         **columns(specs, queues="queue", tasks="task", args="args_json", priorities="priority",
-                   max_attempts="max_attempts", concurrency_keys="concurrency_key",
-                   policies="on_dependency_failure"),
+                   max_attempts="stored_max_attempts", max_attempts_unset="max_attempts_unset",
+                   concurrency_keys="concurrency_key", policies="on_dependency_failure"),
         **columns(jobs, batches="batch_id"),
         "run_ats": run_ats,
         "dependants": [i in depended for i in range(len(jobs))],

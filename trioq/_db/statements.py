@@ -258,6 +258,7 @@ class Statements:
     lock_one = Statement(leases.LOCK_ONE)
     lock_in_transaction = Statement(leases.LOCK_IN_TRANSACTION)
     fail = Statement(leases.FAIL)
+    resolve_max_attempts = Statement(leases.RESOLVE_MAX_ATTEMPTS)
     release = Statement(leases.RELEASE)
     release_unknown = Statement(leases.RELEASE_UNKNOWN)
     cancel_running = Statement(leases.CANCEL_RUNNING)

@@ -32,6 +32,7 @@ from .._obs.metrics import QueueGauges
 from .._outcome import Kind, Outcome
 from .execute import aborted
 from .leases import HeldJob, HeldJobs
+from .task_settings import resolve_max_attempts
 from .wakeup import Wakeup
 from .wiring import RuntimeHooks, Services
 
@@ -362,10 +363,14 @@ class Runtime:
             # be held by nobody here. (Should it time out, the worker's row stays at the stop:
             # see `Liveness`.)
             with trio.move_on_after(CLAIM_TIMEOUT, shield=True):
-                got = await services.governor.claim(
+                claim, written = await services.governor.claim(
                     conn, state.name, owner=self.config.worker_id, limit=limit,
                     lease=dt.timedelta(seconds=self.config.lease),
                 )  # fmt: skip
+                claim = await resolve_max_attempts(conn, services.queue.driver,
+                                                   self.config.registry,
+                                                   owner=self.config.worker_id, claim=claim)
+                got = claim, written
                 self._claimed += len(got[0].jobs)
                 if services.meter is not None:
                     services.meter.claimed(state.name, got[0].jobs)

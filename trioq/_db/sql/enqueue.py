@@ -6,11 +6,12 @@ INSERT = """
 WITH v AS (
     SELECT coalesce(%(run_at)s, {now} + %(delay)s) AS run_at
 ), ins AS (
-    INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts, dedup_key,
-                        concurrency_key {trace_column})
+    INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts,
+                        max_attempts_unset, dedup_key, concurrency_key {trace_column})
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, v.run_at,
            CASE WHEN v.run_at > {now} THEN 'scheduled' ELSE 'available' END,
-           %(max_attempts)s, %(dedup_key)s, %(concurrency_key)s {trace_value}
+           %(max_attempts)s, %(max_attempts_unset)s, %(dedup_key)s, %(concurrency_key)s
+           {trace_value}
       FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue, state
@@ -23,14 +24,15 @@ SELECT id, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
 
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
 INSERT_MANY = """
-INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, dedup_key,
-                    concurrency_key {trace_column})
-SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m, k,
-       ck {trace_value}
+INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts,
+                    max_attempts_unset, dedup_key, concurrency_key {trace_column})
+SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m,
+       mu, k, ck {trace_value}
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
-              %(dedup_keys)s::text[], %(concurrency_keys)s::text[])
-              AS u(i, q, t, a, p, r, m, k, ck)
+              %(max_attempts_unset)s::bool[], %(dedup_keys)s::text[],
+              %(concurrency_keys)s::text[])
+              AS u(i, q, t, a, p, r, m, mu, k, ck)
  ORDER BY k, i  -- one lock order for every transaction (overlapping batches wait, never
               -- deadlock); among twins in one batch the first (lowest reserved id) wins
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
@@ -45,7 +47,8 @@ SELECT {now}, pg_catalog.array_agg(pg_catalog.nextval(s.seq))
 """
 
 COPY_JOBS = """
-COPY {jobs} (id, queue, task, args, priority, run_at, state, max_attempts {trace_column})
+COPY {jobs} (id, queue, task, args, priority, run_at, state, max_attempts, max_attempts_unset
+             {trace_column})
 FROM STDIN
 """
 
@@ -63,11 +66,11 @@ WITH v AS (
     SELECT pg_catalog.nextval(s.seq) AS id, x.args, x.o
       FROM s, pg_catalog.jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS x(args, o)
 ), ins AS (
-    INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts
-                        {trace_column})
+    INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts,
+                        max_attempts_unset {trace_column})
     SELECT a.id, %(queue)s, %(task)s, a.args, %(priority)s, v.run_at,
-           CASE WHEN v.run_at > v.now THEN 'scheduled' ELSE 'available' END, %(max_attempts)s
-           {trace_value}
+           CASE WHEN v.run_at > v.now THEN 'scheduled' ELSE 'available' END, %(max_attempts)s,
+           %(max_attempts_unset)s {trace_value}
       FROM a, v
 )
 SELECT pg_catalog.count(*), pg_catalog.min(a.id - a.o),
@@ -90,6 +93,7 @@ SELECT pg_catalog.pg_notify(%(channel)s, q) FROM pg_catalog.unnest(%(queues)s::t
 ENQUEUE_UNIQUE = """
 SELECT * FROM {enqueue_unique}(
     %(key)s, %(period)s::interval, %(states)s::text[], %(queue)s, %(task)s, %(args)s,
-    %(priority)s::int2, %(run_at)s::timestamptz, %(delay)s::interval, %(max_attempts)s::int4,
+    %(priority)s::int2, %(run_at)s::timestamptz, %(delay)s::interval,
+    %(chosen_max_attempts)s::int4,
     %(concurrency_key)s, %(notify)s, %(channel)s)
 """

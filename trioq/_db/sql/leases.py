@@ -91,6 +91,18 @@ WITH fenced AS (
 {lost_unless_all}
 """
 
+# Claimed jobs that left max_attempts to their task get the claiming worker's (its
+# `trioq.Task`'s, or the attempt being run when that is higher), before their handlers run,
+# so the failure path and the sweeper (which has no registry) count the task's attempts.
+# Fenced like every write after the claim; the flag stays, so the next claim (after a deploy
+# that changed the task) resolves it again (docs/tasks.md, "Settings the task declares").
+RESOLVE_MAX_ATTEMPTS = """
+UPDATE {jobs} j SET max_attempts = f.m
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(max_attempts)s::int4[]) AS f(id, attempt, m)
+ WHERE {fence} AND j.max_attempts_unset
+RETURNING j.id, j.max_attempts
+"""
+
 # A failure retries (attempts left, not fatal) or moves the job to dead_jobs.
 FAIL = """
 WITH f AS (
