@@ -101,6 +101,21 @@ def test_long_jobs_do_not_start_a_prefetch() -> None:
     assert not busy.starved(0.004)  # jobs still buffered: not starved
 
 
+def test_an_idle_queues_first_jobs_do_not_start_a_prefetch() -> None:
+    """A claim that found nothing (an idle queue's poll) brought nothing the slots could
+    have run through: the next claim, soon after it, is not a starved one. Before, under
+    load (a 0.5 s round trip) the claim that a notification sent within two round trips of
+    an empty poll counted as starved, and a worker with 2 slots took 4 of 5 one-minute jobs,
+    holding 2 that other workers could run (tests/test_metrics.py saw 1 available, not 3)."""
+    s = state(2)
+    s.claimed(sent=0.0, now=0.5, got=0, finished_before=0, starved=False, bound=False)
+    assert not s.starved(0.6)  # the notification's claim, 0.1 s after the empty poll
+    s.claimed(sent=0.6, now=1.1, got=2, finished_before=0, starved=s.starved(0.6), bound=False)
+    assert s.prefetch == 0
+    s.active = 2
+    assert s.wanted() == 0  # both slots busy with minute-long jobs: nothing more is claimed
+
+
 def test_no_prefetch_while_a_concurrency_limit_decides() -> None:
     s = state(100)
     s.claimed(sent=0.0, now=0.003, got=100, finished_before=0, starved=True, bound=True)

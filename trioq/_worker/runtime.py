@@ -94,6 +94,7 @@ class _QueueState:
     #: When the last claim came back (trio's clock), and how long its round trip took.
     last_return: float = float("-inf")
     last_round_trip: float = 0.0
+    last_got: int = 0  # how many jobs it brought
 
     def __attrs_post_init__(self) -> None:
         self.refill = max(1, self.config.concurrency // 2)
@@ -122,8 +123,11 @@ class _QueueState:
 
         Without this the prefetch never started for such jobs: it counts the jobs that
         finish *during* a claim, and with the buffer empty during it none did, so the
-        fetcher and the slots took turns (docs/benchmarks.md, round 3)."""
-        return (not self.buffer and self.active == 0
+        fetcher and the slots took turns (docs/benchmarks.md, round 3). A last claim that
+        brought nothing (an idle queue's poll) did not starve anything: under load its round
+        trip is long, and a claim for an idle queue's first jobs soon after it counted as
+        starved, prefetching long jobs that other workers could run."""
+        return (self.last_got > 0 and not self.buffer and self.active == 0
                 and now - self.last_return < 2 * self.last_round_trip)  # fmt: skip
 
     def claimed(
@@ -136,7 +140,7 @@ class _QueueState:
         a concurrency limit decides (``bound``: buffered jobs would hold slots of the whole
         cluster idle). Long jobs finish neither during a round trip nor within two of one,
         so their worker still claims only for idle slots, leaving the rest to others."""
-        self.last_return, self.last_round_trip = now, now - sent
+        self.last_return, self.last_round_trip, self.last_got = now, now - sent, got
         finished = self.finished - finished_before
         ahead = max(finished, got if starved else 0)
         self.prefetch = 0 if bound else min(self.config.concurrency, ahead)
