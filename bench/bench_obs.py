@@ -96,7 +96,7 @@ async def _names_child(dsn: str, names: int) -> dict[str, Any]:
         seconds = time.perf_counter() - t0
         runtime.stop()
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
-    labels = set(re.findall(r'task="([^"]*)"', text))
+    labels = {m for line in samples for m in re.findall(r'task="([^"]*)"', line)}
     return {"bytes": len(text.encode()), "samples": len(samples), "task_labels": len(labels),
             "scrape_ms": seconds * 1000}  # fmt: skip
 
