@@ -3,6 +3,7 @@ without OpenTelemetry (issue #11). Prints numbers; docs/observability.md has the
 
     python bench/bench_obs.py drain   [--jobs 20000] [--concurrency 100] [--repeat 7]
     python bench/bench_obs.py enqueue [--calls 3000] [--repeat 7]
+    python bench/bench_obs.py names   [--names 1000]
 
 ``drain``: per repetition, two fresh workers drain the same prefilled backlog of no-op jobs
 (``trioq.serve`` in a process of its own, tracing off), one with ``Config.metrics`` set and
@@ -13,6 +14,10 @@ CPU per job (user + system, all threads: the metrics server's thread included).
 processes: OpenTelemetry never imported; imported with no span current; an SDK tracer
 provider with a current (recording) span, so that every call stores the trace context.
 
+``names``: a worker with one task claims a job of each of ``--names`` task names no task has
+(and 10 of its own), gives them back, and is scraped once: the size of ``/metrics``, its series
+and its distinct ``task`` label values (docs/observability.md#task-names).
+
 The server is a throwaway cluster (durability off) unless ``--dsn`` names one.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -64,9 +70,35 @@ async def _drain_child(dsn: str, jobs: int, concurrency: int, metrics: bool) -> 
     return {"seconds": seconds, "cpu_us_per_job": cpu / jobs * 1e6, "scrapes": scrapes}
 
 
-def _scrape(url: str) -> None:
+def _scrape(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as response:
-        response.read()
+        return response.read()  # type: ignore[no-any-return]
+
+
+async def _names_child(dsn: str, names: int) -> dict[str, Any]:
+    tasks = trioq.Registry()
+
+    @tasks.task(queue="bench")
+    async def noop(job: trioq.JobContext, n: int) -> None:
+        pass
+
+    config = trioq.Config(registry=tasks, dsn=dsn, metrics="127.0.0.1:0", tracing=False,
+                          queues={"bench": trioq.QueueConfig(concurrency=100)})  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        runtime: trioq.Runtime = await nursery.start(trioq.serve, config)
+        written = 0
+        while written < names + 10:  # each job given back, or completed
+            await trio.sleep(0.01)
+            written = runtime.statistics().outcomes_written
+        assert runtime.metrics_url is not None
+        t0 = time.perf_counter()
+        text = (await trio.to_thread.run_sync(_scrape, runtime.metrics_url)).decode()
+        seconds = time.perf_counter() - t0
+        runtime.stop()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    labels = {m for line in samples for m in re.findall(r'task="([^"]*)"', line)}
+    return {"bytes": len(text.encode()), "samples": len(samples), "task_labels": len(labels),
+            "scrape_ms": seconds * 1000}  # fmt: skip
 
 
 async def _enqueue_child(dsn: str, calls: int, mode: str) -> dict[str, Any]:
@@ -106,6 +138,8 @@ def _child(argv: list[str]) -> None:
     if kind == "drain":
         jobs, concurrency, metrics = int(rest[0]), int(rest[1]), rest[2] == "on"
         result = trio.run(_drain_child, dsn, jobs, concurrency, metrics)
+    elif kind == "names":
+        result = trio.run(_names_child, dsn, int(rest[0]))
     else:
         result = trio.run(_enqueue_child, dsn, int(rest[0]), rest[1])
     print("RESULT " + json.dumps(result))
@@ -173,20 +207,40 @@ def enqueue(pg: ThrowawayPostgres, opts: argparse.Namespace) -> None:
               f"the trace context alone {statistics.median(carrier):.2f} us")  # fmt: skip
 
 
+def names(pg: ThrowawayPostgres, opts: argparse.Namespace) -> None:
+    dsn = pg.database()
+    trio.run(_prefill_names, dsn, opts.names)
+    r = _run_child("names", dsn, str(opts.names))
+    print(f"/metrics after {opts.names} unknown task names (and 10 jobs of a known one): "
+          f"{r['bytes']:,} bytes, {r['samples']:,} samples, {r['task_labels']} distinct task "
+          f"label values, scraped in {r['scrape_ms']:.1f} ms")  # fmt: skip
+
+
+async def _prefill_names(dsn: str, names: int) -> None:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE trioq.jobs")
+        await conn.execute(
+            "INSERT INTO trioq.jobs (task, queue, args) SELECT 'ghost_' || i, 'bench', '{}'"
+            " FROM generate_series(1, %(n)s) AS i", {"n": names},
+        )  # fmt: skip
+        await trioq.enqueue_bulk(conn, "noop", [{"n": i} for i in range(10)], queue="bench")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2:])
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("drain", "enqueue"))
+    p.add_argument("what", choices=("drain", "enqueue", "names"))
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=100)
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--names", type=int, default=1000)
     p.add_argument("--dsn", help="a superuser DSN (default: a throwaway cluster)")
     opts = p.parse_args()
     with ThrowawayPostgres(dsn=opts.dsn) as pg:
-        (drain if opts.what == "drain" else enqueue)(pg, opts)
+        {"drain": drain, "enqueue": enqueue, "names": names}[opts.what](pg, opts)
 
 
 if __name__ == "__main__":

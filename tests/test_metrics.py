@@ -299,3 +299,58 @@ def test_good_metrics_addresses() -> None:
     assert parse_address("0.0.0.0:9100") == ("0.0.0.0", 9100, 9100)
     assert parse_address("[::1]:0") == ("::1", 0, 0)
     assert parse_address("localhost:9100-9103") == ("localhost", 9100, 9103)
+
+
+async def test_task_names_no_task_has_are_folded_beyond_the_cap(dsn: str) -> None:
+    """Rows can name any task: past the first MAX_TASK_LABELS names no registered task has,
+    the rest share one label value (counted), and a registered task keeps its own."""
+    import trio
+    from helpers import serving
+
+    from trioq._obs.metrics import MAX_TASK_LABELS, OTHER_TASK
+
+    names = MAX_TASK_LABELS + 100
+    tasks = trioq.Registry()
+
+    @tasks.task
+    async def ok(job: trioq.JobContext) -> None:
+        pass
+
+    async with serving(dsn, tasks, metrics="127.0.0.1:0", unknown_task_timeout=60) as (
+        conn, runtime,
+    ):  # fmt: skip
+        # the even ones have been unknown for 2 minutes: they die at once (history's
+        # trioq_jobs_dead_total); the odd ones are given back (trioq_jobs_unknown_task_total)
+        await conn.execute(
+            "INSERT INTO trioq.jobs (task, queue, args, unknown_since)"
+            " SELECT 'ghost_' || i, 'default', '{}',"
+            "        CASE WHEN i %% 2 = 0 THEN now() - interval '2 minutes' END"
+            "   FROM generate_series(1, %s) AS i", (names,),
+        )  # fmt: skip
+        for _ in range(5):  # after the ghosts (ids, run_at): claimed once the cap is full
+            await ok.enqueue(conn)
+        await conn.execute("SELECT pg_notify('trioq_trioq', 'default')")
+        with trio.fail_after(30):
+            while runtime.statistics().outcomes_written < names + 5:  # noqa: ASYNC110
+                await trio.sleep(0.02)  # each ghost given back or dead, each ok completed
+        assert runtime.metrics_url is not None
+        series = await trio.to_thread.run_sync(_scrape, runtime.metrics_url)
+
+    def total(name: str, task: str | None = None) -> float:
+        return sum(v for (n, labels), v in series.items()
+                   if n == name and (task is None or ("task", task) in labels))  # fmt: skip
+
+    tasks_seen = {v for (_, labels) in series for k, v in labels if k == "task"}
+    ghosts = {f"ghost_{i}" for i in range(1, MAX_TASK_LABELS + 1)}  # the first ones claimed
+    assert tasks_seen == {"ok", OTHER_TASK} | ghosts
+    assert _value(series, "trioq_task_label_cap") == MAX_TASK_LABELS
+    assert _value(series, "trioq_task_labels_folded") == 100
+    # nothing is lost: the counts of the folded names are under OTHER_TASK
+    assert total("trioq_jobs_claimed_total") == names + 5
+    assert total("trioq_jobs_claimed_total", OTHER_TASK) == 100
+    assert total("trioq_jobs_unknown_task_total") == names / 2
+    assert total("trioq_jobs_unknown_task_total", OTHER_TASK) == 50
+    assert total("trioq_jobs_dead_total") == names / 2
+    assert total("trioq_jobs_dead_total", OTHER_TASK) == 50
+    assert _value(series, "trioq_jobs_claimed_total", queue="default", task="ghost_500") == 1
+    assert _value(series, "trioq_jobs_completed_total", queue="default", task="ok") == 5

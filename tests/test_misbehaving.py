@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
@@ -185,8 +186,96 @@ def test_the_watchdog_says_nothing_while_the_loop_runs() -> None:
     assert watchdog.run_once() is None
     stall = watchdog.run_once(now=time.monotonic() + 5)
     assert stall is not None and stall.seconds > 4 and stall.job is None
+    assert stall.culprit is None  # no user code on the stack
     assert "test_the_watchdog_says_nothing_while_the_loop_runs" in stall.stack
     assert watchdog.run_once(now=time.monotonic() + 6) is None  # the same stall, once
+
+
+class LoopBlocker:
+    """User code that holds the trio loop's thread while a thread beside it asks the watchdog
+    what blocks the loop (`Watchdog.run_once`, what the watchdog's own thread calls)."""
+
+    def __init__(self) -> None:
+        self.watchdog: Any = None
+        self.stall: Any = None
+        self.checked = Counter()
+
+    def block(self) -> None:
+        """Called on the loop's thread, by the user code under test."""
+        def check() -> None:
+            self.stall = self.watchdog.run_once(now=time.monotonic() + 3600)  # a long stall
+
+        thread = threading.Thread(target=check)
+        thread.start()
+        thread.join(30)  # the loop's thread waits here (or in start): the innermost frames
+        self.checked.hit()
+
+
+def _blocking_registry(kind: str, blocker: LoopBlocker) -> tuple[trioq.Registry, str]:
+    """A registry whose ``kind`` of user code blocks the loop, and how the watchdog should
+    name it (``{job}``: the job's id)."""
+    tasks = trioq.Registry()
+
+    class SlowPolicy:
+        def delay(self, attempt: int) -> dt.timedelta:
+            if kind == "retry policy":
+                blocker.block()
+            return dt.timedelta(0)
+
+    @tasks.task(max_attempts=1 if kind == "dead callback" else 2, retry=SlowPolicy())
+    async def stuck(job: trioq.JobContext) -> None:
+        if kind.startswith("handler"):
+            blocker.block()
+        if kind in ("retry policy", "dead callback"):
+            raise ValueError("fails, so that the policy or the callback runs")
+
+    @tasks.middleware
+    async def around(job: trioq.JobContext, call_next: trioq.CallNext) -> Any:
+        if kind == "middleware":
+            blocker.block()
+        return await call_next()
+
+    @tasks.on("dead")
+    async def page_someone(event: trioq.JobEvent) -> None:
+        if kind == "dead callback":
+            blocker.block()
+
+    handler = "the async handler of job {job} (task 'stuck')"
+    return tasks, {
+        "handler": handler,
+        "handler under middleware": handler,
+        "middleware": f"the middleware {around.__qualname__} of task 'stuck' (job {{job}})",
+        "retry policy": f"the retry policy {SlowPolicy.__qualname__} of task 'stuck' "
+                        "(job {job})",
+        "dead callback": f"the dead callback {page_someone.__qualname__} of task 'stuck' "
+                         "(job {job})",
+    }[kind]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kind", ["handler", "handler under middleware", "middleware", "retry policy", "dead callback"]
+)
+async def test_the_watchdog_names_the_user_code_that_blocks_the_loop(
+    dsn: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = LoopBlocker()
+    tasks, culprit = _blocking_registry(kind, blocker)
+    if kind == "handler":
+        tasks.hooks.middleware.clear()  # the handler alone, as without middleware
+    with caplog.at_level(logging.WARNING, logger="trioq.runtime"):
+        async with serving(dsn, tasks, loop_blocked_warning=60) as (conn, runtime):
+            blocker.watchdog = runtime._services.watchdog
+            job = await trioq.enqueue(conn, "stuck")
+            await blocker.checked.wait_for(1)
+    assert blocker.stall is not None
+    expected = culprit.format(job=job.job_id)
+    assert blocker.stall.culprit == expected
+    warnings = [r for r in caplog.records if "trio loop has not run" in r.getMessage()]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert f": {expected} blocks it (" in message
+    assert "    blocker.block()\n" in message  # the stack: the user code's line, and inner
+    assert (warnings[0].job_id, warnings[0].task) == (job.job_id, "stuck")  # type: ignore[attr-defined]
 
 
 # -- tasks this worker does not know --------------------------------------------------------------

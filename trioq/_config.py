@@ -267,8 +267,9 @@ class Config:
     unknown_task_timeout: float = attrs.field(
         default=86_400.0, converter=seconds, validator=_positive
     )
-    #: Warn (with the blocking handler's job and stack) when the trio loop has not run for
-    #: this long: an async handler that blocks stops heartbeats, claims and outcomes.
+    #: Warn (naming the blocking handler, middleware, retry policy or callback, its job, and
+    #: the stack) when the trio loop has not run for this long: user code that blocks the
+    #: loop stops heartbeats, claims and outcomes.
     loop_blocked_warning: float = attrs.field(default=5.0, converter=seconds, validator=_positive)
     #: Install SIGINT/SIGTERM handlers (main thread only): first = graceful, second = now.
     handle_signals: bool = attrs.field(default=False, validator=rule(boolean))

@@ -161,7 +161,7 @@ async def run_chain(chain: Sequence[Middleware], ctx: JobContext, handler: CallN
     scope's cancellation again, so the job ends as the runtime decided.
     """
     try:
-        result = await _link(chain, 0, ctx, handler)
+        result = await call_middleware(chain, 0, ctx, handler)
     except trio.Cancelled:
         raise
     except BaseException:
@@ -179,7 +179,12 @@ async def _reraise_if_cancelled(ctx: JobContext) -> None:
         await trio.lowlevel.checkpoint()  # in a cancelled scope: raises its Cancelled
 
 
-async def _link(chain: Sequence[Middleware], i: int, ctx: JobContext, handler: CallNext) -> Any:
+async def call_middleware(
+    chain: Sequence[Middleware], i: int, ctx: JobContext, handler: CallNext
+) -> Any:
+    """``chain[i]`` around the rest of the chain (the handler at its end). The watchdog knows
+    this frame (``trioq/_worker/watchdog.py``): while it calls ``chain[i]``, its locals
+    ``chain``, ``i`` and ``ctx`` name the middleware that runs."""
     if i == len(chain):
         return await handler()
     called = False
@@ -189,7 +194,7 @@ async def _link(chain: Sequence[Middleware], i: int, ctx: JobContext, handler: C
         if called:
             raise RuntimeError(f"middleware {chain[i]!r} called call_next() twice")
         called = True
-        return await _link(chain, i + 1, ctx, handler)
+        return await call_middleware(chain, i + 1, ctx, handler)
 
     return await chain[i](ctx, call_next)
 
@@ -288,6 +293,7 @@ class EventDispatcher:
             await self._call(fn, event)
 
     async def _call(self, fn: EventCallback, event: JobEvent) -> None:
+        # The watchdog knows this frame: its locals ``fn`` and ``event`` name the callback.
         extra = fields(event.job_id, event.task, event.queue, event.attempt)
         with trio.move_on_after(self.timeout) as scope:
             try:

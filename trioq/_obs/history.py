@@ -27,7 +27,7 @@ The minute of a run is the minute its handler returned, in UTC.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -195,13 +195,18 @@ class Cell:
 
 
 class History:
-    """A worker's not yet written aggregates: `record` adds, `take` hands them over."""
+    """A worker's not yet written aggregates: `record` adds, `take` hands them over.
 
-    def __init__(self) -> None:
+    ``label`` gives the task label value of the totals (`trioq._obs.metrics.TaskLabels`: the
+    totals are kept for the life of the process, so they are kept per label value); the
+    cells for ``job_history`` keep the task names as they are."""
+
+    def __init__(self, label: Callable[[str], str] = str) -> None:
+        self._label = label
         self._cells: dict[CellKey, Cell] = {}
         #: Taken, their write failed, put back: written next round, already in `_totals`.
         self._restored: dict[CellKey, Cell] = {}
-        #: Everything taken so far, per (queue, task): with `_cells`, the process's totals.
+        #: Everything taken so far, per (queue, task label): with `_cells`, the totals.
         self._totals: dict[tuple[str, str], Cell] = {}
 
     def __len__(self) -> int:
@@ -292,7 +297,7 @@ class History:
     def take(self) -> dict[CellKey, Cell]:
         """Everything recorded (or restored) so far; the history is empty afterwards."""
         cells, self._cells = self._cells, {}
-        _merge_into(self._totals, ((key[1:], cell) for key, cell in cells.items()))
+        _merge_into(self._totals, self._labelled(cells))
         if self._restored:
             restored, self._restored = self._restored, {}
             _merge_into(cells, restored.items())
@@ -303,12 +308,17 @@ class History:
         _merge_into(self._restored, cells.items())
 
     def totals(self) -> dict[tuple[str, str], Cell]:
-        """Per (queue, task), everything recorded since the process started (whether written
-        to ``job_history`` yet or not): what the Prometheus counters and histograms show."""
+        """Per (queue, task label), everything recorded since the process started (whether
+        written to ``job_history`` yet or not): what the Prometheus counters and histograms
+        show."""
         out: dict[tuple[str, str], Cell] = {}
         _merge_into(out, self._totals.items())
-        _merge_into(out, ((key[1:], cell) for key, cell in self._cells.items()))
+        _merge_into(out, self._labelled(self._cells))
         return out
+
+    def _labelled(self, cells: dict[CellKey, Cell]) -> Iterator[tuple[tuple[str, str], Cell]]:
+        label = self._label
+        return (((queue, label(task)), cell) for (_, queue, task), cell in cells.items())
 
 
 def _merge_into(

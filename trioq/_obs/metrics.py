@@ -12,6 +12,10 @@ Nothing here is a Prometheus object: the runtime keeps plain counters, and a scr
 - queue depths come from the database (`DepthSampler`): one bounded set of statements
   (``trioq/_db/sql/status.py``), at most every ``Config.metrics_depth_interval`` per process, and
   only when someone scrapes.
+
+Task names are data (a row inserted by hand, an enqueue by name): every counter keyed by a
+task takes its label value from `TaskLabels`, so the series stay bounded whatever the rows
+say (docs/observability.md#task-names).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import bisect
 import collections
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 import trio
@@ -31,7 +35,17 @@ from .._pg.pool import Pool, PoolStatistics
 from .depth import read_depths
 from .history import Cell
 
-__all__ = ["CLAIM_BUCKETS", "ClaimMeter", "DepthSample", "DepthSampler", "QueueGauges", "Sample"]
+__all__ = [
+    "CLAIM_BUCKETS",
+    "MAX_TASK_LABELS",
+    "OTHER_TASK",
+    "ClaimMeter",
+    "DepthSample",
+    "DepthSampler",
+    "QueueGauges",
+    "Sample",
+    "TaskLabels",
+]
 
 logger = logging.getLogger("trioq.metrics")
 
@@ -39,12 +53,51 @@ logger = logging.getLogger("trioq.metrics")
 CLAIM_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 #: A depth sample that takes longer than this is abandoned (the last one is shown).
 DEPTH_TIMEOUT = 5.0
+#: Task names no registered task has that get a label value of their own (the first seen),
+#: as the depth sample shows 500 queues at most (`MAX_DEPTH_QUEUES`); the others are counted
+#: under `OTHER_TASK`.
+MAX_TASK_LABELS = 500
+#: The task label value of the names beyond the cap: no task can be named so (a task name
+#: starts with a letter or '_').
+OTHER_TASK = "(other)"
+#: Folded names are counted exactly up to this many (one hash each), then stay at it.
+MAX_FOLDED_COUNTED = 100_000
+
+
+class TaskLabels:
+    """The task label value of a task name: the name itself when a registered task has it
+    or when it is one of the first `cap` other names seen; else `OTHER_TASK`, and the name
+    is counted in `folded`. Memory stays bounded: the names with a label of their own, and
+    one hash per folded name (up to `MAX_FOLDED_COUNTED`)."""
+
+    def __init__(self, registered: Iterable[str], cap: int = MAX_TASK_LABELS) -> None:
+        self._own = set(registered)  # the names whose label value is themselves
+        self._room = self.cap = cap  # how many unregistered names may still join them
+        self._folded: set[int] = set()
+
+    def __call__(self, task: str) -> str:
+        return task if task in self._own else self._other(task)
+
+    def _other(self, task: str) -> str:
+        if self._room > 0 and task != OTHER_TASK:
+            self._room -= 1
+            self._own.add(task)
+            return task
+        if len(self._folded) < MAX_FOLDED_COUNTED:
+            self._folded.add(hash(task))
+        return OTHER_TASK
+
+    @property
+    def folded(self) -> int:
+        """How many distinct task names are shown as `OTHER_TASK`."""
+        return len(self._folded)
 
 
 class ClaimMeter:
     """Jobs claimed per (queue, task), and the size of every claim per queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, labels: TaskLabels) -> None:
+        self._label = labels
         self.jobs: collections.Counter[tuple[str, str]] = collections.Counter()
         self.sizes: dict[str, list[int]] = {}  # per queue: one count per bucket, then +Inf
         self.size_sums: collections.Counter[str] = collections.Counter()
@@ -52,7 +105,12 @@ class ClaimMeter:
     def claimed(self, queue: str, jobs: list[Job]) -> None:
         if not jobs:
             return
-        self.jobs.update((queue, job.task) for job in jobs)
+        label = self._label  # once per task name of the batch, not per job
+        if len(jobs) == 1:
+            self.jobs[queue, label(jobs[0].task)] += 1
+        else:
+            for task, n in collections.Counter(job.task for job in jobs).items():
+                self.jobs[queue, label(task)] += n
         counts = self.sizes.get(queue)
         if counts is None:
             counts = self.sizes[queue] = [0] * (len(CLAIM_BUCKETS) + 1)
@@ -104,6 +162,8 @@ class Sample:
     listener_reconnects: int
     pools: Mapping[str, PoolStatistics]
     hooks: Mapping[str, int]  # delivered, failed, timed_out, dropped, pending
+    task_labels_folded: int  # distinct task names shown as OTHER_TASK
+    task_label_cap: int  # unregistered task names with a label value of their own, at most
 
 
 class DepthSampler:

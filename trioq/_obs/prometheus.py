@@ -35,7 +35,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from .._exceptions import ListenError
 from .history import BUCKETS, Cell
-from .metrics import CLAIM_BUCKETS, DepthSample, DepthSampler, Sample
+from .metrics import CLAIM_BUCKETS, OTHER_TASK, DepthSample, DepthSampler, Sample
 
 __all__ = ["Collector", "MetricsServer", "trioq_version"]
 
@@ -86,6 +86,7 @@ class Collector:
         yield from _errors(sample)
         yield from _pools(sample)
         yield from _hooks(sample)
+        yield from _task_labels(sample)
         yield from _depth(self._depth(), [q.queue for q in sample.queues], self._cap)
 
 
@@ -257,6 +258,17 @@ def _hooks(sample: Sample) -> Iterator[Metric]:
          "Events dropped because the callbacks fell behind", sample.hooks.get("dropped", 0)),
         (GaugeMetricFamily, "trioq_hook_events_pending", "Events waiting for their callbacks",
          sample.hooks.get("pending", 0)),
+    )  # fmt: skip
+
+
+def _task_labels(sample: Sample) -> Iterator[Metric]:
+    yield from _values(
+        (GaugeMetricFamily, "trioq_task_label_cap",
+         f"Task names no registered task has that get a task label value of their own (the "
+         f"first seen); the others are counted under task=\"{OTHER_TASK}\"",
+         sample.task_label_cap),
+        (GaugeMetricFamily, "trioq_task_labels_folded",
+         f"Distinct task names counted under task=\"{OTHER_TASK}\"", sample.task_labels_folded),
     )  # fmt: skip
 
 

@@ -198,6 +198,8 @@ class Executor:
                        extra=_fields(ctx.job))  # fmt: skip
         return Outcome(kind=Kind.RELEASE, lease=lease, delay=dt.timedelta(0))
 
+    # The watchdog knows this frame (``trioq/_worker/watchdog.py``): its local ``ctx`` names
+    # the job whose handler runs (``wrap`` false, or no middleware).
     # KI-protected: a real Ctrl-C (without ``handle_signals``) that arrives while handler code
     # runs goes to trio's main task, as it does everywhere else in the runtime, instead of
     # being raised inside the handler, where it would look like the handler's own error.
@@ -387,7 +389,10 @@ def failure(
 
 
 def retry_delay(task: Task, attempt: int) -> dt.timedelta:
-    """The task's retry delay, kept within [0, MAX_RETRY_DELAY]; a broken policy falls back."""
+    """The task's retry delay, kept within [0, MAX_RETRY_DELAY]; a broken policy falls back.
+
+    The watchdog knows this frame: its local ``task`` names the policy that runs (and a
+    ``lease`` or ``ctx`` further out, its job)."""
     try:
         delay = task.retry.delay(attempt)
         seconds = delay.total_seconds()

@@ -28,7 +28,7 @@ from .._db.statements import CLEAR_CLOCK, session_reset
 from .._hooks import EventDispatcher
 from .._job_transaction import SharedTransactions
 from .._obs.history import History
-from .._obs.metrics import ClaimMeter, DepthSampler, QueueGauges, Sample
+from .._obs.metrics import ClaimMeter, DepthSampler, QueueGauges, Sample, TaskLabels
 from .._obs.prometheus import MetricsServer, trioq_version
 from .._outcome import Outcome
 from .._pg.pool import Pool
@@ -129,7 +129,9 @@ class Services:
             config.registry.hooks.callbacks, timeout=config.hook_timeout,
             concurrency=config.hook_concurrency, buffer=config.hook_buffer,
         )  # fmt: skip
-        self.lifecycle = Lifecycle(self.events, self.pool, config.schema)
+        #: The task label values of every counter (``/metrics``): bounded, whatever the rows say.
+        self.task_labels = TaskLabels(task.name for task in config.registry)
+        self.lifecycle = Lifecycle(self.events, self.pool, config.schema, self.task_labels)
         self.heartbeat = Heartbeat(
             self.pool, driver, runtime.held, owner=owner, lease=config.lease,
             interval=config.heartbeat_interval, on_lost=self.lifecycle.lease_lost,
@@ -152,7 +154,8 @@ class Services:
         self.watchdog = Watchdog(threshold=config.loop_blocked_warning)
         self.listener = Listener(self.session_dsn, driver, on_notify=runtime.wake,
                                  on_listening=runtime.wake_all)  # fmt: skip
-        self.history = History()  # fed by the runtime's `written`, written by its own service
+        #: Fed by the runtime's `written`, written by its own service.
+        self.history = History(self.task_labels)
         self.history_writer = HistoryWriter(
             self.pool, config.schema, self.history, interval=config.history_interval,
             retention=config.history_retention,
@@ -170,7 +173,7 @@ class Services:
             on_change=runtime.wake, on_paused=runtime.release_buffered,
         )  # fmt: skip
         #: Claims per queue and task, and their sizes (only when metrics are served).
-        self.meter = None if config.metrics is None else ClaimMeter()
+        self.meter = None if config.metrics is None else ClaimMeter(self.task_labels)
         #: Failed claims per queue (the fetchers count them; ``/metrics`` shows them).
         self.claim_errors: collections.Counter[str] = collections.Counter()
         self.metrics_url: str | None = None  # where /metrics is served, once serving
@@ -250,7 +253,7 @@ class Services:
 
     def sample(self) -> Sample:
         """What a scrape shows (`trioq._obs.metrics`), taken at once on the trio thread."""
-        meter = self.meter or ClaimMeter()
+        meter = self.meter or ClaimMeter(self.task_labels)
         gauges = self._runtime.gauges()
         errors = self.claim_errors
         return Sample(
@@ -267,4 +270,5 @@ class Services:
             listener_reconnects=self.listener.reconnects,
             pools={"runtime": self.pool.statistics(), "app": self.app_pool.statistics()},
             hooks=attrs.asdict(self.events.statistics()),
+            task_labels_folded=self.task_labels.folded, task_label_cap=self.task_labels.cap,
         )  # fmt: skip

@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -59,12 +59,17 @@ def dead_reason(outcome: Outcome) -> str:
 
 
 class Lifecycle:
-    def __init__(self, dispatcher: EventDispatcher, pool: Pool, schema: str) -> None:
+    def __init__(
+        self, dispatcher: EventDispatcher, pool: Pool, schema: str,
+        label: Callable[[str], str] = str,
+    ) -> None:  # fmt: skip
         self._dispatcher = dispatcher
         self._pool = pool
         self._sql = statements(schema)
-        #: (event, queue, task) -> how many: lease_lost, discarded, unknown_task, swept_dead,
-        #: swept_cancelled.
+        #: The task label value of a task name (`trioq._obs.metrics.TaskLabels`).
+        self._label = label
+        #: (event, queue, task label) -> how many: lease_lost, discarded, unknown_task,
+        #: swept_dead, swept_cancelled.
         self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._swept_dead: list[int] = []
         self._swept_cancelled: list[int] = []
@@ -108,7 +113,7 @@ class Lifecycle:
                                   "reason": reason})  # fmt: skip
             self._emit("dead", job, attempt, error=error, reason=reason)
         elif fate == RETRIED and outcome.kind is Kind.UNKNOWN:
-            self.counts["unknown_task", job.queue, job.task] += 1
+            self.counts["unknown_task", job.queue, self._label(job.task)] += 1
             self._emit("unknown_task", job, attempt, error=error)
         elif fate == RETRIED and failure is not None:
             delay = failure.delay
@@ -125,7 +130,7 @@ class Lifecycle:
 
     def _discarded(self, outcome: Outcome, job: Job) -> None:
         """Logged by the completer (`trioq._worker.completer._log_unwritten`)."""
-        self.counts["discarded", job.queue, job.task] += 1
+        self.counts["discarded", job.queue, self._label(job.task)] += 1
         why = f"its outcome ({outcome.kind.value}) was discarded: the lease was taken"
         self._emit("lease_lost", job, outcome.lease.attempt, reason=why)
 
@@ -134,7 +139,7 @@ class Lifecycle:
     def lease_lost(self, held: HeldJob) -> None:
         """The heartbeat found ``held``'s lease taken (and logged it)."""
         job = held.job
-        self.counts["lease_lost", job.queue, job.task] += 1
+        self.counts["lease_lost", job.queue, self._label(job.task)] += 1
         self._emit("lease_lost", job, held.lease.attempt,
                    reason="the heartbeat found the lease taken")  # fmt: skip
 
@@ -179,7 +184,7 @@ class Lifecycle:
     def _report_swept(self, row: Sequence[Any]) -> None:
         job_id, what, queue, task, attempt, args, reason, error = row
         extra = fields(job_id, task, queue, attempt)
-        self.counts[f"swept_{what}", queue, task] += 1
+        self.counts[f"swept_{what}", queue, self._label(task)] += 1
         if what == "dead":
             logger.warning("job %d (%s) died after attempt %d (%s): %s", job_id, task, attempt,
                            reason, error, extra={**extra, "reason": reason})  # fmt: skip
