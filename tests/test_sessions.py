@@ -64,7 +64,9 @@ def leaky_registry(seen: list[dict[str, Any]], done: Counter) -> trioq.Registry:
                 " to_regclass('pg_temp.leftover') IS NOT NULL",
             )
         (timeout, clock, locks, listening, temp) = found[0]
-        enqueued = await job.enqueue("noop")
+        # on noop's queue, which this worker does not serve: the rows stay for the test to
+        # read (by name, the enqueue would put it on "default", where it could run first)
+        enqueued = await job.enqueue("noop", queue="elsewhere")
         seen.append({"timeout": timeout, "clock": clock, "locks": locks, "listening": listening,
                      "temp": temp, "enqueued": enqueued.job_id})  # fmt: skip
         done.hit()
