@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from clitool import trioq_cli
 from helpers import Counter, drained, rows, scalar, serving, wait_until
 
@@ -298,6 +299,27 @@ async def test_a_batch_that_fails_on_a_value_is_split_and_made_safe(dsn: str) ->
         (dead,) = await rows(conn, "SELECT id, reason, last_error FROM trioq.dead_jobs")
         assert dead[:2] == (ids[3], "result not stored")
         assert "must not contain NUL" in dead[2]
+
+
+async def test_a_submit_after_the_completer_was_cancelled_raises_the_cancellation(
+    dsn: str,
+) -> None:
+    """serve cancelled from outside (no graceful stop): the completer's task ended first, and
+    a slot's submit raised BrokenResourceError into the cancellation (seen in a failing test's
+    traceback). Now the submit raises the slot's own Cancelled."""
+    queue = trioq.Queue()
+    lease = trioq.Lease(1, 1)
+    async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+        completer = Completer(pool, queue.driver, "w", capacity=1, written=lambda _: None)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(completer.run)
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await trio.testing.wait_all_tasks_blocked()  # run() ended, cancelled
+                await completer.submit(Outcome(kind=Kind.COMPLETE, lease=lease))
+        assert scope.cancelled_caught
 
 
 def test_the_clis_json_never_fails_on_a_stored_value() -> None:

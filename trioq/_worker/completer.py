@@ -85,6 +85,12 @@ class Completer:
             self._send.send_nowait(outcome)
         except trio.WouldBlock:
             await self._send.send(outcome)
+        except trio.BrokenResourceError:
+            # `run` ended without `close`: cancelled, with the whole runtime (serve cancelled
+            # from outside, without a graceful stop). The caller is cancelled too: raise that
+            # Cancelled (the leases expire and the sweepers return the jobs), not this.
+            await trio.lowlevel.checkpoint()
+            raise
 
     async def close(self) -> None:
         """No more outcomes: `run` returns once everything submitted is written."""
