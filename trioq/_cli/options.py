@@ -22,8 +22,10 @@ else:
 
 
 def database_options(
-    *, in_group: bool = False, schema_help: str = "trioq's schema (default: trioq)"
-) -> argparse.ArgumentParser:
+    *, in_group: bool = False, schema_help: str = "trioq's schema (default: trioq)",
+    dsn_help: str = "Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded "
+    "Postgres)",
+) -> argparse.ArgumentParser:  # fmt: skip
     """The options, for ``parents=[...]``.
 
     ``in_group``: for the subcommands of a group (``trioq dead list``), whose group parser
@@ -33,11 +35,7 @@ def database_options(
     """
     given: dict[str, Any] = {"default": argparse.SUPPRESS} if in_group else {}
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument(
-        "--dsn",
-        help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded Postgres)",
-        **given,
-    )
+    options.add_argument("--dsn", help=dsn_help, **given)
     options.add_argument(
         "--schema", help=schema_help, **(given or {"default": "trioq"})
     )
