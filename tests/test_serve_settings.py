@@ -1,11 +1,12 @@
 """``trioq serve``'s settings: every deployable `trioq.Config` field is a flag and a
 ``TRIOQ_*`` variable (trioq/_cli/settings.py), taken in the order flag > variable > the
 app's Config > Config's default; bad values are refused naming the flag or the variable,
-before anything starts; ``--concurrency 0`` is refused."""
+before anything starts; ``--concurrency 0`` and ``--json`` mean what they say."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,11 @@ from typing import Any
 
 import attrs
 import pytest
-from clitool import TESTS, cli_env
+from clitool import TESTS, ServeProcess, cli_env
 
 import trioq
 from trioq._cli.main import build_parser
-from trioq._cli.serve import _child_argv
+from trioq._cli.serve import _child_argv, log_format
 from trioq._cli.settings import EXCLUDED, KINDS, SETTINGS, Setting, given_settings, serve_config
 
 _tasks = trioq.Registry()
@@ -255,6 +256,31 @@ def test_a_bad_setting_with_a_good_app_starts_no_embedded_server(tmp_path: Path)
         "trioq: error: heartbeat_interval (11.0 s) must be at most a third of the lease "
         "(30.0 s), so a lease survives a missed heartbeat (given: --heartbeat-interval '11')"]
     assert not (tmp_path / "embedded").exists()
+
+
+def test_json_asks_for_json_log_lines() -> None:
+    assert log_format(_args("--json")) == "json"
+    assert log_format(_args("--json", "--log-format", "json")) == "json"
+    assert log_format(_args()) == "text"
+    assert log_format(_args("--log-format", "json")) == "json"
+    with pytest.raises(ValueError, match="--json asks for JSON log lines, --log-format text"):
+        log_format(_args("--json", "--log-format", "text"))
+
+
+def test_serve_json_logs_json_lines(dsn: str) -> None:
+    """``trioq serve --json`` logged text (the option was the database options' and serve
+    ignored it): now every line of its log is a JSON object."""
+    subprocess.run([sys.executable, "-m", "trioq._cli", "migrate", "--dsn", dsn], check=True,
+                   timeout=60, capture_output=True)  # fmt: skip
+    worker = ServeProcess(["--app", "serve_app:config", "--json"], env=cli_env(dsn=dsn))
+    try:
+        banner = worker.read_until("started")
+    finally:
+        log = worker.stop()
+    assert json.loads(banner)["logger"] == "trioq.runtime"
+    assert worker.proc.returncode == 0, log
+    lines = log.splitlines()
+    assert len(lines) >= 3 and all(json.loads(line)["message"] for line in lines), log
 
 
 def test_the_workers_of_processes_get_the_flags_and_each_its_metrics_port() -> None:

@@ -96,6 +96,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "trioq)",
         dsn_help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, the app's Config.dsn, else "
         "the embedded Postgres)",
+        json_help="log JSON lines (--log-format json); an error is one JSON object on stdout too",
     )
     add_serve_parser(commands, serve_options)
     add_stress_parser(commands, common)

@@ -24,7 +24,7 @@ else:
 def database_options(
     *, in_group: bool = False, schema_help: str = "trioq's schema (default: trioq)",
     dsn_help: str = "Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded "
-    "Postgres)",
+    "Postgres)", json_help: str = "print JSON instead of text",
 ) -> argparse.ArgumentParser:  # fmt: skip
     """The options, for ``parents=[...]``.
 
@@ -39,7 +39,7 @@ def database_options(
     options.add_argument(
         "--schema", help=schema_help, **(given or {"default": "trioq"})
     )
-    options.add_argument("--json", action="store_true", help="print JSON instead of text", **given)
+    options.add_argument("--json", action="store_true", help=json_help, **given)
     return options
 
 

@@ -25,7 +25,7 @@ from .options import Commands, command
 from .settings import SETTINGS, add_settings, build_config, given_settings
 from .supervisor import parent_fd_from_env, stop_when_orphaned, supervise
 
-__all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app"]
+__all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app", "log_format"]
 
 _EPILOG = """\
 examples:
@@ -74,8 +74,8 @@ def add_serve_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
         "worker in this process, unsupervised: a crash exits (use a process manager)",
     )
     sub.add_argument(
-        "--log-format", choices=("text", "json"), default="text",
-        help="text lines (default) or one JSON object per line",
+        "--log-format", choices=("text", "json"),
+        help="text lines (default) or one JSON object per line (--json says json too)",
     )  # fmt: skip
     sub.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
     add_settings(sub)
@@ -99,11 +99,20 @@ def load_app(spec: str) -> Config | Registry:
     return app
 
 
+def log_format(args: argparse.Namespace) -> str:
+    """``--log-format``, or ``json`` for ``--json`` (the option every command takes says
+    JSON: for serve, whose output is its log, that is JSON lines)."""
+    if args.json and args.log_format == "text":
+        raise ValueError("--json asks for JSON log lines, --log-format text for text: give one")
+    return "json" if args.json else args.log_format or "text"
+
+
 def _serve(args: argparse.Namespace) -> int:
     # The parent of --processes passes its choice in the environment; take it out at once.
     args.dsn = os.environ.pop(CHILD_DSN_VAR, None) or args.dsn
     args.parent_fd = parent_fd_from_env()
     args.session_dsn = os.environ.pop(CHILD_SESSION_DSN_VAR, None) or args.session_dsn
+    args.log_format = log_format(args)
     formatter = setup_logging(args.log_format, args.log_level)
     given = [args.dsn, args.session_dsn]
     formatter.add_dsns([*given, *(os.environ.get(v) for v in (*DSN_ENV_VARS, SESSION_DSN_VAR))])
