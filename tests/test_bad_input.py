@@ -184,7 +184,7 @@ def test_injected_queue_name_for_serve_is_refused_before_it_connects() -> None:
               "--dsn", "postgresql://nobody@127.0.0.1:1/nothing")  # fmt: skip
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1] == (
-        'trioq: error: queues: queue name "x\'; DROP TABLE jobs;--" is invalid: use 1-64 '
+        'trioq: error: --queues: queue "x\'; DROP TABLE jobs;--" is invalid: use 1-64 '
         "letters, digits, '_', '.', ':' or '-', not starting with a punctuation mark"
     )
 

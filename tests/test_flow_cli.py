@@ -105,14 +105,14 @@ def test_serve_concurrency_flag_keeps_the_apps_limits() -> None:
     import flow_app
 
     from trioq._cli.main import build_parser
-    from trioq._cli.serve import _config
+    from trioq._cli.settings import serve_config
 
     args = build_parser().parse_args(["serve", "--app", "flow_app:config", "--concurrency", "7"])
     app = attrs.evolve(flow_app.config, queues={
         "limited": trioq_lib.QueueConfig(concurrency=2, global_concurrency=3),
         "rated": trioq_lib.QueueConfig(rate_limit="5/s"),
     })  # fmt: skip
-    config = _config(args, app, "postgresql://x@localhost/db")
+    config = serve_config(args, app, {"TRIOQ_DSN": "postgresql://x@localhost/db"})
     assert config.queues == {
         "limited": trioq_lib.QueueConfig(concurrency=7, global_concurrency=3),
         "rated": trioq_lib.QueueConfig(concurrency=7, rate_limit="5/s"),

@@ -42,7 +42,9 @@ async def bury(conn: Any, job_id: int, died_at: str) -> None:
 # -- dead purge cut-offs ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cutoff", ["", "-7d", "0", "0s", "abc", "7w", "nan", "inf", "1e400d"])
+@pytest.mark.parametrize(
+    "cutoff", ["", "-7d", "0", "0s", "abc", "7w", "nan", "inf", "1e400d", "٣d"]
+)
 async def test_purge_refuses_a_cutoff_that_would_match_everything(dsn: str, cutoff: str) -> None:
     async with await migrated(dsn) as conn:
         await bury(conn, 1, "2020-01-01")

@@ -92,7 +92,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         example="trioq demo\n  trioq demo --json",
     ).set_defaults(schema=DEMO_SCHEMA)
     serve_options = database_options(  # its own: see set_defaults there
-        schema_help="trioq's schema (default: the app's Config.schema, else trioq)"
+        schema_help="trioq's schema (default: $TRIOQ_SCHEMA, the app's Config.schema, else "
+        "trioq)",
+        dsn_help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, the app's Config.dsn, else "
+        "the embedded Postgres)",
+        json_help="log JSON lines (--log-format json); an error is one JSON object on stdout too",
     )
     add_serve_parser(commands, serve_options)
     add_stress_parser(commands, common)

@@ -10,7 +10,6 @@ import argparse
 import datetime as dt
 import json
 import pathlib
-import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,7 +25,7 @@ from .._pg.dsn import database
 from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
-from .options import Commands, bounded, command, group
+from .options import Commands, bounded, command, duration, group
 
 __all__ = ["add_ops_parsers"]
 
@@ -376,20 +375,3 @@ async def _dead_purge(conn: Any, queue: Queue, args: argparse.Namespace) -> tupl
 def _ids(ids: list[int]) -> str:
     shown = ", ".join(map(str, ids[:20]))
     return f": {shown}{', ...' if len(ids) > 20 else ''}" if ids else ""
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-
-
-def duration(text: str, option: str) -> dt.timedelta:
-    """A positive duration such as ``90s``, ``30m``, ``12h``, ``7d`` (a bare number is
-    seconds). Empty, negative, zero, not a number: a ValueError naming ``option``: a cut-off
-    that matched everything would delete everything."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d")
-    seconds = float(match[1]) * _UNITS.get(match[2] or "s", 1)
-    if not 0 < seconds < 100 * 365 * 86400:
-        raise ValueError(f"{option} {text!r}: must be more than 0 and less than 100 years")
-    return dt.timedelta(seconds=seconds)

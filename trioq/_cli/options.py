@@ -1,13 +1,19 @@
-"""The database options every command takes (``--dsn``, ``--schema``, ``--json``), and the
-two shapes of a command: `command` (``trioq check``) and `group` (``trioq dead list``)."""
+"""The database options every command takes (``--dsn``, ``--schema``, ``--json``), the
+two shapes of a command: `command` (``trioq check``) and `group` (``trioq dead list``), and
+the durations options are given in (`seconds`, `duration`)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["Commands", "bounded", "command", "database_options", "group"]
+__all__ = [
+    "Commands", "bounded", "command", "database_options", "duration", "group", "seconds",
+    "shown",
+]  # fmt: skip
 
 if TYPE_CHECKING:  # subscriptable for type checkers only
     Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -16,8 +22,10 @@ else:
 
 
 def database_options(
-    *, in_group: bool = False, schema_help: str = "trioq's schema (default: trioq)"
-) -> argparse.ArgumentParser:
+    *, in_group: bool = False, schema_help: str = "trioq's schema (default: trioq)",
+    dsn_help: str = "Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded "
+    "Postgres)", json_help: str = "print JSON instead of text",
+) -> argparse.ArgumentParser:  # fmt: skip
     """The options, for ``parents=[...]``.
 
     ``in_group``: for the subcommands of a group (``trioq dead list``), whose group parser
@@ -27,15 +35,11 @@ def database_options(
     """
     given: dict[str, Any] = {"default": argparse.SUPPRESS} if in_group else {}
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument(
-        "--dsn",
-        help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded Postgres)",
-        **given,
-    )
+    options.add_argument("--dsn", help=dsn_help, **given)
     options.add_argument(
         "--schema", help=schema_help, **(given or {"default": "trioq"})
     )
-    options.add_argument("--json", action="store_true", help="print JSON instead of text", **given)
+    options.add_argument("--json", action="store_true", help=json_help, **given)
     return options
 
 
@@ -80,3 +84,39 @@ def bounded(
         return value
 
     return parse
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: ASCII digits only: ``\d`` (and ``float``) take "٣" and other scripts' digits.
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
+#: The longest duration an option takes: 100 years.
+MAX_SECONDS = 100 * 365 * 86400
+
+
+def shown(text: str) -> str:
+    """``text`` quoted for an error message, cut to 60 characters (an option's value may be
+    anything, a megabyte included)."""
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+
+
+def seconds(text: str, option: str, *, zero: bool = False) -> float:
+    """The seconds of a duration such as ``90s``, ``30m``, ``12h``, ``7d``, ``0.5`` (a bare
+    number is seconds); more than 0 (at least 0 with ``zero``) and less than 100 years.
+    Anything else (empty, negative, NaN, ``1e400``, another script's digits) is a ValueError
+    that names ``option`` and quotes the text."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        least = "0 or more" if zero else "more than 0"
+        raise ValueError(f"{option} {shown(text)}: use seconds ({least}) or a number "
+                         "with s, m, h or d, such as 90s, 30m, 7d")  # fmt: skip
+    value = float(match[1]) * _UNITS[match[2] or "s"]
+    least_ok = value >= 0 if zero else value > 0
+    if not least_ok or not value < MAX_SECONDS:
+        least = "at least 0" if zero else "more than 0"
+        raise ValueError(f"{option} {shown(text)}: must be {least} and less than 100 years")
+    return value
+
+
+def duration(text: str, option: str) -> dt.timedelta:
+    """`seconds` as a timedelta: a cut-off that matched everything would delete everything."""
+    return dt.timedelta(seconds=seconds(text, option))

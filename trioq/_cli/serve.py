@@ -13,19 +13,19 @@ from typing import Any
 import attrs
 import trio
 
-from .._config import Config, QueueConfig, parse_address
+from .._config import Config, parse_address
 from .._db.migrate import migrate
 from .._pg.connection import connect
-from .._pg.dsn import DSN_ENV_VARS, configured_dsn
+from .._pg.dsn import DSN_ENV_VARS
 from .._pg.embedded import EmbeddedPostgres
-from .._pg.errors import check_dsn
 from .._registry import Registry
 from .._worker.pooling import SESSION_DSN_VAR, session_dsn
 from .logs import LOG_FORMAT, LOG_LEVELS, RedactingFormatter, setup_logging
 from .options import Commands, command
+from .settings import SETTINGS, add_settings, build_config, given_settings
 from .supervisor import parent_fd_from_env, stop_when_orphaned, supervise
 
-__all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app"]
+__all__ = ["LOG_FORMAT", "RedactingFormatter", "add_serve_parser", "load_app", "log_format"]
 
 _EPILOG = """\
 examples:
@@ -60,18 +60,10 @@ def add_serve_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
                   description="Run a worker process: claim jobs, run their handlers, record "
                   "outcomes.")  # fmt: skip
     sub.add_argument("--app", required=True, help="MODULE:ATTRIBUTE of a Config or Registry")
-    sub.add_argument("--queues", help="comma-separated queues to serve (default: the app's)")
-    sub.add_argument("--concurrency", type=int, help="slots per queue (default 10)")
     sub.add_argument("--migrate", action="store_true", help="run `trioq migrate` first")
     sub.add_argument(
-        "--session-dsn", metavar="URL",
-        help="when --dsn is a transaction-mode pooler (PgBouncer): a DSN straight to Postgres "
-        "for LISTEN, the liveness lock and --migrate; the pooled connections then prepare no "
-        f"statements (default: the app's Config.session_dsn, ${SESSION_DSN_VAR}, else --dsn)",
-    )  # fmt: skip
-    sub.add_argument(
-        "--no-prepared-statements", action="store_true",
-        help="never prepare statements on the server (Config.prepared_statements=False)",
+        "--no-prepared-statements", dest="prepared_statements", action="store_const",
+        const="off", help="--prepared-statements off",
     )  # fmt: skip
     sub.add_argument(
         "--processes",
@@ -82,16 +74,13 @@ def add_serve_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
         "worker in this process, unsupervised: a crash exits (use a process manager)",
     )
     sub.add_argument(
-        "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics on http://HOST:PORT"
-        "/metrics (port 0: any free one; with --processes N, N consecutive ports)",
-    )  # fmt: skip
-    sub.add_argument(
-        "--log-format", choices=("text", "json"), default="text",
-        help="text lines (default) or one JSON object per line",
+        "--log-format", choices=("text", "json"),
+        help="text lines (default) or one JSON object per line (--json says json too)",
     )  # fmt: skip
     sub.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
-    # --schema: given, it wins over the app's Config.schema, as --queues, --metrics and the
-    # other options do; not given, the app's (a Registry's: trioq). So no default here (on
+    add_settings(sub)
+    # --schema: given, it wins over the app's Config.schema, as every setting does; not
+    # given, $TRIOQ_SCHEMA, else the app's (a Registry's: trioq). So no default here (on
     # options of serve's own: set_defaults changes the default of the parent's actions).
     sub.set_defaults(handler=_serve, schema=None)
 
@@ -110,65 +99,48 @@ def load_app(spec: str) -> Config | Registry:
     return app
 
 
-def _config(args: argparse.Namespace, app: Config | Registry, dsn: str) -> Config:
-    config = app if isinstance(app, Config) else Config(registry=app)
-    if args.schema is not None:
-        config = attrs.evolve(config, schema=args.schema)
-    queues = (
-        [q.strip() for q in args.queues.split(",") if q.strip()]
-        if args.queues
-        else list(config.served_queues())
-    )
-    base = config.queues or {}
-    slots = {name: base.get(name, QueueConfig()) for name in queues}
-    if args.concurrency:  # the slots change; the app's limits (global_concurrency, ...) stay
-        slots = {n: attrs.evolve(q, concurrency=args.concurrency) for n, q in slots.items()}
-    metrics = args.metrics or config.metrics
-    if args.metrics:
-        parse_address(args.metrics, "--metrics")  # the option named in the error
-    pooling: dict[str, Any] = {}
-    if args.session_dsn:
-        pooling["session_dsn"] = check_dsn(args.session_dsn, what="--session-dsn")
-    if args.no_prepared_statements:
-        pooling["prepared_statements"] = False
-    return attrs.evolve(
-        config, dsn=dsn, queues=slots, handle_signals=True, metrics=metrics, **pooling
-    )
+def log_format(args: argparse.Namespace) -> str:
+    """``--log-format``, or ``json`` for ``--json`` (the option every command takes says
+    JSON: for serve, whose output is its log, that is JSON lines)."""
+    if args.json and args.log_format == "text":
+        raise ValueError("--json asks for JSON log lines, --log-format text for text: give one")
+    return "json" if args.json else args.log_format or "text"
 
 
 def _serve(args: argparse.Namespace) -> int:
     # The parent of --processes passes its choice in the environment; take it out at once.
-    from_parent = os.environ.pop(CHILD_DSN_VAR, None)
+    args.dsn = os.environ.pop(CHILD_DSN_VAR, None) or args.dsn
     args.parent_fd = parent_fd_from_env()
     args.session_dsn = os.environ.pop(CHILD_SESSION_DSN_VAR, None) or args.session_dsn
+    args.log_format = log_format(args)
     formatter = setup_logging(args.log_format, args.log_level)
-    given = [from_parent, args.dsn, args.session_dsn]
+    given = [args.dsn, args.session_dsn]
     formatter.add_dsns([*given, *(os.environ.get(v) for v in (*DSN_ENV_VARS, SESSION_DSN_VAR))])
-    sys.path.insert(0, "")  # --app modules from the current directory, like python -m
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
-    app = load_app(args.app)
-    # --dsn, then the app's Config.dsn, then TRIOQ_DSN / DATABASE_URL, then embedded.
-    dsn = configured_dsn(from_parent or args.dsn or (app.dsn if isinstance(app, Config) else None))
-    formatter.add_dsns([dsn, app.session_dsn if isinstance(app, Config) else None])
-    if dsn is not None:
-        return _serve_on(args, app, dsn, args.migrate)
+    settings = given_settings(args, os.environ)  # a bad one stops here: nothing started yet
+    sys.path.insert(0, "")  # --app modules from the current directory, like python -m
+    # Each setting: the flag, its variable, the app's Config, the default. The database:
+    # --dsn, $TRIOQ_DSN, $DATABASE_URL, the app's Config.dsn, else the embedded server.
+    config = build_config(settings, load_app(args.app))
+    formatter.add_dsns([config.dsn, config.session_dsn])
+    if config.dsn is not None:
+        return _serve_on(args, config, args.migrate)
     with EmbeddedPostgres.from_env().running() as status:
         # The embedded database is trioq's own: keep its schema current without asking.
-        return _serve_on(args, app, status.dsn, True)
+        return _serve_on(args, attrs.evolve(config, dsn=status.dsn), True)
 
 
-def _serve_on(
-    args: argparse.Namespace, app: Config | Registry, dsn: str, run_migrations: bool
-) -> int:
-    config = _config(args, app, dsn)
+def _serve_on(args: argparse.Namespace, config: Config, run_migrations: bool) -> int:
+    assert config.dsn is not None
     if args.processes == 1:
         trio.run(_run, config, run_migrations, args.parent_fd)
         return 0
     if run_migrations:
-        trio.run(_migrate, session_dsn(config, dsn), config.schema)
-    with _environment(CHILD_DSN_VAR, dsn), _environment(CHILD_SESSION_DSN_VAR, args.session_dsn):
-        return trio.run(supervise, _child_argv(args), args.processes)
+        trio.run(_migrate, session_dsn(config, config.dsn), config.schema)
+    with _environment(CHILD_DSN_VAR, config.dsn), \
+            _environment(CHILD_SESSION_DSN_VAR, args.session_dsn):  # fmt: skip
+        return trio.run(supervise, _child_argv(args, config), args.processes)
 
 
 @contextmanager
@@ -188,20 +160,17 @@ def _environment(name: str, value: str | None) -> Iterator[None]:
             os.environ[name] = old
 
 
-def _child_argv(args: argparse.Namespace) -> list[str]:
-    """The workers' command line: no DSN (it is in their environment, `CHILD_DSN_VAR`)."""
+def _child_argv(args: argparse.Namespace, config: Config) -> list[str]:
+    """The workers' command line: the settings given as flags (the variables they inherit),
+    no DSN (it is in their environment, `CHILD_DSN_VAR`), and each its metrics port."""
     argv = ["serve", "--app", args.app,
             "--log-format", args.log_format, "--log-level", args.log_level]  # fmt: skip
-    if args.schema is not None:
-        argv += ["--schema", args.schema]
-    if args.queues:
-        argv += ["--queues", args.queues]
-    if args.concurrency:
-        argv += ["--concurrency", str(args.concurrency)]
-    if args.no_prepared_statements:
-        argv.append("--no-prepared-statements")
-    if args.metrics:  # one port each: the first free one of as many as there are workers
-        host, first, last = parse_address(args.metrics, "--metrics")
+    for setting in SETTINGS:
+        text = getattr(args, setting.dest, None)
+        if text is not None and setting.field not in ("dsn", "session_dsn", "metrics"):
+            argv += [setting.flag, text]
+    if config.metrics:  # one port each: the first free one of as many as there are workers
+        host, first, last = parse_address(config.metrics, "--metrics")
         if first == last and first:
             last = min(first + args.processes - 1, 65535)
         span = str(first) if first == last else f"{first}-{last}"
