@@ -56,7 +56,7 @@ def test_show_every_state_as_text_and_json(dsn: str) -> None:
     assert json.loads(unknown.stdout)["state"] == "unknown"
     assert trioq("jobs", "show", "99", "--dsn", dsn).stdout.startswith("job 99: unknown")
     bad = trioq("jobs", "show", str(2**64), "--dsn", dsn)
-    assert bad.returncode == 1 and "job_id must fit in a bigint" in bad.stderr
+    assert bad.returncode == 2 and "a job id is a whole number from 1 to" in bad.stderr
     assert trioq("jobs", "show", "abc", "--dsn", dsn).returncode == 2
     assert trioq("jobs", "--dsn", dsn).returncode == 2  # a group: a subcommand is required
 

@@ -21,7 +21,7 @@ from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
-from .options import Commands, bounded, group
+from .options import Commands, bounded, group, job_id
 
 __all__ = ["add_jobs_parser"]
 
@@ -51,7 +51,7 @@ def add_jobs_parser(commands: Commands, common: argparse.ArgumentParser) -> None
          "trioq jobs wait 42 --timeout 30   # exit 5 if it died or was cancelled"),
     ):  # fmt: skip
         by_id = _command(subs, common, name, action, help=help, example=example)
-        by_id.add_argument("job_id", type=int)  # both take a job's id
+        by_id.add_argument("job_id", type=job_id)  # both take a job's id
         if name == "wait":
             by_id.add_argument("--timeout", type=float,
                                help="give up after this many seconds (exit 6)")  # fmt: skip

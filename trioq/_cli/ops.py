@@ -26,7 +26,7 @@ from .._pg.dsn import database
 from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
-from .options import Commands, bounded, command, group
+from .options import Commands, bounded, command, group, job_id
 
 __all__ = ["add_ops_parsers"]
 
@@ -62,7 +62,7 @@ def add_ops_parsers(commands: Commands, common: argparse.ArgumentParser) -> None
         help="cancel a job by id",
         example="trioq cancel 42   # exit code 4 if no such live job",
     )  # fmt: skip
-    cancel.add_argument("job_id", type=int)
+    cancel.add_argument("job_id", type=job_id)
     _dead_parser(commands, common)
 
 
@@ -333,7 +333,8 @@ def _dead_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
         "  trioq dead purge --task send_welcome --older-than 7d",
     )  # fmt: skip
     filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
+    filters.add_argument("--id", type=job_id, action="append", dest="ids", metavar="ID",
+                         help="repeatable")  # fmt: skip
     filters.add_argument("--queue")
     filters.add_argument("--task")
     for name, action, help, example in (

@@ -4,10 +4,11 @@ two shapes of a command: `command` (``trioq check``) and `group` (``trioq dead l
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["Commands", "bounded", "command", "database_options", "group"]
+__all__ = ["MAX_JOB_ID", "Commands", "bounded", "command", "database_options", "group", "job_id"]
 
 if TYPE_CHECKING:  # subscriptable for type checkers only
     Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -80,3 +81,20 @@ def bounded(
         return value
 
     return parse
+
+
+#: The largest job id (ids are bigints, and their identity starts at 1).
+MAX_JOB_ID = 2**63 - 1
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def job_id(text: str) -> int:
+    """An argparse ``type``: a job's id, a whole number from 1 to `MAX_JOB_ID` in ASCII
+    digits. Anything else is a usage error, before the database is asked (which would
+    answer ``bigint out of range``)."""
+    value = int(text) if _DIGITS.fullmatch(text) else 0
+    if not 1 <= value <= MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(
+            f"a job id is a whole number from 1 to {MAX_JOB_ID}, got {text!r}"
+        )
+    return value

