@@ -10,8 +10,14 @@ that nothing changed (the rows counted before and after).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import psycopg
 import pytest
+from clitool import TESTS, cli_env
 
 from trioq._cli.main import main
 
@@ -93,3 +99,44 @@ def test_an_id_out_of_range_is_a_usage_error(
     code, _, err = run(capsys, *line, "--dsn", dsn)
     assert code in (0, 4), err
     assert "Traceback" not in err
+
+
+# -- output into a closed pipe ------------------------------------------------------------------
+
+
+def closed_pipe_run(
+    *argv: str, dsn: str, buffered: bool
+) -> subprocess.CompletedProcess[str]:
+    """``trioq ARGV`` with stdout a pipe whose reading end is closed before it starts (as
+    ``trioq ... | head -0`` ends up): every write to stdout fails with EPIPE. ``buffered``:
+    stdout keeps what is printed until a flush (else PYTHONUNBUFFERED: each print fails)."""
+    env = cli_env(dsn=dsn)
+    env.pop("PYTHONUNBUFFERED", None)
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "trioq._cli", *argv], stdout=write, stderr=subprocess.PIPE,
+            text=True, env=env, cwd=TESTS, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["db", "url"], ["db", "status", "--json"], ["status"],
+     ["status", "--watch", "--count", "3", "--interval", "0.1"], ["dead", "list", "--json"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_output_into_a_closed_pipe_ends_quietly(
+    dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    seeded(dsn, capsys)
+    if argv[0] == "db":
+        argv = [*argv, "--data-dir", str(tmp_path / "pg")]
+    for buffered in (True, False):
+        done = closed_pipe_run(*argv, dsn=dsn, buffered=buffered)
+        assert (done.returncode, done.stderr) == (141, ""), buffered
