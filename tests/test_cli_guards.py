@@ -10,6 +10,7 @@ that nothing changed (the rows counted before and after).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +100,28 @@ def test_an_id_out_of_range_is_a_usage_error(
     code, _, err = run(capsys, *line, "--dsn", dsn)
     assert code in (0, 4), err
     assert "Traceback" not in err
+
+
+# -- errors go to stderr ------------------------------------------------------------------------
+
+
+def test_jobs_wait_says_why_on_stderr(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    seeded(dsn, capsys)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO trioq.jobs (id, queue, task, args, state, run_at)"
+                     " VALUES (7, 'later', 't', '{}', 'scheduled', now() + interval '1 d')")
+    for argv, code, says in [
+        (["jobs", "wait", "99"], 4, "job 99"),
+        (["jobs", "wait", "7", "--timeout", "0.05"], 6, "job 7 has not finished after 0.05 s"),
+        (["jobs", "show", "99"], 4, "job 99: unknown"),
+        (["cancel", "99"], 4, "job 99: no such scheduled, available or running job"),
+    ]:  # fmt: skip
+        got, out, err = run(capsys, *argv, "--dsn", dsn)
+        assert (got, out) == (code, ""), argv
+        assert says in err, argv
+        # With --json the answer is still one object on stdout.
+        got, out, err = run(capsys, *argv, "--dsn", dsn, "--json")
+        assert got == code and isinstance(json.loads(out), dict), argv
 
 
 # -- output into a closed pipe ------------------------------------------------------------------

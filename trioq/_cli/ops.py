@@ -83,10 +83,16 @@ def _command(
 
 
 def _run(action: Action, args: argparse.Namespace) -> int:
+    """Run ``action`` and print what it says: with ``--json`` one object on stdout, whatever
+    the exit code (a script reads stdout); as text, on stdout when it succeeded and on
+    stderr when it did not (``trioq jobs wait 99``: no such job)."""
     with database(args.dsn) as dsn:
         code, payload, text = trio.run(_with_conn, dsn, action, args)
     if text is not None:  # None: the action printed its output itself (status --watch)
-        print(to_json(payload) if args.json else text)
+        if args.json:
+            print(to_json(payload))
+        else:
+            print(text, file=sys.stdout if code == EXIT_OK else sys.stderr)
     return code
 
 
