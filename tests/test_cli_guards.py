@@ -78,6 +78,26 @@ def refused(
     return err
 
 
+# -- --older-than: a cut-off that rounds to nothing -----------------------------------------------
+
+
+@pytest.mark.parametrize("cutoff", ["0.0001s", "0.5", "0.999s", "0.01m"])
+def test_a_cutoff_below_one_second_is_refused(
+    dsn: str, capsys: pytest.CaptureFixture[str], cutoff: str
+) -> None:
+    seeded(dsn, capsys)
+    refused(capsys, dsn, ["dead", "purge", f"--older-than={cutoff}"], 2,
+            f"--older-than: {cutoff!r} is less than 1 second")  # fmt: skip
+
+
+def test_a_cutoff_of_one_second_or_more_is_taken(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seeded(dsn, capsys)
+    code, out, err = run(capsys, "dead", "purge", "--older-than", "1s", "--dsn", dsn)
+    assert (code, out.strip()) == (0, "purged 2 dead jobs: 102, 103"), err  # 101 died now
+
+
 # -- ids out of range: usage errors at parse time -------------------------------------------------
 
 BAD_IDS = ["99999999999999999999", "9223372036854775808", "0", "-1", "-9223372036854775809"]

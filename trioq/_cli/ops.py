@@ -157,6 +157,7 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
     sub.add_argument(
         "--unique-period",
         metavar="DURATION",
+        type=duration,
         help="with --dedup-key: one job per key per window (e.g. 1h), done included",
     )
     sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
@@ -198,8 +199,8 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
     if args.global_key or args.unique_period:
         if dedup_key is None:
             raise ValueError("--global-key and --unique-period need a --dedup-key")
-        period = duration(args.unique_period, "--unique-period") if args.unique_period else None
-        unique, dedup_key = Unique(key=dedup_key, by_task=not args.global_key, period=period), None
+        unique = Unique(key=dedup_key, by_task=not args.global_key, period=args.unique_period)
+        dedup_key = None
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
         max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
@@ -351,7 +352,10 @@ def _dead_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     ):  # fmt: skip
         _command(subs, common, name, action, help=help, example=example, extra=filters)
     subs.choices["list"].add_argument("--limit", type=int, default=100)
-    subs.choices["purge"].add_argument("--older-than", help="e.g. 90s, 30m, 12h, 7d")
+    subs.choices["purge"].add_argument(
+        "--older-than", type=duration, metavar="AGE",
+        help="only jobs that died longer ago than AGE: 1s to 100 years, e.g. 90s, 30m, 12h, 7d",
+    )  # fmt: skip
 
 
 def _filter(args: argparse.Namespace) -> DeadFilter:
@@ -374,8 +378,7 @@ async def _dead_retry(conn: Any, queue: Queue, args: argparse.Namespace) -> tupl
 
 
 async def _dead_purge(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
-    older_than = None if args.older_than is None else duration(args.older_than, "--older-than")
-    ids = await queue.dead_purge(conn, _filter(args), older_than=older_than)
+    ids = await queue.dead_purge(conn, _filter(args), older_than=args.older_than)
     return EXIT_OK, {"purged": ids}, f"purged {len(ids)} dead jobs" + _ids(ids)
 
 
@@ -385,17 +388,31 @@ def _ids(ids: list[int]) -> str:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
+#: The shortest duration the command line takes: a purge cut-off under a second matches
+#: every job that died before the command started (ask for that with --all), and a unique
+#: window under a second is no window.
+MIN_DURATION = dt.timedelta(seconds=1)
+#: The longest: beyond it a cut-off matches nothing that can exist, and timedelta overflows
+#: soon after (1e400d).
+MAX_DURATION = dt.timedelta(days=100 * 365)
 
 
-def duration(text: str, option: str) -> dt.timedelta:
-    """A positive duration such as ``90s``, ``30m``, ``12h``, ``7d`` (a bare number is
-    seconds). Empty, negative, zero, not a number: a ValueError naming ``option``: a cut-off
-    that matched everything would delete everything."""
+def duration(text: str) -> dt.timedelta:
+    """An argparse ``type``: a duration such as ``90s``, ``30m``, ``12h``, ``7d`` (a bare
+    number is seconds), from `MIN_DURATION` to `MAX_DURATION`. Empty, negative, zero, under
+    a second, not a number, too long: a usage error that says which."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(f"{option} {text!r}: use a positive number with s, m, h or d, such as 7d")
-    seconds = float(match[1]) * _UNITS.get(match[2] or "s", 1)
-    if not 0 < seconds < 100 * 365 * 86400:
-        raise ValueError(f"{option} {text!r}: must be more than 0 and less than 100 years")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use a number with s, m, h or d, such as 90s or 7d"
+        )
+    seconds = float(match[1]) * _UNITS[match[2] or "s"]
+    if seconds < MIN_DURATION.total_seconds():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is less than 1 second, the shortest duration taken (a purge of every "
+            "dead job is --all)"
+        )
+    if seconds > MAX_DURATION.total_seconds():
+        raise argparse.ArgumentTypeError(f"{text!r} is more than 100 years")
     return dt.timedelta(seconds=seconds)
