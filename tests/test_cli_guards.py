@@ -78,6 +78,51 @@ def refused(
     return err
 
 
+# -- dead retry / purge: --all, --dry-run ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["retry", "purge"])
+def test_retry_or_purge_without_a_filter_needs_all(
+    dsn: str, capsys: pytest.CaptureFixture[str], verb: str
+) -> None:
+    seeded(dsn, capsys)
+    err = refused(capsys, dsn, ["dead", verb], 2, "--all", "--id", "--queue", "--task")
+    assert f"trioq dead {verb}: error:" in err
+    refused(capsys, dsn, ["dead", verb, "--json"], 2, "--all")
+    refused(capsys, dsn, ["dead", verb, "--all", "--queue", "sms"], 2, "--all", "filter")
+    code, out, err = run(capsys, "dead", verb, "--all", "--dsn", dsn, "--json")
+    assert code == 0, err
+    # 103 stays dead on retry: its dedup key is held by live job 1.
+    assert json.loads(out) == ({"retried": [101, 102]} if verb == "retry"
+                               else {"purged": [101, 102, 103]})  # fmt: skip
+
+
+def test_dry_run_says_what_it_would_touch_and_changes_nothing(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seeded(dsn, capsys)
+    before = snapshot(dsn)
+    cases = [
+        (["dead", "retry", "--all", "--dry-run"], "would retry 2 dead jobs: 101, 102"),
+        (["dead", "retry", "--queue", "sms", "--dry-run"], "would retry 1 dead jobs: 102"),
+        (["dead", "purge", "--all", "--dry-run"], "would purge 3 dead jobs: 101, 102, 103"),
+        (["dead", "purge", "--older-than", "60h", "--dry-run"],
+         "would purge 1 dead jobs: 103"),
+        (["dead", "purge", "--task", "nothing", "--dry-run"], "would purge 0 dead jobs"),
+    ]  # fmt: skip
+    for argv, says in cases:
+        code, out, err = run(capsys, *argv, "--dsn", dsn)
+        assert (code, err) == (0, ""), argv
+        assert out.strip() == f"{says} (dry run: nothing changed)", argv
+    code, out, _ = run(capsys, "dead", "purge", "--queue", "sms", "--dry-run", "--dsn", dsn,
+                       "--json")  # fmt: skip
+    assert (code, json.loads(out)) == (0, {"dry_run": True, "purged": [102, 103]})
+    assert snapshot(dsn) == before
+    # What the dry run said is what the real run does.
+    code, out, _ = run(capsys, "dead", "retry", "--all", "--dsn", dsn, "--json")
+    assert (code, json.loads(out)) == (0, {"retried": [101, 102]})
+
+
 # -- --older-than: a cut-off that rounds to nothing -----------------------------------------------
 
 

@@ -102,7 +102,7 @@ COMMANDS = [
     ["enqueue", "t", "--json"],
     ["cancel", "1", "--json"],
     ["dead", "list", "--json"],
-    ["dead", "retry", "--json"],
+    ["dead", "retry", "--all", "--json"],
     ["jobs", "show", "1", "--json"],
     ["jobs", "list", "--json"],
     ["cron", "list", "--json"],

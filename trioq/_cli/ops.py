@@ -347,15 +347,47 @@ def _dead_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     for name, action, help, example in (
         ("list", _dead_list, "list dead jobs", "trioq dead list --queue email --limit 20"),
         ("retry", _dead_retry, "move dead jobs back to available with fresh attempts",
-         "trioq dead retry --task send_welcome"),
-        ("purge", _dead_purge, "delete dead jobs", "trioq dead purge --older-than 30d"),
+         "trioq dead retry --task send_welcome\n  trioq dead retry --all --dry-run"),
+        ("purge", _dead_purge, "delete dead jobs",
+         "trioq dead purge --older-than 30d\n  trioq dead purge --all --dry-run"),
     ):  # fmt: skip
-        _command(subs, common, name, action, help=help, example=example, extra=filters)
+        sub = _command(subs, common, name, action, help=help, example=example, extra=filters)
+        if name != "list":
+            _writes_dead(sub, name, action)
     subs.choices["list"].add_argument("--limit", type=int, default=100)
     subs.choices["purge"].add_argument(
         "--older-than", type=duration, metavar="AGE",
         help="only jobs that died longer ago than AGE: 1s to 100 years, e.g. 90s, 30m, 12h, 7d",
     )  # fmt: skip
+
+
+def _writes_dead(sub: argparse.ArgumentParser, verb: str, action: Action) -> None:
+    """``retry`` and ``purge``: with no filter they need ``--all`` (a bare ``trioq dead
+    purge`` deleted every dead job), and ``--dry-run`` says what they would touch."""
+    sub.add_argument(
+        "--all", action="store_true", dest="every",
+        help=f"{verb} every dead job: needed when no filter is given, refused with one",
+    )  # fmt: skip
+    sub.add_argument(
+        "--dry-run", action="store_true",
+        help=f"print the dead jobs it would {verb} now, and change nothing",
+    )  # fmt: skip
+
+    def handler(args: argparse.Namespace) -> int:
+        filters = "--id, --queue, --task" + (" or --older-than" if verb == "purge" else "")
+        if not args.every and not _filtered(args):
+            sub.error(f"give a filter ({filters}) or --all to {verb} every dead job (with "
+                      "--dry-run to see them first)")  # fmt: skip
+        if args.every and _filtered(args):
+            sub.error(f"--all is every dead job: give it without a filter ({filters})")
+        return _run(action, args)
+
+    sub.set_defaults(handler=handler)
+
+
+def _filtered(args: argparse.Namespace) -> bool:
+    given = (args.ids, args.queue, args.task, getattr(args, "older_than", None))
+    return any(value is not None for value in given)
 
 
 def _filter(args: argparse.Namespace) -> DeadFilter:
@@ -373,13 +405,23 @@ async def _dead_list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple
 
 
 async def _dead_retry(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
-    ids = await queue.dead_retry(conn, _filter(args))
-    return EXIT_OK, {"retried": ids}, f"retried {len(ids)} dead jobs" + _ids(ids)
+    ids = await queue.dead_retry(conn, _filter(args), dry_run=args.dry_run)
+    return _changed(args, ids, "retried", "retry")
 
 
 async def _dead_purge(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
-    ids = await queue.dead_purge(conn, _filter(args), older_than=args.older_than)
-    return EXIT_OK, {"purged": ids}, f"purged {len(ids)} dead jobs" + _ids(ids)
+    ids = await queue.dead_purge(conn, _filter(args), older_than=args.older_than,
+                                 dry_run=args.dry_run)  # fmt: skip
+    return _changed(args, ids, "purged", "purge")
+
+
+def _changed(
+    args: argparse.Namespace, ids: list[int], done: str, verb: str
+) -> tuple[int, Any, str]:
+    if args.dry_run:
+        text = f"would {verb} {len(ids)} dead jobs{_ids(ids)} (dry run: nothing changed)"
+        return EXIT_OK, {"dry_run": True, done: ids}, text
+    return EXIT_OK, {done: ids}, f"{done} {len(ids)} dead jobs" + _ids(ids)
 
 
 def _ids(ids: list[int]) -> str:

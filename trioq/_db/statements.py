@@ -316,7 +316,9 @@ class Statements:
     # -- dead letters ------------------------------------------------------------------------------
     dead_list = Statement(dead.DEAD_LIST)
     dead_retry = Statement(dead.DEAD_RETRY)
+    dead_retryable = Statement(dead.DEAD_RETRYABLE)
     dead_purge = Statement(dead.DEAD_PURGE)
+    dead_purgeable = Statement(dead.DEAD_PURGEABLE)
     dead_job = Statement(dead.DEAD_JOB)
     dead_ids = Statement(dead.DEAD_IDS)
     dead_count = Statement(dead.DEAD_COUNT)
