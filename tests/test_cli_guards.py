@@ -143,6 +143,53 @@ def test_a_cutoff_of_one_second_or_more_is_taken(
     assert (code, out.strip()) == (0, "purged 2 dead jobs: 102, 103"), err  # 101 died now
 
 
+# -- queue pause / resume / set: a name nothing uses --------------------------------------------
+
+
+@pytest.mark.parametrize("verb", [["pause"], ["resume"], ["set", "--global-concurrency", "2"]])
+def test_a_queue_nothing_knows_is_refused_unless_created_on_purpose(
+    dsn: str, capsys: pytest.CaptureFixture[str], verb: list[str]
+) -> None:
+    seeded(dsn, capsys)
+    name, *rest = verb
+    err = refused(capsys, dsn, ["queue", name, "emial", *rest], 1, "unknown queue 'emial'",
+                  "default, email, sms", "--create")  # fmt: skip
+    assert err.startswith("trioq: error: ")
+    code, _, err = run(capsys, "queue", name, "emial", *rest, "--create", "--dsn", dsn)
+    assert code == 0, err
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT name FROM trioq.queues").fetchall() == [("emial",)]
+    # Now it has a row: known, no --create needed.
+    assert run(capsys, "queue", name, "emial", *rest, "--dsn", dsn)[0] == 0
+
+
+def test_every_place_a_queue_is_known_from(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A queue is known when it has a row of settings, live jobs (any live state), dead
+    jobs, a live worker that serves it, or recent runs in the job history."""
+    seeded(dsn, capsys)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO trioq.queues (name, paused) VALUES ('configured', false);"
+            "INSERT INTO trioq.jobs (id, queue, task, args, state, run_at) VALUES"
+            " (2, 'later', 't', '{}', 'scheduled', now() + interval '1 d');"
+            "INSERT INTO trioq.jobs (id, queue, task, args, state, run_at, attempt,"
+            " lease_owner, lease_expires_at) VALUES"
+            " (3, 'busy', 't', '{}', 'running', now(), 1, 'w1', now() + interval '1 h');"
+            "INSERT INTO trioq.workers (name, host, pid, queues)"
+            " VALUES ('w1', 'h', 1, '{\"served\": 5}');"
+            "INSERT INTO trioq.job_history (minute, queue, task, completed, exec_hist,"
+            " wait_hist) VALUES (date_trunc('minute', now()), 'ran', 't', 1,"
+            " array_fill(0::int8, ARRAY[24]), array_fill(0::int8, ARRAY[24]))"
+        )
+    for queue in ("configured", "later", "busy", "served", "ran", "sms", "default"):
+        code, out, err = run(capsys, "queue", "pause", queue, "--dsn", dsn)
+        assert (code, out.strip()) == (0, f"queue {queue!r} paused: paused, no limits"), err
+    err = refused(capsys, dsn, ["queue", "pause", "nobody"], 1, "unknown queue 'nobody'")
+    assert "busy, configured, default, email, later, ran, served, sms" in err
+
+
 # -- ids out of range: usage errors at parse time -------------------------------------------------
 
 BAD_IDS = ["99999999999999999999", "9223372036854775808", "0", "-1", "-9223372036854775809"]

@@ -326,6 +326,8 @@ class Statements:
     # -- queue settings (flow control) ------------------------------------------------------------
     queue_settings = Statement(queues.QUEUE_SETTINGS)
     change_queue = Statement(queues.CHANGE_QUEUE)
+    queue_known = Statement(queues.QUEUE_KNOWN)
+    queue_names = Statement(queues.QUEUE_NAMES)
     # -- cron --------------------------------------------------------------------------------------
     cron_last_ticks = Statement(cron.CRON_LAST_TICKS)
     cron_record_tick = Statement(cron.CRON_RECORD_TICK)
