@@ -21,7 +21,7 @@ from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
-from .options import Commands, bounded, group, job_id
+from .options import Commands, bounded, group, job_id, queue_name, task_name
 
 __all__ = ["add_jobs_parser"]
 
@@ -41,8 +41,8 @@ def add_jobs_parser(commands: Commands, common: argparse.ArgumentParser) -> None
         "  trioq jobs list --state running --json | jq '.[].id'",
     )  # fmt: skip
     listing.add_argument("--state", choices=LIST_STATES, help="default: the live states")
-    listing.add_argument("--queue")
-    listing.add_argument("--task")
+    listing.add_argument("--queue", type=queue_name)
+    listing.add_argument("--task", type=task_name)
     listing.add_argument("--limit", type=_limit, default=50, help="1..1000 (default 50)")
     for name, action, help, example in (
         ("show", _show, "show a job's state, attempts, lease, result or error (exit code 4 if "

@@ -26,7 +26,7 @@ from .._pg.dsn import database
 from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
-from .options import Commands, bounded, command, group, job_id
+from .options import Commands, bounded, command, group, job_id, queue_name, task_name
 
 __all__ = ["add_ops_parsers"]
 
@@ -56,7 +56,7 @@ def add_ops_parsers(commands: Commands, common: argparse.ArgumentParser) -> None
         "that does not grow with the backlog",
     )  # fmt: skip
     status.add_argument("--interval", type=_interval, default=2.0, help="seconds (default 2)")
-    status.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)  # tests
+    status.add_argument("--count", type=_frames, default=0, help=argparse.SUPPRESS)  # tests
     cancel = _command(
         commands, common, "cancel", _cancel,
         help="cancel a job by id",
@@ -217,6 +217,8 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
 
 
 _interval = bounded(float, 0.1, 3600)  # seconds
+_frames = bounded(int, 0, 1_000_000)  # status --watch --count: frames, then stop (0: never)
+_dead_limit = bounded(int, 1, 10_000)
 
 
 async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, Any]:
@@ -342,8 +344,8 @@ def _dead_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument("--id", type=job_id, action="append", dest="ids", metavar="ID",
                          help="repeatable")  # fmt: skip
-    filters.add_argument("--queue")
-    filters.add_argument("--task")
+    filters.add_argument("--queue", type=queue_name)
+    filters.add_argument("--task", type=task_name)
     for name, action, help, example in (
         ("list", _dead_list, "list dead jobs", "trioq dead list --queue email --limit 20"),
         ("retry", _dead_retry, "move dead jobs back to available with fresh attempts",
@@ -354,7 +356,8 @@ def _dead_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
         sub = _command(subs, common, name, action, help=help, example=example, extra=filters)
         if name != "list":
             _writes_dead(sub, name, action)
-    subs.choices["list"].add_argument("--limit", type=int, default=100)
+    subs.choices["list"].add_argument("--limit", type=_dead_limit, default=100,
+                                      help="1..10000 (default 100)")  # fmt: skip
     subs.choices["purge"].add_argument(
         "--older-than", type=duration, metavar="AGE",
         help="only jobs that died longer ago than AGE: 1s to 100 years, e.g. 90s, 30m, 12h, 7d",

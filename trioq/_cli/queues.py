@@ -14,11 +14,10 @@ import attrs
 from .._db.sql.status import DEPTH_CAP
 from .._db.statements import statements
 from .._flow import QueueSettings, RateLimit, check_limit
-from .._job import check_queue_name
 from .._obs.depth import read_depths
 from .._queue import Queue
 from .ops import EXIT_OK, _run
-from .options import Commands, command, group
+from .options import Commands, command, group, queue_name
 
 __all__ = ["add_queue_parser"]
 
@@ -67,7 +66,7 @@ def _sub(
 ) -> argparse.ArgumentParser:
     sub = command(subs, name, parents=[common], help=help)
     if named:
-        sub.add_argument("name", type=_queue_name, help="the queue")
+        sub.add_argument("name", type=queue_name, help="the queue")
         sub.add_argument(
             "--create", action="store_true",
             help=f"{name} NAME even if nothing knows it yet (no settings, job, dead job, "
@@ -86,13 +85,6 @@ def _checked(args: argparse.Namespace) -> bool:
 
 
 # -- argument types (argparse reports their ValueError as a usage error) -------------------------
-
-
-def _queue_name(text: str) -> str:
-    try:
-        return check_queue_name(text)
-    except ValueError as ex:
-        raise argparse.ArgumentTypeError(str(ex)) from None
 
 
 def _count(text: str) -> int | None:
