@@ -275,3 +275,21 @@ def test_output_into_a_closed_pipe_ends_quietly(
     for buffered in (True, False):
         done = closed_pipe_run(*argv, dsn=dsn, buffered=buffered)
         assert (done.returncode, done.stderr) == (141, ""), buffered
+
+
+# -- a DSN that is not UTF-8 ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("var", ["TRIOQ_DSN", "DATABASE_URL"])
+def test_a_dsn_that_is_not_utf8_in_the_environment_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, var: str
+) -> None:
+    """A byte that is not UTF-8 in the environment reaches Python as a lone surrogate. The
+    DSN is refused, and the error line, which scrubs the configured DSNs' passwords, does
+    not fail on it (it raised UnicodeEncodeError from inside the error handler)."""
+    monkeypatch.delenv("TRIOQ_DSN", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv(var, "postgresql://app:pw\udcff@127.0.0.1:1/app")
+    code, out, err = run(capsys, "status")
+    assert (code, out) == (1, "")
+    assert err == f"trioq: error: ${var} is invalid: it is not UTF-8 (a lone surrogate)\n"
