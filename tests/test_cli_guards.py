@@ -5,7 +5,7 @@ output into a closed pipe ends quietly, and errors go to stderr.
 
 Real Postgres. The commands run in this process (`main`), except where the pipe is the
 point. Each refusal is checked for its exit code, its message on stderr, and a database
-that nothing changed (the rows counted before and after).
+that nothing changed (every row of the tables compared before and after).
 """
 
 from __future__ import annotations
