@@ -54,9 +54,9 @@ def test_show_every_state_as_text_and_json(dsn: str) -> None:
     unknown = trioq("jobs", "show", "99", "--dsn", dsn, "--json")
     assert unknown.returncode == 4
     assert json.loads(unknown.stdout)["state"] == "unknown"
-    assert trioq("jobs", "show", "99", "--dsn", dsn).stdout.startswith("job 99: unknown")
+    assert trioq("jobs", "show", "99", "--dsn", dsn).stderr.startswith("job 99: unknown")
     bad = trioq("jobs", "show", str(2**64), "--dsn", dsn)
-    assert bad.returncode == 1 and "job_id must fit in a bigint" in bad.stderr
+    assert bad.returncode == 2 and "a job id is a whole number from 1 to" in bad.stderr
     assert trioq("jobs", "show", "abc", "--dsn", dsn).returncode == 2
     assert trioq("jobs", "--dsn", dsn).returncode == 2  # a group: a subcommand is required
 
@@ -70,7 +70,7 @@ def test_wait_prints_results_and_says_why_there_is_none(dsn: str) -> None:
     assert "last error: OSError: no route" in json.loads(dead.stdout)["error"]
     assert trioq("jobs", "wait", "99", "--dsn", dsn).returncode == 4
     late = trioq("jobs", "wait", "1", "--timeout", "0.3", "--dsn", dsn)
-    assert (late.returncode, late.stdout) == (6, "job 1 has not finished after 0.3 s\n")
+    assert (late.returncode, late.stderr) == (6, "job 1 has not finished after 0.3 s\n")
 
     # A job that finishes while the command waits for it.
     waiter = subprocess.Popen(

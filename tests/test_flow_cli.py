@@ -37,7 +37,7 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
         "key_concurrency": 1,
         "key_rate_limit": "2/500ms",
     }
-    ok("queue", "pause", "sync", "--dsn", dsn)  # a queue with no jobs yet
+    ok("queue", "pause", "sync", "--create", "--dsn", dsn)  # no jobs yet: --create on purpose
     listed = json.loads(ok("queue", "list", "--dsn", dsn, "--json"))
     assert [(q["name"], q["paused"], q["available"]) for q in listed] == [
         ("email", False, 1),

@@ -162,11 +162,26 @@ def test_each_setting_by_flag_beats_variable_beats_the_apps_config(setting: Sett
     assert _read(serve_config(_args(*flag), _tasks, {}), setting) == flag_value
 
 
+#: The flags every command shares (`trioq._cli.options.database_options`), whose values the
+#: parser itself checks: a bad one is a usage error (exit 2) before serve reads anything.
+PARSED = {"--dsn", "--schema"}
+
+
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.flag)
-def test_each_setting_refuses_bad_values_naming_the_flag_or_variable(setting: Setting) -> None:
+def test_each_setting_refuses_bad_values_naming_the_flag_or_variable(
+    setting: Setting, capsys: pytest.CaptureFixture[str]
+) -> None:
     for bad in BAD[setting.kind.name]:
+        if setting.flag in PARSED:
+            with pytest.raises(SystemExit) as exited:
+                _args(setting.flag, bad)
+            assert exited.value.code == 2
+            error = capsys.readouterr().err.splitlines()[-1]
+            assert error.startswith(f"trioq serve: error: argument {setting.flag}: "), error
+            if setting.kind.name == "dsn" and bad.strip():
+                assert bad not in error, "a DSN is never quoted"
         for args, environ, source in (
-            (_args(setting.flag, bad), {}, setting.flag),
+            *(() if setting.flag in PARSED else ((_args(setting.flag, bad), {}, setting.flag),)),
             *((_args(), {name: bad}, f"${name}") for name in setting.env),
         ):
             with pytest.raises(ValueError) as refused:
@@ -240,9 +255,16 @@ def test_a_bad_value_of_each_kind_exits_1_before_anything_starts(
         ([], {setting.env[0]: bad}, f"${setting.env[0]}"),
     ):
         done = _serve("--app", "nosuch_module:app", *argv, env={**env, **extra})
-        assert done.returncode == 1, done.stderr
-        assert done.stderr.startswith((f"trioq: error: {source} ", f"trioq: error: {source}:"))
-        assert len(done.stderr.splitlines()) == 1 and "nosuch_module" not in done.stderr
+        if argv and setting.flag in PARSED:  # a usage error of the parser, exit 2
+            assert done.returncode == 2, done.stderr
+            last = done.stderr.splitlines()[-1]
+            assert last.startswith(f"trioq serve: error: argument {source}: "), last
+        else:
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.startswith((f"trioq: error: {source} ",
+                                           f"trioq: error: {source}:"))  # fmt: skip
+            assert len(done.stderr.splitlines()) == 1
+        assert "nosuch_module" not in done.stderr
         assert not (tmp_path / "embedded").exists()
 
 

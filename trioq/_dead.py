@@ -70,12 +70,15 @@ async def list_dead(
     return [DeadJob.from_row(row) for row in await cur.fetchall()]
 
 
-async def retry_dead(conn: Conn, sql: Statements, where: DeadFilter) -> list[int]:
-    """Move matching dead jobs back to available with fresh attempts; their ids.
+async def retry_dead(
+    conn: Conn, sql: Statements, where: DeadFilter, *, dry_run: bool = False
+) -> list[int]:
+    """Move matching dead jobs back to available with fresh attempts; their ids. With
+    ``dry_run``, only the ids it would move now, and nothing moves.
 
     A dead job whose dedup twin is live stays dead (retrying it would duplicate).
     """
-    cur = await conn.execute(sql.dead_retry, where.params())
+    cur = await conn.execute(sql.dead_retryable if dry_run else sql.dead_retry, where.params())
     return sorted(row[0] for row in await cur.fetchall())
 
 
@@ -86,9 +89,11 @@ async def purge_dead(
     *,
     before: dt.datetime | None = None,
     older_than: dt.timedelta | None = None,
+    dry_run: bool = False,
 ) -> list[int]:
     """Delete matching dead jobs (optionally only those that died before ``before``, or
-    more than ``older_than`` ago on the database's clock)."""
+    more than ``older_than`` ago on the database's clock); their ids. With ``dry_run``, only
+    the ids it would delete now, and nothing is deleted."""
     if before is not None and before.utcoffset() is None:
         raise ValueError(f"before {before.isoformat()} is a naive datetime: give it a time zone")
     if older_than is not None and not (
@@ -96,5 +101,5 @@ async def purge_dead(
     ):
         raise ValueError(f"older_than must be a timedelta, not negative, got {older_than!r}")
     params = {**where.params(), "before": before, "older_than": older_than}
-    cur = await conn.execute(sql.dead_purge, params)
+    cur = await conn.execute(sql.dead_purgeable if dry_run else sql.dead_purge, params)
     return sorted(row[0] for row in await cur.fetchall())

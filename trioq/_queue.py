@@ -420,8 +420,12 @@ class Queue:
     ) -> list[DeadJob]:
         return await list_dead(conn, self.sql, where or DeadFilter(), limit=limit)
 
-    async def dead_retry(self, conn: Conn, where: DeadFilter | None = None) -> list[int]:
-        return await retry_dead(conn, self.sql, where or DeadFilter())
+    async def dead_retry(
+        self, conn: Conn, where: DeadFilter | None = None, *, dry_run: bool = False
+    ) -> list[int]:
+        """Move matching dead jobs back to available with fresh attempts; their ids. With
+        ``dry_run``, the ids it would move, and nothing moves."""
+        return await retry_dead(conn, self.sql, where or DeadFilter(), dry_run=dry_run)
 
     async def dead_purge(
         self,
@@ -430,12 +434,15 @@ class Queue:
         *,
         before: dt.datetime | None = None,
         older_than: dt.timedelta | None = None,
+        dry_run: bool = False,
     ) -> list[int]:
         """Delete matching dead jobs; with ``before``, only those that died before it; with
-        ``older_than``, only those that died longer ago than that by the database's clock."""
+        ``older_than``, only those that died longer ago than that by the database's clock.
+        Their ids; with ``dry_run``, the ids it would delete, and nothing is deleted."""
         return await purge_dead(
-            conn, self.sql, where or DeadFilter(), before=before, older_than=older_than
-        )
+            conn, self.sql, where or DeadFilter(), before=before, older_than=older_than,
+            dry_run=dry_run,
+        )  # fmt: skip
 
 
 #: The counted states of `QueueStatus`, in its order (the names `QueueStatus.at_cap` uses).

@@ -17,7 +17,7 @@ from pathlib import Path
 from trioq._exceptions import EmbeddedPostgresError
 from trioq._pg.embedded import EmbeddedPostgres, EmbeddedStatus
 
-from .options import command
+from .options import command, data_dir
 
 __all__ = ["EXIT_ERROR", "EXIT_NOT_RUNNING", "EXIT_OK", "add_db_parser"]
 
@@ -70,7 +70,7 @@ def add_db_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--data-dir",
-        type=Path,
+        type=data_dir,
         default=None,
         help="data directory (default: $TRIOQ_EMBEDDED_DIR or the per-user default)",
     )

@@ -21,7 +21,7 @@ from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
-from .options import Commands, bounded, group
+from .options import Commands, bounded, group, job_id, queue_name, task_name
 
 __all__ = ["add_jobs_parser"]
 
@@ -41,8 +41,8 @@ def add_jobs_parser(commands: Commands, common: argparse.ArgumentParser) -> None
         "  trioq jobs list --state running --json | jq '.[].id'",
     )  # fmt: skip
     listing.add_argument("--state", choices=LIST_STATES, help="default: the live states")
-    listing.add_argument("--queue")
-    listing.add_argument("--task")
+    listing.add_argument("--queue", type=queue_name)
+    listing.add_argument("--task", type=task_name)
     listing.add_argument("--limit", type=_limit, default=50, help="1..1000 (default 50)")
     for name, action, help, example in (
         ("show", _show, "show a job's state, attempts, lease, result or error (exit code 4 if "
@@ -51,7 +51,7 @@ def add_jobs_parser(commands: Commands, common: argparse.ArgumentParser) -> None
          "trioq jobs wait 42 --timeout 30   # exit 5 if it died or was cancelled"),
     ):  # fmt: skip
         by_id = _command(subs, common, name, action, help=help, example=example)
-        by_id.add_argument("job_id", type=int)  # both take a job's id
+        by_id.add_argument("job_id", type=job_id)  # both take a job's id
         if name == "wait":
             by_id.add_argument("--timeout", type=float,
                                help="give up after this many seconds (exit 6)")  # fmt: skip

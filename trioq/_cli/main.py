@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 an error, explained on stderr in one line (no
 traceback; with ``--json`` also one object on stdout); 2 a usage error (from argparse);
-3 ``trioq db status``: not running, ``trioq check``: the schema is not current.
+3 ``trioq db status``: not running, ``trioq check``: the schema is not current; 141
+stdout was a pipe whose reader had gone (`EXIT_BROKEN_PIPE`).
 Every command honours ``--dsn``, then ``TRIOQ_DSN``, then ``DATABASE_URL``, and
 uses the embedded Postgres when none is set.
 """
@@ -10,11 +11,12 @@ uses the embedded Postgres when none is set.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 import trio
@@ -37,6 +39,9 @@ from .serve import add_serve_parser
 from .stress import add_stress_parser
 from .web import add_web_parser
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 __all__ = ["main"]
 
 EXIT_OK = 0
@@ -55,6 +60,12 @@ def _parser_class(json_errors: bool) -> type[argparse.ArgumentParser]:
             if json_errors:
                 print(json.dumps({"error": "usage", "message": f"{self.prog}: {message}"}))
             super().error(message)
+
+        def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+            # argparse's swallows every OSError: unbuffered (PYTHONUNBUFFERED), ``--help``
+            # into a closed pipe would exit 0 while other output exits EXIT_BROKEN_PIPE.
+            if message:
+                (file or sys.stderr).write(message)
 
     return Parser
 
@@ -160,6 +171,39 @@ def _asdict(obj: Any) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit code. Output into a pipe that closed (``trioq db status |
+    head -1``) ends the command quietly with `EXIT_BROKEN_PIPE`: the reader has gone, so
+    there is nobody to tell, and a traceback on stderr would only hide the output that was
+    read."""
+    try:
+        try:
+            return _command(argv)
+        finally:
+            sys.stdout.flush()  # what is buffered meets the closed pipe here, not at exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    except BaseExceptionGroup as group:  # raised inside trio.run
+        if not all(isinstance(leaf, BrokenPipeError) for leaf in leaves(group)):
+            raise
+        return _stdout_closed()
+
+
+#: The exit code of a command whose stdout closed: 128 + SIGPIPE, what a shell shows for a
+#: process the signal killed (Python ignores SIGPIPE, so the write fails instead).
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_closed() -> int:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit (what is still
+    buffered) does not fail again and print "Exception ignored ... BrokenPipeError"."""
+    with contextlib.suppress(OSError, ValueError):  # no file descriptor: not a real stdout
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+def _command(argv: Sequence[str] | None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         code: int = args.handler(args)

@@ -25,7 +25,7 @@ from .._pg.dsn import database
 from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
-from .options import Commands, bounded, command, duration, group
+from .options import Commands, age, bounded, command, group, job_id, queue_name, task_name
 
 __all__ = ["add_ops_parsers"]
 
@@ -55,13 +55,13 @@ def add_ops_parsers(commands: Commands, common: argparse.ArgumentParser) -> None
         "that does not grow with the backlog",
     )  # fmt: skip
     status.add_argument("--interval", type=_interval, default=2.0, help="seconds (default 2)")
-    status.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)  # tests
+    status.add_argument("--count", type=_frames, default=0, help=argparse.SUPPRESS)  # tests
     cancel = _command(
         commands, common, "cancel", _cancel,
         help="cancel a job by id",
         example="trioq cancel 42   # exit code 4 if no such live job",
     )  # fmt: skip
-    cancel.add_argument("job_id", type=int)
+    cancel.add_argument("job_id", type=job_id)
     _dead_parser(commands, common)
 
 
@@ -82,10 +82,16 @@ def _command(
 
 
 def _run(action: Action, args: argparse.Namespace) -> int:
+    """Run ``action`` and print what it says: with ``--json`` one object on stdout, whatever
+    the exit code (a script reads stdout); as text, on stdout when it succeeded and on
+    stderr when it did not (``trioq jobs wait 99``: no such job)."""
     with database(args.dsn) as dsn:
         code, payload, text = trio.run(_with_conn, dsn, action, args)
     if text is not None:  # None: the action printed its output itself (status --watch)
-        print(to_json(payload) if args.json else text)
+        if args.json:
+            print(to_json(payload))
+        else:
+            print(text, file=sys.stdout if code == EXIT_OK else sys.stderr)
     return code
 
 
@@ -151,6 +157,7 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
     sub.add_argument(
         "--unique-period",
         metavar="DURATION",
+        type=age,
         help="with --dedup-key: one job per key per window (e.g. 1h), done included",
     )
     sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
@@ -192,8 +199,8 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
     if args.global_key or args.unique_period:
         if dedup_key is None:
             raise ValueError("--global-key and --unique-period need a --dedup-key")
-        period = duration(args.unique_period, "--unique-period") if args.unique_period else None
-        unique, dedup_key = Unique(key=dedup_key, by_task=not args.global_key, period=period), None
+        unique = Unique(key=dedup_key, by_task=not args.global_key, period=args.unique_period)
+        dedup_key = None
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
         max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
@@ -210,6 +217,8 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
 
 
 _interval = bounded(float, 0.1, 3600)  # seconds
+_frames = bounded(int, 0, 1_000_000)  # status --watch --count: frames, then stop (0: never)
+_dead_limit = bounded(int, 1, 10_000)
 
 
 async def _status(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, Any]:
@@ -333,18 +342,55 @@ def _dead_parser(commands: Commands, common: argparse.ArgumentParser) -> None:
         "  trioq dead purge --task send_welcome --older-than 7d",
     )  # fmt: skip
     filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument("--id", type=int, action="append", dest="ids", help="repeatable")
-    filters.add_argument("--queue")
-    filters.add_argument("--task")
+    filters.add_argument("--id", type=job_id, action="append", dest="ids", metavar="ID",
+                         help="repeatable")  # fmt: skip
+    filters.add_argument("--queue", type=queue_name)
+    filters.add_argument("--task", type=task_name)
     for name, action, help, example in (
         ("list", _dead_list, "list dead jobs", "trioq dead list --queue email --limit 20"),
         ("retry", _dead_retry, "move dead jobs back to available with fresh attempts",
-         "trioq dead retry --task send_welcome"),
-        ("purge", _dead_purge, "delete dead jobs", "trioq dead purge --older-than 30d"),
+         "trioq dead retry --task send_welcome\n  trioq dead retry --all --dry-run"),
+        ("purge", _dead_purge, "delete dead jobs",
+         "trioq dead purge --older-than 30d\n  trioq dead purge --all --dry-run"),
     ):  # fmt: skip
-        _command(subs, common, name, action, help=help, example=example, extra=filters)
-    subs.choices["list"].add_argument("--limit", type=int, default=100)
-    subs.choices["purge"].add_argument("--older-than", help="e.g. 90s, 30m, 12h, 7d")
+        sub = _command(subs, common, name, action, help=help, example=example, extra=filters)
+        if name != "list":
+            _writes_dead(sub, name, action)
+    subs.choices["list"].add_argument("--limit", type=_dead_limit, default=100,
+                                      help="1..10000 (default 100)")  # fmt: skip
+    subs.choices["purge"].add_argument(
+        "--older-than", type=age, metavar="AGE",
+        help="only jobs that died longer ago than AGE: 1s to 100 years, e.g. 90s, 30m, 12h, 7d",
+    )  # fmt: skip
+
+
+def _writes_dead(sub: argparse.ArgumentParser, verb: str, action: Action) -> None:
+    """``retry`` and ``purge``: with no filter they need ``--all`` (a bare ``trioq dead
+    purge`` deleted every dead job), and ``--dry-run`` says what they would touch."""
+    sub.add_argument(
+        "--all", action="store_true", dest="every",
+        help=f"{verb} every dead job: needed when no filter is given, refused with one",
+    )  # fmt: skip
+    sub.add_argument(
+        "--dry-run", action="store_true",
+        help=f"print the dead jobs it would {verb} now, and change nothing",
+    )  # fmt: skip
+
+    def handler(args: argparse.Namespace) -> int:
+        filters = "--id, --queue, --task" + (" or --older-than" if verb == "purge" else "")
+        if not args.every and not _filtered(args):
+            sub.error(f"give a filter ({filters}) or --all to {verb} every dead job (with "
+                      "--dry-run to see them first)")  # fmt: skip
+        if args.every and _filtered(args):
+            sub.error(f"--all is every dead job: give it without a filter ({filters})")
+        return _run(action, args)
+
+    sub.set_defaults(handler=handler)
+
+
+def _filtered(args: argparse.Namespace) -> bool:
+    given = (args.ids, args.queue, args.task, getattr(args, "older_than", None))
+    return any(value is not None for value in given)
 
 
 def _filter(args: argparse.Namespace) -> DeadFilter:
@@ -362,14 +408,23 @@ async def _dead_list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple
 
 
 async def _dead_retry(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
-    ids = await queue.dead_retry(conn, _filter(args))
-    return EXIT_OK, {"retried": ids}, f"retried {len(ids)} dead jobs" + _ids(ids)
+    ids = await queue.dead_retry(conn, _filter(args), dry_run=args.dry_run)
+    return _changed(args, ids, "retried", "retry")
 
 
 async def _dead_purge(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
-    older_than = None if args.older_than is None else duration(args.older_than, "--older-than")
-    ids = await queue.dead_purge(conn, _filter(args), older_than=older_than)
-    return EXIT_OK, {"purged": ids}, f"purged {len(ids)} dead jobs" + _ids(ids)
+    ids = await queue.dead_purge(conn, _filter(args), older_than=args.older_than,
+                                 dry_run=args.dry_run)  # fmt: skip
+    return _changed(args, ids, "purged", "purge")
+
+
+def _changed(
+    args: argparse.Namespace, ids: list[int], done: str, verb: str
+) -> tuple[int, Any, str]:
+    if args.dry_run:
+        text = f"would {verb} {len(ids)} dead jobs{_ids(ids)} (dry run: nothing changed)"
+        return EXIT_OK, {"dry_run": True, done: ids}, text
+    return EXIT_OK, {done: ids}, f"{done} {len(ids)} dead jobs" + _ids(ids)
 
 
 def _ids(ids: list[int]) -> str:

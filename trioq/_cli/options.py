@@ -8,12 +8,20 @@ import argparse
 import datetime as dt
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from .._db.statements import validate_schema_name
+from .._job import check_queue_name, check_task_name
+from .._pg.errors import check_dsn
 
 __all__ = [
-    "Commands", "bounded", "command", "database_options", "duration", "group", "seconds",
-    "shown",
+    "MAX_JOB_ID", "MIN_AGE", "Commands", "age", "bounded", "checked", "command", "data_dir",
+    "database_options", "dsn", "duration", "group", "job_id", "queue_name", "schema",
+    "seconds", "shown", "task_name",
 ]  # fmt: skip
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # subscriptable for type checkers only
     Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -35,9 +43,9 @@ def database_options(
     """
     given: dict[str, Any] = {"default": argparse.SUPPRESS} if in_group else {}
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--dsn", help=dsn_help, **given)
+    options.add_argument("--dsn", type=dsn, help=dsn_help, **given)
     options.add_argument(
-        "--schema", help=schema_help, **(given or {"default": "trioq"})
+        "--schema", type=schema, help=schema_help, **(given or {"default": "trioq"})
     )
     options.add_argument("--json", action="store_true", help=json_help, **given)
     return options
@@ -74,13 +82,19 @@ def bounded(
     kind: Callable[[str], float], low: float, high: float, *, above: bool = False
 ) -> Callable[[str], Any]:
     """An argparse ``type``: ``kind`` of the text, from ``low`` (or more than it, with
-    ``above``) to ``high``; anything else is a usage error that says the range."""
+    ``above``) to ``high``; anything else (not a number, nan) is a usage error that says
+    the range."""
+    what = "a whole number" if kind is int else "a number"
     lowest = f"more than {low:g}" if above else f"{low:g}"
 
     def parse(text: str) -> float:
-        value = kind(text)
-        if not (low < value if above else low <= value) or not value <= high:
-            raise argparse.ArgumentTypeError(f"must be {lowest} to {high:g}, got {text!r}")
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not (low < value if above else low <= value) or not value <= high:
+            raise argparse.ArgumentTypeError(f"must be {what} from {lowest} to {high:g}, "
+                                             f"got {text!r}")  # fmt: skip
         return value
 
     return parse
@@ -118,5 +132,91 @@ def seconds(text: str, option: str, *, zero: bool = False) -> float:
 
 
 def duration(text: str, option: str) -> dt.timedelta:
-    """`seconds` as a timedelta: a cut-off that matched everything would delete everything."""
+    """`seconds` as a timedelta."""
     return dt.timedelta(seconds=seconds(text, option))
+
+
+#: The shortest age or window the command line takes: a purge cut-off under a second matches
+#: every job that died before the command started (ask for that with --all), and a unique
+#: window under a second is no window.
+MIN_AGE = 1.0
+
+
+def _age(text: str) -> dt.timedelta:
+    try:
+        value = seconds(text, "")
+    except ValueError as ex:  # argparse names the option: "argument --older-than: '7x': ..."
+        raise ValueError(str(ex).lstrip()) from None
+    if value < MIN_AGE:
+        raise ValueError(f"{shown(text)} is less than 1 second, the shortest duration taken "
+                         "(a purge of every dead job is --all)")  # fmt: skip
+    return dt.timedelta(seconds=value)
+
+
+def checked(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse ``type`` from a rule that raises ValueError: its message is the usage
+    error (an ``ArgumentTypeError``, which argparse shows as it is: for other errors it
+    would echo the value, a DSN's password with it)."""
+
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except ValueError as ex:
+            raise argparse.ArgumentTypeError(str(ex)) from None
+
+    return parse
+
+
+def _dsn(text: str) -> str:
+    if not text.strip():
+        raise ValueError(
+            "empty: give a DSN, or leave --dsn out to use $TRIOQ_DSN, $DATABASE_URL or the "
+            "embedded Postgres (an empty --dsn was taken as none: another database than the "
+            "one meant, when the variable that should have held it was unset)"
+        )
+    return check_dsn(text, what="the DSN")
+
+
+def _data_dir(text: str) -> Path:
+    if not text:
+        raise ValueError("empty: name a directory, or leave --data-dir out for the default")
+    if "\x00" in text:
+        raise ValueError(f"{text!r} holds a NUL character")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{text!r} is not UTF-8: the path of the server's socket, in it, "
+                         "goes in the DSN") from None  # fmt: skip
+    return Path(text)
+
+
+#: ``--dsn``: libpq must parse it (`check_dsn`, which never echoes it); never empty.
+dsn = checked(_dsn)
+#: ``--schema``: a trioq schema name (`validate_schema_name`).
+schema = checked(validate_schema_name)
+#: ``--queue``, ``trioq queue pause NAME``: a queue name (`check_queue_name`).
+queue_name = checked(check_queue_name)
+#: ``--task``: a task name (`check_task_name`).
+task_name = checked(check_task_name)
+#: ``--older-than``, ``--unique-period``: a duration (`seconds`) of at least `MIN_AGE`.
+age = checked(_age)
+#: ``trioq db --data-dir``: a directory the embedded server can use (not empty, no NUL,
+#: UTF-8).
+data_dir = checked(_data_dir)
+
+
+#: The largest job id (ids are bigints, and their identity starts at 1).
+MAX_JOB_ID = 2**63 - 1
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def job_id(text: str) -> int:
+    """An argparse ``type``: a job's id, a whole number from 1 to `MAX_JOB_ID` in ASCII
+    digits. Anything else is a usage error, before the database is asked (which would
+    answer ``bigint out of range``)."""
+    value = int(text) if _DIGITS.fullmatch(text) else 0
+    if not 1 <= value <= MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(
+            f"a job id is a whole number from 1 to {MAX_JOB_ID}, got {text!r}"
+        )
+    return value

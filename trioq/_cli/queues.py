@@ -11,11 +11,13 @@ from typing import Any
 
 import attrs
 
+from .._db.sql.status import DEPTH_CAP
+from .._db.statements import statements
 from .._flow import QueueSettings, RateLimit, check_limit
-from .._job import check_queue_name
+from .._obs.depth import read_depths
 from .._queue import Queue
 from .ops import EXIT_OK, _run
-from .options import Commands, command, group
+from .options import Commands, command, group, queue_name
 
 __all__ = ["add_queue_parser"]
 
@@ -64,7 +66,13 @@ def _sub(
 ) -> argparse.ArgumentParser:
     sub = command(subs, name, parents=[common], help=help)
     if named:
-        sub.add_argument("name", type=_queue_name, help="the queue")
+        sub.add_argument("name", type=queue_name, help="the queue")
+        sub.add_argument(
+            "--create", action="store_true",
+            help=f"{name} NAME even if nothing knows it yet (no settings, job, dead job, "
+            "worker or recent run), e.g. to pause a queue before its first job; without it "
+            "such a name is refused (a typo would make a queue no job uses)",
+        )  # fmt: skip
     sub.set_defaults(handler=lambda args: _run(action, args) if _checked(args) else 1)
     return sub
 
@@ -77,13 +85,6 @@ def _checked(args: argparse.Namespace) -> bool:
 
 
 # -- argument types (argparse reports their ValueError as a usage error) -------------------------
-
-
-def _queue_name(text: str) -> str:
-    try:
-        return check_queue_name(text)
-    except ValueError as ex:
-        raise argparse.ArgumentTypeError(str(ex)) from None
 
 
 def _count(text: str) -> int | None:
@@ -134,12 +135,40 @@ async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int,
     return EXIT_OK, rows, "\n".join(lines)
 
 
+async def _known(conn: Any, queue: Queue, args: argparse.Namespace) -> None:
+    """Refuse a queue nothing knows (`QUEUE_KNOWN`), unless ``--create``: the message
+    lists the queues that are known (at most `SHOWN`), and says how to go ahead."""
+    if args.create:
+        return
+    st = statements(queue.schema)
+    cur = await conn.execute(st.queue_known, {"name": args.name})
+    row = await cur.fetchone()
+    if row is not None and row[0]:
+        return
+    cur = await conn.execute(st.queue_names)
+    names = {name for (name,) in await cur.fetchall()}
+    names.update(q for q, _ in (await read_depths(conn, st, DEPTH_CAP)).counts)
+    shown = ", ".join(sorted(names)[:SHOWN]) or "none"
+    more = f" and {len(names) - SHOWN} more (trioq queue list)" if len(names) > SHOWN else ""
+    raise ValueError(
+        f"unknown queue {args.name!r}: no settings, job, dead job, live worker or run in the "
+        f"last day has it (known: {shown}{more}). Check the name, or give --create to "
+        f"{args.queue_command} it ahead of its first job"
+    )
+
+
+#: The known queues an unknown one's message lists at most.
+SHOWN = 20
+
+
 async def _pause(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    await _known(conn, queue, args)
     settings = await queue.pause(conn, args.name)
     return EXIT_OK, _settings_dict(settings), f"queue {args.name!r} paused: {_describe(settings)}"
 
 
 async def _resume(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    await _known(conn, queue, args)
     settings = await queue.resume(conn, args.name)
     return EXIT_OK, _settings_dict(settings), f"queue {args.name!r} resumed: {_describe(settings)}"
 
@@ -160,6 +189,7 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _set(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
+    await _known(conn, queue, args)
     settings = await queue.set_limits(conn, args.name, **_changes(args))
     return EXIT_OK, _settings_dict(settings), f"queue {args.name!r}: {_describe(settings)}"
 

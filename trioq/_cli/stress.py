@@ -17,7 +17,7 @@ from .._pg.errors import check_dsn
 from .._stress.failover import replicated_pair
 from .._stress.report import StressReport, render
 from .._stress.run import MODES, TRANSACTIONS, StressError, StressOptions, Target, run_stress
-from .options import Commands, command
+from .options import Commands, checked, command, dsn
 
 __all__ = ["add_stress_parser"]
 
@@ -63,10 +63,11 @@ def add_stress_parser(commands: Commands, common: argparse.ArgumentParser) -> No
         epilog=_EPILOG,
     )  # fmt: skip
     sub.add_argument(
-        "--dsn", help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded one)"
-    )
+        "--dsn", type=dsn,
+        help="Postgres DSN (default: $TRIOQ_DSN, $DATABASE_URL, else the embedded one)",
+    )  # fmt: skip
     sub.add_argument(
-        "--pooler-dsn", metavar="URL",
+        "--pooler-dsn", metavar="URL", type=dsn,
         help="the workers' pools go through URL (a transaction-mode PgBouncer to the --dsn "
         "database); their LISTEN and liveness lock, and this driver, stay on --dsn",
     )  # fmt: skip
@@ -75,9 +76,20 @@ def add_stress_parser(commands: Commands, common: argparse.ArgumentParser) -> No
     _workload_flags(sub)
     _chaos_flags(sub)
     sub.add_argument("--timeout", type=float, default=600.0, help="drain timeout, s (600)")
-    sub.add_argument("--json", metavar="FILE", help="write the JSON report to FILE (- = stdout)")
+    sub.add_argument("--json", metavar="FILE", type=_report_file,
+                     help="write the JSON report to FILE (- = stdout)")  # fmt: skip
     sub.add_argument("--quiet", action="store_true", help="no live progress line on stderr")
     sub.set_defaults(handler=_stress, parser=sub)
+
+
+def _file(text: str) -> str:
+    """Where the report goes: checked before the run, not when it is written at its end."""
+    if not text or "\x00" in text:
+        raise ValueError(f"{text!r} is not a file name (- is stdout)")
+    return text
+
+
+_report_file = checked(_file)
 
 
 def _moment(sub: argparse.ArgumentParser, flag: str, help: str) -> None:
@@ -93,7 +105,7 @@ def _host_flags(sub: argparse.ArgumentParser) -> None:
         "--processes are spread round-robin over them (default: plain children of this one)",
     )  # fmt: skip
     sub.add_argument(
-        "--host-dsn", action="append", default=[], metavar="URL",
+        "--host-dsn", action="append", default=[], metavar="URL", type=dsn,
         help="the DSN the workers of each --launcher connect with (once per --launcher, in "
         "order; default --dsn): how that host reaches the database",
     )  # fmt: skip

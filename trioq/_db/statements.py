@@ -317,7 +317,9 @@ class Statements:
     # -- dead letters ------------------------------------------------------------------------------
     dead_list = Statement(dead.DEAD_LIST)
     dead_retry = Statement(dead.DEAD_RETRY)
+    dead_retryable = Statement(dead.DEAD_RETRYABLE)
     dead_purge = Statement(dead.DEAD_PURGE)
+    dead_purgeable = Statement(dead.DEAD_PURGEABLE)
     dead_job = Statement(dead.DEAD_JOB)
     dead_ids = Statement(dead.DEAD_IDS)
     dead_count = Statement(dead.DEAD_COUNT)
@@ -325,6 +327,8 @@ class Statements:
     # -- queue settings (flow control) ------------------------------------------------------------
     queue_settings = Statement(queues.QUEUE_SETTINGS)
     change_queue = Statement(queues.CHANGE_QUEUE)
+    queue_known = Statement(queues.QUEUE_KNOWN)
+    queue_names = Statement(queues.QUEUE_NAMES)
     # -- cron --------------------------------------------------------------------------------------
     cron_last_ticks = Statement(cron.CRON_LAST_TICKS)
     cron_record_tick = Statement(cron.CRON_RECORD_TICK)

@@ -63,7 +63,7 @@ def redact_dsn(dsn: str) -> str:
     """A DSN safe to print: the target as `describe_target` gives it."""
     try:
         params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, ValueError):  # ValueError: a lone surrogate
         return "<unparseable DSN>"
     return describe_target(params)
 
@@ -103,8 +103,8 @@ def dsn_secrets(dsns: Iterable[str | None]) -> list[str]:
             continue
         try:
             params = conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError:
-            continue
+        except (psycopg.ProgrammingError, ValueError):  # ValueError: a lone surrogate
+            continue  # never parsed, so never used: and check_dsn's error never quotes it
         found.update(str(params[k]) for k in SECRET_PARAMS if params.get(k))
     return sorted(found, key=len, reverse=True)
 

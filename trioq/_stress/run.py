@@ -82,14 +82,21 @@ FAULT_WINDOW = 10.0
 STARVE_LEAVE_PER_PROCESS = 3
 
 
+#: The largest number any option takes (jobs, bytes, seconds: 31 years): beyond it a value is
+#: a typo (10**30 jobs would be enqueued until memory ran out).
+MAX_OPTION = 1e9
+
+
 def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"--{attribute.name.replace('_', '-')} must be positive, got {value}")
+    if value is not None and not 0 < value <= MAX_OPTION:  # NaN too
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be positive and at most "
+                         f"{MAX_OPTION:g}, got {value}")  # fmt: skip
 
 
 def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and value < 0:
-        raise ValueError(f"--{attribute.name.replace('_', '-')} must not be negative, got {value}")
+    if value is not None and not 0 <= value <= MAX_OPTION:  # NaN too
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be from 0 to "
+                         f"{MAX_OPTION:g}, got {value}")  # fmt: skip
 
 
 def _strings(value: Iterable[str]) -> tuple[str, ...]:

@@ -13,15 +13,23 @@ SELECT id, queue, task, args::text, priority, attempt, max_attempts, dedup_key, 
  LIMIT %(limit)s
 """
 
-# Back to available with fresh attempts. A dead job whose dedup twin is live stays dead.
+# The dead jobs a filter matches (`DeadFilter.params`), as ``d``.
+_MATCHED = """
+  FROM {dead} d
+ WHERE (%(ids)s::int8[] IS NULL OR d.id = ANY(%(ids)s))
+   AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR d.task = %(task)s)"""
+
+# Those a retry moves: a dead job whose dedup twin is live stays dead (the retry would
+# duplicate it). Shared by the retry and its dry run, so the two cannot disagree.
+_RETRYABLE = _MATCHED + """
+   AND NOT EXISTS (SELECT 1 FROM {jobs} j
+                    WHERE j.dedup_key = d.dedup_key AND j.state IN {live})"""
+
+# Back to available with fresh attempts.
 DEAD_RETRY = """
 WITH moved AS (
-    DELETE FROM {dead} d
-     WHERE (%(ids)s::int8[] IS NULL OR d.id = ANY(%(ids)s))
-       AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
-       AND (%(task)s::text IS NULL OR d.task = %(task)s)
-       AND NOT EXISTS (SELECT 1 FROM {jobs} j
-                        WHERE j.dedup_key = d.dedup_key AND j.state IN {live})
+    DELETE""" + _RETRYABLE + """
     RETURNING d.*
 )
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, attempt, max_attempts, dedup_key,
@@ -31,15 +39,18 @@ SELECT id, queue, task, args, priority, {now}, 0, max_attempts, dedup_key, enque
 RETURNING id
 """
 
-DEAD_PURGE = """
-DELETE FROM {dead}
- WHERE (%(ids)s::int8[] IS NULL OR id = ANY(%(ids)s))
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(task)s::text IS NULL OR task = %(task)s)
-   AND (%(before)s::timestamptz IS NULL OR died_at < %(before)s)
-   AND (%(older_than)s::interval IS NULL OR died_at < {now} - %(older_than)s::interval)
-RETURNING id
-"""
+# The ids DEAD_RETRY would move now (``trioq dead retry --dry-run``).
+DEAD_RETRYABLE = "SELECT d.id" + _RETRYABLE + "\n ORDER BY d.id"
+
+# Those a purge deletes: matched, and died before ``before`` or ``older_than`` ago.
+_PURGEABLE = _MATCHED + """
+   AND (%(before)s::timestamptz IS NULL OR d.died_at < %(before)s)
+   AND (%(older_than)s::interval IS NULL OR d.died_at < {now} - %(older_than)s::interval)"""
+
+DEAD_PURGE = "DELETE" + _PURGEABLE + "\nRETURNING d.id"
+
+# The ids DEAD_PURGE would delete now (``trioq dead purge --dry-run``).
+DEAD_PURGEABLE = "SELECT d.id" + _PURGEABLE + "\n ORDER BY d.id"
 
 # The columns of `trioq.DeadJob`, in its order.
 DEAD_JOB = """

@@ -43,3 +43,32 @@ WITH up AS (
 )
 SELECT up.*, pg_notify(%(channel)s, '@queues')::text FROM up
 """
+
+# Whether anything knows a queue (``trioq queue pause|resume|set`` refuse a name nothing
+# knows: a typo would make a row that no job uses): a row of settings, a live worker that
+# serves it, a job in a live state or dead, or runs in the last day of the job history.
+# Each probe goes through an index that bounds it: the primary keys, the claim and waiting
+# indexes and dead_jobs_queue_idx (which lead with the queue), the scheduled and lease
+# indexes (as many rows as jobs are scheduled or running), the history's minutes.
+QUEUE_KNOWN = """
+SELECT EXISTS (SELECT 1 FROM {queues} WHERE name = %(name)s)
+    OR EXISTS (SELECT 1 FROM {workers} WHERE pg_catalog.jsonb_exists(queues, %(name)s))
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(name)s AND state = 'available')
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(name)s AND state = 'waiting')
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'scheduled' AND queue = %(name)s)
+    OR EXISTS (SELECT 1 FROM {jobs}
+                WHERE lease_expires_at IS NOT NULL AND state = 'running' AND queue = %(name)s)
+    OR EXISTS (SELECT 1 FROM {dead} WHERE queue = %(name)s)
+    OR EXISTS (SELECT 1 FROM {history}
+                WHERE minute >= {now} - interval '1 day' AND queue = %(name)s)
+"""
+
+# The queues known from the small tables (settings, live workers, the last day of the job
+# history), for the message that refuses an unknown one; the queues with jobs come from the
+# depth sample.
+QUEUE_NAMES = """
+SELECT name FROM {queues}
+UNION SELECT pg_catalog.jsonb_object_keys(queues) FROM {workers}
+       WHERE pg_catalog.jsonb_typeof(queues) = 'object'
+UNION SELECT queue FROM {history} WHERE minute >= {now} - interval '1 day'
+"""
