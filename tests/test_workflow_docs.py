@@ -1,4 +1,5 @@
-"""The runnable examples of docs/workflows.md print what the page says they print.
+"""The runnable examples of docs/workflows.md and docs/durable.md print what the pages say
+they print.
 
 Each ```python block that ends in ``trio.run(main)`` is run as a script on a fresh database
 (``TRIOQ_DSN``), and its output is compared with the ```console block the page shows
@@ -14,18 +15,25 @@ import sys
 
 import pytest
 
-PAGE = pathlib.Path(__file__).parent.parent / "docs" / "workflows.md"
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
+#: The pages, and how many examples each has.
+PAGES = {"workflows.md": 5, "durable.md": 1}
 _EXAMPLE = re.compile(
     r"```python\n((?:(?!```).)*?trio\.run\(main\)\n)```\n\n[^\n]*\n\n```console\n(.*?)```", re.S
 )
-EXAMPLES = _EXAMPLE.findall(PAGE.read_text())
+EXAMPLES = {page: _EXAMPLE.findall((DOCS / page).read_text()) for page in PAGES}
 
 
-def test_the_page_has_its_examples() -> None:
-    assert len(EXAMPLES) == 5
+@pytest.mark.parametrize("page", PAGES)
+def test_the_page_has_its_examples(page: str) -> None:
+    assert len(EXAMPLES[page]) == PAGES[page]
 
 
-@pytest.mark.parametrize(("code", "output"), EXAMPLES, ids=[f"example{i}" for i in range(5)])
+@pytest.mark.parametrize(
+    ("code", "output"),
+    [example for page in PAGES for example in EXAMPLES[page]],
+    ids=[f"{page[:-3]}{i}" for page in PAGES for i in range(PAGES[page])],
+)
 def test_an_example_prints_what_the_page_says(
     dsn: str, tmp_path: pathlib.Path, code: str, output: str
 ) -> None:

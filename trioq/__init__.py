@@ -9,14 +9,14 @@ test checks that every module is named here and there):
 - ``trioq/`` (the API users touch, one concept a module): ``_job``, ``_rules``,
   ``_unique``, ``_retry``, ``_outcome``, ``_sanitize``, ``_registry``, ``_hooks``,
   ``_config``, ``_cron``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
-  ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_context``,
+  ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_context``,
   ``_job_transaction``, ``_complete_with``, ``_lanes``.
 - ``_pg/`` (psycopg 3 on trio): ``connection``, ``wait``, ``pipeline``, ``pool``,
   ``errors``, ``dsn``, ``embedded``, ``times``.
 - ``_db/`` (trioq's tables): ``statements``, ``insert``, ``driver``, ``params``,
   ``version``, ``migrate``.
 - ``_db/sql/`` (the text of every statement, by domain): ``common``, ``enqueue``,
-  ``leases``, ``maintenance``, ``workers``, ``jobs``, ``status``, ``lists``, ``dead``,
+  ``leases``, ``maintenance``, ``workers``, ``jobs``, ``status``, ``lists``, ``dead``, ``durable``,
   ``queues``, ``cron``, ``history``, ``schema``, ``workflows``.
 - ``_worker/`` (the runtime): ``serve``, ``runtime``, ``wiring``, ``execute``,
   ``completer``, ``leases``, ``task_settings``, ``wakeup``, ``watchdog``, ``banner``,
@@ -48,6 +48,7 @@ from ._db.version import check_schema as check_schema
 from ._dead import DeadFilter as DeadFilter
 from ._dead import DeadJob as DeadJob
 from ._dependencies import Dependency as Dependency
+from ._durable import StepRecord as StepRecord
 from ._enqueue import dependencies as dependencies
 from ._enqueue import enqueue as enqueue
 from ._enqueue import enqueue_bulk as enqueue_bulk
@@ -56,6 +57,7 @@ from ._enqueue import job_status as job_status
 from ._enqueue import result as result
 from ._exceptions import ConnectError as ConnectError
 from ._exceptions import DatabaseReadOnlyError as DatabaseReadOnlyError
+from ._exceptions import DurableError as DurableError
 from ._exceptions import EmbeddedPostgresError as EmbeddedPostgresError
 from ._exceptions import FatalError as FatalError
 from ._exceptions import InvalidDSNError as InvalidDSNError
@@ -72,6 +74,7 @@ from ._exceptions import SchemaMissingError as SchemaMissingError
 from ._exceptions import SchemaOutdatedError as SchemaOutdatedError
 from ._exceptions import SchemaTooNewError as SchemaTooNewError
 from ._exceptions import SharedTransactionError as SharedTransactionError
+from ._exceptions import Sleep as Sleep
 from ._exceptions import Snooze as Snooze
 from ._exceptions import UnknownDependencyError as UnknownDependencyError
 from ._exceptions import WorkflowError as WorkflowError

@@ -20,9 +20,10 @@ import psycopg
 
 from ._complete_with import SharedCompletions, check_statement, complete_with
 from ._dependencies import Dependency
+from ._durable import DurableRun, RunOf, StepRecord, job_steps
 from ._enqueue import without_first
 from ._exceptions import JobNotFoundError, Snooze
-from ._job import MAX_RETRY_DELAY, Job, JSONValue, Lease, to_delay
+from ._job import DEFAULT_MAX_RESULT, MAX_RETRY_DELAY, Job, JSONValue, Lease, to_delay
 from ._job_transaction import Committing, SharedTransactions, own_transaction
 from ._pg.connection import Conn, TrioConnection
 from ._pg.errors import connection_fault
@@ -50,6 +51,8 @@ class JobServices:
     shared: SharedTransactions | None = None
     #: The lanes of ``job.complete_with(..., shared=True)``; None: every job gets its own.
     completions: SharedCompletions | None = None
+    #: The largest JSON a durable step may record (``Config.max_result_bytes``).
+    max_result_bytes: int = DEFAULT_MAX_RESULT
 
 
 P = ParamSpec("P")
@@ -98,6 +101,7 @@ class JobContext:
         #: database failed, not the handler (the job is given back at once, `trioq._worker.
         #: execute`).
         self.fault: psycopg.Error | None = None
+        self._durable: DurableRun | None = None  # made by the first durable call
 
     @contextmanager
     def _noting_faults(self) -> Iterator[None]:
@@ -134,6 +138,63 @@ class JobContext:
                 "snoozes for nothing runs again at once, forever; give the time to wait"
             )
         raise Snooze(wait)
+
+    # -- durable jobs (docs/durable.md) -----------------------------------------------------------
+
+    @property
+    def _run(self) -> DurableRun:
+        if self._durable is None:
+            services = self.services
+            self._durable = DurableRun(RunOf(
+                lease=self.lease, pool=services.app_pool, queue=services.queue,
+                owner=services.owner, max_result_bytes=services.max_result_bytes,
+                noting_faults=self._noting_faults,
+            ))  # fmt: skip
+        return self._durable
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (awaited if it returns an awaitable) once and record its
+        JSON result; in any later run of this job (a retry, a wake-up after `sleep`, a run
+        after a crash) return the recorded result without running it.
+
+        The record is written after ``fn`` returns, fenced by the lease: should the worker
+        die in between, ``fn`` runs again in the next run, so give an external effect an
+        idempotency key (`step_key`). Steps must be called in the same order, each name
+        once per run; a replay that does not match raises `trioq.DurableError` (the job is
+        dead-lettered, naming the step)."""
+        return await self._run.step(name, fn, *args, **kwargs)
+
+    async def step_transaction(
+        self, name: str, fn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """`step` whose effect is database writes: ``await fn(conn, *args, **kwargs)`` runs in
+        a transaction on a connection of the app pool, and its writes commit together with
+        the step's record, fenced by the lease: exactly once. A replay returns the recorded
+        result without calling ``fn``."""
+        return await self._run.step_transaction(name, fn, *args, **kwargs)
+
+    def step_key(self, name: str) -> str:
+        """A key for step ``name`` of this job, the same in every run and attempt (an
+        idempotency key for the external effect of a step: a payment, an e-mail)."""
+        return self._run.key(name)
+
+    async def sleep(self, delay: dt.timedelta | float, *, name: str | None = None) -> None:
+        """End this run and run the job again after ``delay`` (seconds or a timedelta, up to
+        100 years), by the database's clock; the slot and the lease are freed meanwhile and
+        the attempt is refunded. Recorded as a step (``name``, default ``"sleep N"`` for the
+        N-th sleep of the run): when the job runs again, the steps before it replay and
+        this call returns. Raises `trioq.Sleep` to end the run: do not catch it."""
+        await self._run.sleep(delay, name)
+
+    async def sleep_until(self, when: dt.datetime, *, name: str | None = None) -> None:
+        """`sleep` until an aware datetime (returns at once, recorded, if it has passed)."""
+        await self._run.sleep_until(when, name)
+
+    async def steps(self) -> list[StepRecord]:
+        """What this job has recorded, in order (steps and sleeps)."""
+        with self._noting_faults():
+            async with self.services.app_pool.connection() as conn:
+                return await job_steps(conn, self.services.queue.sql, self.id)
 
     enqueue = _on_app_connection(Queue.enqueue)
     enqueue_many = _on_app_connection(Queue.enqueue_many)

@@ -5,7 +5,10 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
 
     Exception
      ├── FatalError                 a handler raises it: no retry, the job goes to dead_jobs
+     │    └── DurableError          a durable job's replay does not match its records (or a
+     │                              step name twice, a result that cannot be recorded)
      ├── Snooze                     job.snooze(): run again later, the attempt refunded
+     │    └── Sleep                 job.sleep(): the run ends, the job is due at its wake-up
      ├── ValueError
      │    ├── PayloadTooLargeError  a job's JSON args are over Queue.max_payload_bytes
      │    ├── WorkflowError         a workflow or batch that cannot be enqueued: a cycle, an
@@ -54,6 +57,7 @@ __all__ = [
     "ConnectError",
     "DatabaseReadOnlyError",
     "DrainLimitError",
+    "DurableError",
     "EmbeddedPostgresError",
     "FatalError",
     "InvalidDSNError",
@@ -71,6 +75,7 @@ __all__ = [
     "SchemaOutdatedError",
     "SchemaTooNewError",
     "SharedTransactionError",
+    "Sleep",
     "Snooze",
     "UnknownDependencyError",
     "WorkflowError",
@@ -90,6 +95,23 @@ class Snooze(Exception):
     def __init__(self, delay: dt.timedelta) -> None:
         super().__init__(f"snoozed for {delay}")
         self.delay = delay
+
+
+class DurableError(FatalError):
+    """A durable job cannot go on as its records say (``docs/durable.md``): a replay that
+    calls another step at a recorded position, a step name used twice in one run, a step
+    result that is not JSON or is too large. Fatal: the job is dead-lettered with this
+    reason rather than run wrong."""
+
+
+class Sleep(Snooze):
+    """Raised by ``JobContext.sleep``: this run ends (the slot and the lease freed) and the
+    job is due again at ``until``; its recorded steps replay then. Do not catch it."""
+
+    def __init__(self, until: dt.datetime, delay: dt.timedelta) -> None:
+        Exception.__init__(self, f"sleeping until {until.isoformat()}")
+        self.delay = delay
+        self.until = until
 
 
 # -- raised by trioq -----------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from .sql import (
     common,
     cron,
     dead,
+    durable,
     enqueue,
     history,
     jobs,
@@ -130,6 +131,7 @@ _OBJECTS = {
     "rate_starts": "rate_starts",
     "deps": "job_dependencies",
     "batches": "batches",
+    "steps": "job_steps",
     "claim_limited": "claim_limited",
     "enqueue_unique": "enqueue_unique",
     "jobs_ended": "jobs_ended",
@@ -352,6 +354,11 @@ class Statements:
     migration_search_path = Statement(schema.MIGRATION_SEARCH_PATH)
     record_migration = Statement(schema.RECORD_MIGRATION)
     reset_search_path = Statement(schema.RESET_SEARCH_PATH)
+    # -- durable jobs: step records ------------------------------------------------------------
+    load_steps = Statement(durable.LOAD_STEPS)
+    record_step = Statement(durable.RECORD_STEP)
+    job_steps = Statement(durable.JOB_STEPS)
+
     # -- workflows: dependencies and batches -------------------------------------------------------
     dependencies_lock = Statement(workflows.DEPENDENCIES_LOCK)
     dependencies_flag = Statement(workflows.DEPENDENCIES_FLAG)

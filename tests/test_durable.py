@@ -1,0 +1,349 @@
+"""Durable jobs (issue 24): steps recorded once and replayed, sleeps that free the slot, the
+replay's order checked, the records going with their job. Real workers, real Postgres; the
+database's clock is moved (``trioq.now``) instead of waiting for a sleep."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+from helpers import rows, scalar, serving, wait_until
+
+import trioq
+from trioq.retry import Constant
+
+UTC = dt.UTC
+
+
+async def _true(value: object) -> bool:
+    return bool(value)
+
+
+def holds(conn: Any, query: str, *params: Any) -> Any:
+    """A predicate for `wait_until`: the query's one value is true."""
+
+    async def check() -> bool:
+        return bool(await scalar(conn, query, *params))
+
+    return check
+
+
+async def dead_reason(conn: Any, job_id: int) -> tuple[str, str] | None:
+    found = await rows(conn, "SELECT reason, last_error FROM trioq.dead_jobs WHERE id = %s",
+                       job_id)  # fmt: skip
+    return found[0] if found else None
+
+
+async def test_a_retry_resumes_from_the_step_that_failed(dsn: str) -> None:
+    """Steps 1 and 2 run once; step 3 fails twice, then succeeds: the retries replay 1 and 2
+    from their records (their functions are not called again) and the results flow on."""
+    calls: Counter[str] = Counter()
+    tasks = trioq.Registry()
+
+    def charge(order: int) -> dict[str, Any]:
+        calls["charge"] += 1
+        return {"charged": order * 10}
+
+    async def reserve(order: int) -> list[int]:
+        calls["reserve"] += 1
+        await trio.lowlevel.checkpoint()
+        return [order, order + 1]
+
+    def ship(items: list[int]) -> str:
+        calls["ship"] += 1
+        if calls["ship"] < 3:
+            raise RuntimeError("carrier down")
+        return f"shipped {items}"
+
+    @tasks.task(max_attempts=5, retry=Constant(seconds=0), keep_result=True)
+    async def order(job: trioq.JobContext, order: int) -> Any:
+        paid = await job.step("charge", charge, order)
+        items = await job.step("reserve", reserve, order)
+        sent = await job.step("ship", ship, items)
+        return {"paid": paid, "sent": sent, "attempt": job.attempt}
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await order.enqueue(conn, order=7)
+        with trio.fail_after(20):
+            result = await trioq.result(conn, job.job_id)
+        assert result == {"paid": {"charged": 70}, "sent": "shipped [7, 8]", "attempt": 3}
+        assert calls == {"charge": 1, "reserve": 1, "ship": 3}
+        # kept as done (keep_result): its records stay until the row is pruned
+        steps = await rows(conn, "SELECT position, name, kind, attempt FROM trioq.job_steps "
+                                 "WHERE job_id = %s ORDER BY position", job.job_id)  # fmt: skip
+        assert steps == [(0, "charge", "step", 1), (1, "reserve", "step", 1),
+                         (2, "ship", "step", 3)]  # fmt: skip
+
+
+async def test_the_records_go_with_their_job_and_stay_with_a_dead_one(dsn: str) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=1)
+    async def once(job: trioq.JobContext, fail: bool) -> None:
+        await job.step("a", lambda: 1)
+        if fail:
+            raise RuntimeError("no")
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        ok = await once.enqueue(conn, fail=False)
+        bad = await once.enqueue(conn, fail=True)
+        await wait_until(lambda: dead_reason(conn, bad.job_id))
+        async def records(job_id: int) -> int:
+            return int(await scalar(conn, "SELECT count(*) FROM trioq.job_steps "
+                                          "WHERE job_id = %s", job_id))  # fmt: skip
+        await wait_until(holds(conn, "SELECT count(*) = 0 FROM trioq.jobs WHERE id = %s",
+                               ok.job_id))  # fmt: skip
+        assert await records(ok.job_id) == 0  # completed: its records went with it
+        assert await records(bad.job_id) == 1  # dead: kept, a retry resumes from them
+        await trioq.Queue().dead_purge(conn, trioq.DeadFilter(ids=[bad.job_id]))
+        assert await records(bad.job_id) == 0
+
+
+async def test_a_dead_job_retried_resumes_from_its_records(dsn: str) -> None:
+    calls: Counter[str] = Counter()
+    fail = [True]
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=1, keep_result=True)
+    async def flow(job: trioq.JobContext) -> Any:
+        first = await job.step("first", lambda: calls.update(["first"]) or "one")
+        if fail[0]:
+            raise RuntimeError("second is broken")
+        return [first, await job.step("second", lambda: calls.update(["second"]) or "two")]
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await flow.enqueue(conn)
+        await wait_until(lambda: dead_reason(conn, job.job_id))
+        fail[0] = False
+        assert await trioq.Queue().dead_retry(conn, trioq.DeadFilter(ids=[job.job_id])) == [
+            job.job_id
+        ]
+        with trio.fail_after(10):
+            assert await trioq.result(conn, job.job_id) == ["one", "two"]
+    assert calls == {"first": 1, "second": 1}
+
+
+async def test_a_sleep_frees_the_slot_and_the_job_resumes_after_it(dsn: str) -> None:
+    """One slot: a job sleeps a day (the database's clock moved instead), and while it sleeps
+    another job runs in that slot; the sleeper holds no lease and no attempt."""
+    seen: list[str] = []
+    tasks = trioq.Registry()
+
+    def first() -> str:
+        seen.append("before")
+        return "b"
+
+    @tasks.task(keep_result=True)
+    async def sleeper(job: trioq.JobContext) -> Any:
+        before = await job.step("before", first)
+        await job.sleep(dt.timedelta(days=1))
+        seen.append(f"woke at attempt {job.attempt}")
+        return [before, await job.step("after", lambda: "a")]
+
+    @tasks.task
+    async def other(job: trioq.JobContext) -> None:
+        seen.append("other ran")
+
+    async with serving(dsn, tasks, queues={"default": trioq.QueueConfig(concurrency=1)}) as (
+        conn, _runtime
+    ):
+        job = await sleeper.enqueue(conn)
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+        row = await rows(conn, "SELECT attempt, lease_owner, run_at - now() > interval '23 h' "
+                               "FROM trioq.jobs WHERE id = %s", job.job_id)  # fmt: skip
+        assert row == [(0, None, True)]  # attempt refunded, no lease, due in a day
+        await other.enqueue(conn)
+        await wait_until(lambda: _true("other ran" in seen))
+        # A day later (the rows' clock): due again; the scheduler promotes it.
+        await conn.execute("UPDATE trioq.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
+        await conn.execute("UPDATE trioq.job_steps SET result = jsonb_build_object('until', "
+                           "now()) WHERE job_id = %s AND kind = 'sleep'", (job.job_id,))
+        await conn.execute("SELECT pg_notify('trioq_trioq', '@scheduled')")
+        with trio.fail_after(10):
+            assert await trioq.result(conn, job.job_id) == ["b", "a"]
+    assert seen == ["before", "other ran", "woke at attempt 1"]
+
+
+async def test_a_job_woken_before_its_sleep_is_over_sleeps_again(dsn: str) -> None:
+    runs: list[int] = []
+    tasks = trioq.Registry()
+
+    @tasks.task
+    async def sleeper(job: trioq.JobContext) -> None:
+        runs.append(job.attempt)
+        await job.sleep(3600)
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await sleeper.enqueue(conn)
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+        await conn.execute("UPDATE trioq.jobs SET run_at = now(), state = 'available' "
+                           "WHERE id = %s", (job.job_id,))  # fmt: skip
+        await conn.execute("SELECT pg_notify('trioq_trioq', 'default')")
+        await wait_until(lambda: _true(len(runs) == 2))
+        await wait_until(holds(conn, "SELECT state = 'scheduled' AND run_at - now() > "
+                               "interval '50 min' FROM trioq.jobs WHERE id = %s", job.job_id))
+        assert await scalar(conn, "SELECT count(*) FROM trioq.job_steps WHERE job_id = %s",
+                            job.job_id) == 1  # fmt: skip
+
+
+async def test_a_replay_that_does_not_match_its_records_is_dead_naming_the_step(
+    dsn: str,
+) -> None:
+    version = ["old"]
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=3, retry=Constant(seconds=0))
+    async def flow(job: trioq.JobContext) -> None:
+        await job.step("fetch", lambda: 1)
+        if version[0] == "old":
+            await job.step("tax-v1", lambda: 2)
+            raise RuntimeError("then it failed")
+        await job.step("tax-v2", lambda: 3)
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await flow.enqueue(conn)
+        await wait_until(holds(conn, "SELECT attempt >= 1 AND last_error IS NOT NULL "
+                               "FROM trioq.jobs WHERE id = %s", job.job_id))
+        version[0] = "new"
+        await wait_until(lambda: dead_reason(conn, job.job_id))
+        reason, error = await dead_reason(conn, job.job_id) or ("", "")
+    assert reason == "fatal error"
+    assert error.startswith("DurableError: job ")
+    assert "position 1 is step 'tax-v2' in this run, but step 'tax-v1'" in error
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("twice", "step 'a' was called twice in one run (at positions 0 and 1)"),
+        ("not json", "the result of step 'a' must be JSON"),
+        ("nul", "the result of step 'a' must not contain NUL"),
+        ("huge", "the result of step 'a' is 2,000,002 bytes of JSON, over max_result_bytes"),
+        ("bad name", "step name must be 1 to 200 characters, got 0"),
+        ("sleep 0", "sleep delay must be positive"),
+        ("sleep far", "sleep delay must be at most 36500 days"),
+        ("naive", "is a naive datetime"),
+    ],
+)  # fmt: skip
+async def test_what_a_durable_job_cannot_record_is_refused(
+    dsn: str, body: str, message: str
+) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=1)
+    async def bad(job: trioq.JobContext) -> None:
+        if body == "twice":
+            await job.step("a", lambda: 1)
+            await job.step("a", lambda: 2)
+        elif body == "not json":
+            await job.step("a", lambda: {1, 2})
+        elif body == "nul":
+            await job.step("a", lambda: "x\x00y")
+        elif body == "huge":
+            await job.step("a", lambda: "x" * 2_000_000)
+        elif body == "bad name":
+            await job.step("", lambda: 1)
+        elif body == "sleep 0":
+            await job.sleep(0)
+        elif body == "sleep far":
+            await job.sleep(dt.timedelta(days=365 * 200))
+        elif body == "naive":
+            await job.sleep_until(dt.datetime(2030, 1, 1))
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await bad.enqueue(conn)
+        await wait_until(lambda: dead_reason(conn, job.job_id))
+        _reason, error = await dead_reason(conn, job.job_id) or ("", "")
+    assert message in error, error
+
+
+async def test_a_step_transaction_commits_its_writes_with_its_record_once(dsn: str) -> None:
+    """The step's writes and its record commit together: a later failure of the handler
+    retries it, and the replay returns the result without writing again."""
+    tasks = trioq.Registry()
+    runs: list[int] = []
+
+    async def reserve(conn: Any, order: int) -> int:
+        cur = await conn.execute("INSERT INTO ledger (order_id) VALUES (%s) RETURNING id",
+                                 (order,))  # fmt: skip
+        row = await cur.fetchone()
+        return int(row[0])
+
+    @tasks.task(max_attempts=3, retry=Constant(seconds=0), keep_result=True)
+    async def order(job: trioq.JobContext, order: int) -> Any:
+        runs.append(job.attempt)
+        entry = await job.step_transaction("reserve", reserve, order)
+        if job.attempt < 2:
+            raise RuntimeError("after the reservation")
+        return entry
+
+    async with await trioq.connect(dsn, autocommit=True) as setup:
+        await setup.execute("CREATE TABLE ledger (id serial PRIMARY KEY, order_id int)")
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await order.enqueue(conn, order=5)
+        with trio.fail_after(10):
+            entry = await trioq.result(conn, job.job_id)
+        assert await rows(conn, "SELECT id, order_id FROM ledger") == [(entry, 5)]
+    assert runs == [1, 2]
+
+
+async def test_a_step_transaction_whose_lease_was_lost_writes_nothing(dsn: str) -> None:
+    tasks = trioq.Registry()
+    inside = trio.Event()
+    go_on = trio.Event()
+    lost: list[str] = []
+
+    async def write(conn: Any) -> str:
+        await conn.execute("INSERT INTO ledger VALUES (1)")
+        inside.set()
+        await go_on.wait()
+        return "written"
+
+    @tasks.task
+    async def work(job: trioq.JobContext) -> None:
+        try:
+            await job.step_transaction("write", write)
+        except trioq.LeaseLostError as ex:
+            lost.append(str(ex))
+            raise
+
+    async with await trioq.connect(dsn, autocommit=True) as setup:
+        await setup.execute("CREATE TABLE ledger (n int)")
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await work.enqueue(conn)
+        with trio.fail_after(10):
+            await inside.wait()
+        # Another worker took it (the lease expired and was reclaimed): not ours any more.
+        await conn.execute("UPDATE trioq.jobs SET lease_owner = 'other' WHERE id = %s",
+                           (job.job_id,))  # fmt: skip
+        go_on.set()
+        await wait_until(lambda: _true(lost))
+        assert "lease lost before step 'write' was recorded" in lost[0]
+        assert await scalar(conn, "SELECT count(*) FROM ledger") == 0
+        assert await scalar(conn, "SELECT count(*) FROM trioq.job_steps") == 0
+
+
+async def test_step_key_and_steps(dsn: str) -> None:
+    tasks = trioq.Registry()
+    seen: list[Any] = []
+
+    @tasks.task(max_attempts=2, retry=Constant(seconds=0))
+    async def flow(job: trioq.JobContext) -> None:
+        seen.append(job.step_key("charge"))
+        await job.step("charge", lambda: {"ok": True})
+        if job.attempt == 1:
+            raise RuntimeError("again")
+        seen.append([(s.position, s.name, s.kind, s.result, s.attempt)
+                     for s in await job.steps()])  # fmt: skip
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        job = await flow.enqueue(conn)
+        await wait_until(lambda: _true(len(seen) == 3))
+    key = f"trioq:trioq:{job.job_id}:charge"
+    assert seen == [key, key, [(0, "charge", "step", {"ok": True}, 1)]]
