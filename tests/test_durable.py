@@ -347,3 +347,174 @@ async def test_step_key_and_steps(dsn: str) -> None:
         await wait_until(lambda: _true(len(seen) == 3))
     key = f"trioq:trioq:{job.job_id}:charge"
     assert seen == [key, key, [(0, "charge", "step", {"ok": True}, 1)]]
+
+
+# -- signals and waits ---------------------------------------------------------------------------
+
+
+def approval_registry(seen: list[Any]) -> trioq.Registry:
+    tasks = trioq.Registry()
+
+    @tasks.task(keep_result=True, max_attempts=1)
+    async def review(job: trioq.JobContext, timeout: float | None = None) -> Any:
+        draft = await job.step("draft", lambda: "v1")
+        seen.append(("ran", job.attempt))
+        try:
+            verdict = await job.wait_for("approval", timeout=timeout)
+        except trioq.WaitTimeout as ex:
+            return {"draft": draft, "verdict": "timed out", "name": ex.name}
+        return {"draft": draft, "verdict": verdict}
+
+    return tasks
+
+
+async def test_a_wait_frees_the_slot_and_a_signal_wakes_it(dsn: str) -> None:
+    seen: list[Any] = []
+    async with serving(dsn, approval_registry(seen),
+                       queues={"default": trioq.QueueConfig(concurrency=1)}) as (conn, _rt):
+        job = await trioq.enqueue(conn, "review")
+        await wait_until(holds(conn, "SELECT state = 'scheduled' AND waiting_for = 'approval' "
+                                     "AND lease_owner IS NULL AND attempt = 0 "
+                                     "FROM trioq.jobs WHERE id = %s", job.job_id))  # fmt: skip
+        async with conn.transaction():
+            assert await trioq.signal(conn, job.job_id, "approval", {"ok": True}) == "woke"
+            assert await trioq.signal(conn, job.job_id, "approval", 1) == "duplicate"
+        with trio.fail_after(10):
+            result = await trioq.result(conn, job.job_id)
+        assert result == {"draft": "v1", "verdict": {"ok": True}}
+    assert seen == [("ran", 1), ("ran", 1)]
+
+
+async def test_a_signal_sent_before_the_wait_is_not_lost(dsn: str) -> None:
+    seen: list[Any] = []
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        job = await trioq.enqueue(conn, "review")
+        assert await trioq.signal(conn, job.job_id, "approval", "yes") == "stored"
+    async with serving(dsn, approval_registry(seen)) as (conn, _rt):
+        with trio.fail_after(10):
+            assert await trioq.result(conn, job.job_id) == {"draft": "v1", "verdict": "yes"}
+    assert seen == [("ran", 1)]  # it never parked
+
+
+async def test_a_signal_rolled_back_with_its_senders_transaction_is_not_sent(dsn: str) -> None:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        job = await trioq.enqueue(conn, "review")
+        with pytest.raises(ZeroDivisionError):
+            async with conn.transaction():
+                await trioq.signal(conn, job.job_id, "approval", "yes")
+                raise ZeroDivisionError
+        assert await scalar(conn, "SELECT count(*) FROM trioq.job_signals") == 0
+
+
+async def test_a_wait_times_out_with_a_clear_exception(dsn: str) -> None:
+    seen: list[Any] = []
+    async with serving(dsn, approval_registry(seen)) as (conn, _rt):
+        job = await trioq.enqueue(conn, "review", {"timeout": 3600})
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+        # An hour later, by the rows' clock: the record's timeout and the row's run_at.
+        await conn.execute("UPDATE trioq.job_steps SET result = jsonb_build_object('until', "
+                           "now()) WHERE kind = 'wait'")  # fmt: skip
+        await conn.execute("UPDATE trioq.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
+        await conn.execute("SELECT pg_notify('trioq_trioq', '@scheduled')")
+        with trio.fail_after(10):
+            result = await trioq.result(conn, job.job_id)
+        assert result == {"draft": "v1", "verdict": "timed out", "name": "approval"}
+
+
+async def test_a_signal_by_the_jobs_key(dsn: str) -> None:
+    seen: list[Any] = []
+    async with serving(dsn, approval_registry(seen)) as (conn, _rt):
+        job = await trioq.enqueue(conn, "review", dedup_key="order-7")
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+        assert await trioq.signal(conn, None, "approval", "by key", task="review",
+                                  key="order-7") == "woke"  # fmt: skip
+        with trio.fail_after(10):
+            assert (await trioq.result(conn, job.job_id))["verdict"] == "by key"
+        with pytest.raises(trioq.JobNotFoundError, match="task 'review' key 'order-8': no"):
+            await trioq.signal(conn, None, "approval", task="review", key="order-8")
+
+
+async def test_signals_that_cannot_be_delivered_are_refused(dsn: str) -> None:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        with pytest.raises(trioq.JobNotFoundError, match="job 999: no such job to signal"):
+            await trioq.signal(conn, 999, "approval")
+        job = await trioq.enqueue(conn, "review")
+        await trioq.Queue().cancel(conn, job.job_id)
+        with pytest.raises(trioq.JobNotFoundError, match=r"has ended \(cancelled\)"):
+            await trioq.signal(conn, job.job_id, "approval")
+        for name, error in (("", ValueError), ("a\x00b", ValueError), (5, TypeError)):
+            with pytest.raises(error, match="signal name"):
+                await trioq.signal(conn, job.job_id, name, None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="the payload of signal 'a' must be JSON"):
+            await trioq.signal(conn, job.job_id, "a", {1, 2})
+        with pytest.raises(ValueError, match="over the limit"):
+            await trioq.signal(conn, job.job_id, "a", "x" * (2 << 20))
+        with pytest.raises(TypeError, match="task= and key="):
+            await trioq.signal(conn, None, "a")
+        assert await scalar(conn, "SELECT count(*) FROM trioq.job_signals") == 0
+
+
+async def test_a_cancel_while_waiting_cancels_the_job(dsn: str) -> None:
+    seen: list[Any] = []
+    async with serving(dsn, approval_registry(seen)) as (conn, _rt):
+        job = await trioq.enqueue(conn, "review")
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+        await trioq.Queue().cancel(conn, job.job_id)
+        assert (await trioq.job_status(conn, job.job_id)).state == "cancelled"
+        with pytest.raises(trioq.JobNotFoundError, match="has ended"):
+            await trioq.signal(conn, job.job_id, "approval")
+
+
+async def test_two_waits_on_one_name_in_a_run_are_refused(dsn: str) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=1)
+    async def twice(job: trioq.JobContext) -> None:
+        await job.wait_for("a", timeout=1)
+        await job.wait_for("a", timeout=1)
+
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        job = await trioq.enqueue(conn, "twice")
+        await trioq.signal(conn, job.job_id, "a", 1)
+    async with serving(dsn, tasks) as (conn, _rt):
+        await wait_until(lambda: dead_reason(conn, job.job_id))
+        _reason, error = await dead_reason(conn, job.job_id) or ("", "")
+    assert "wait 'a' was called twice in one run" in error
+
+
+async def test_a_signal_committed_while_the_wait_looks_is_not_missed(dsn: str) -> None:
+    """The sender's transaction holds the job's row (its signal inserted, the job seen
+    running, so not woken) while the job's wait looks; the wait must see the signal once it
+    commits. Looking with the snapshot it started with, it would park the job, and nothing
+    would wake it before its timeout (an hour)."""
+    reached, go = trio.Event(), trio.Event()
+    tasks = trioq.Registry()
+
+    @tasks.task(keep_result=True, max_attempts=1)
+    async def review(job: trioq.JobContext) -> Any:
+        reached.set()
+        await go.wait()
+        return await job.wait_for("approval", timeout=3600)
+
+    async with serving(dsn, tasks) as (conn, _rt):
+        job = await trioq.enqueue(conn, "review")
+        with trio.fail_after(10):
+            await reached.wait()
+        sender = await trioq.connect(dsn, autocommit=True)
+        async with sender, sender.transaction():
+            assert await trioq.signal(sender, job.job_id, "approval", "in time") == "stored"
+            go.set()
+            with trio.fail_after(10):
+                while not await scalar(  # noqa: ASYNC110 - the database cannot tell us
+                    conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
+                          "= 'Lock' AND backend_type = 'client backend'"):  # fmt: skip
+                    await trio.sleep(0.01)
+        with trio.fail_after(10):
+            assert await trioq.result(conn, job.job_id) == "in time"

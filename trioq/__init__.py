@@ -55,6 +55,7 @@ from ._enqueue import enqueue_bulk as enqueue_bulk
 from ._enqueue import enqueue_many as enqueue_many
 from ._enqueue import job_status as job_status
 from ._enqueue import result as result
+from ._enqueue import signal as signal
 from ._exceptions import ConnectError as ConnectError
 from ._exceptions import DatabaseReadOnlyError as DatabaseReadOnlyError
 from ._exceptions import DurableError as DurableError
@@ -77,6 +78,8 @@ from ._exceptions import SharedTransactionError as SharedTransactionError
 from ._exceptions import Sleep as Sleep
 from ._exceptions import Snooze as Snooze
 from ._exceptions import UnknownDependencyError as UnknownDependencyError
+from ._exceptions import Waiting as Waiting
+from ._exceptions import WaitTimeout as WaitTimeout
 from ._exceptions import WorkflowError as WorkflowError
 from ._flow import LimitedClaim as LimitedClaim
 from ._flow import QueueSettings as QueueSettings

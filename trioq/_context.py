@@ -146,7 +146,7 @@ class JobContext:
         if self._durable is None:
             services = self.services
             self._durable = DurableRun(RunOf(
-                lease=self.lease, pool=services.app_pool, queue=services.queue,
+                lease=self.lease, pool=services.app_pool, sql=services.queue.sql,
                 owner=services.owner, max_result_bytes=services.max_result_bytes,
                 noting_faults=self._noting_faults,
             ))  # fmt: skip
@@ -189,6 +189,22 @@ class JobContext:
     async def sleep_until(self, when: dt.datetime, *, name: str | None = None) -> None:
         """`sleep` until an aware datetime (returns at once, recorded, if it has passed)."""
         await self._run.sleep_until(when, name)
+
+    async def wait_for(
+        self,
+        name: str,
+        *,
+        timeout: dt.timedelta | float | None = None,  # noqa: ASYNC109 - a durable deadline
+    ) -> JSONValue:
+        """The payload of signal ``name`` (`trioq.signal`), once it has been sent to this job.
+
+        A signal sent before this call is not lost: it is returned at once. Otherwise the
+        run ends (`trioq.Waiting`): the job is given back, its slot and lease freed and the
+        attempt refunded, and runs again when the signal comes (its queue is notified:
+        milliseconds) or when ``timeout`` (seconds or a timedelta; None: 100 years) has
+        passed, when this call raises `trioq.WaitTimeout` (catch it to go on without). The
+        wait is recorded as a step named ``name``: each name once per run."""
+        return await self._run.wait_for(name, timeout)
 
     async def steps(self) -> list[StepRecord]:
         """What this job has recorded, in order (steps and sleeps)."""

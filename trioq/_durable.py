@@ -29,16 +29,31 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
+import psycopg
 
-from ._exceptions import DurableError, LeaseLostError, Sleep
+from ._db.statements import LEASE_LOST_SQLSTATE, Statements
+from ._exceptions import (
+    DurableError,
+    JobNotFoundError,
+    LeaseLostError,
+    Sleep,
+    Waiting,
+    WaitTimeout,
+)
 from ._job import MAX_ENQUEUE_DELAY, JSONValue, Lease, check_aware, encode_args, to_delay
 from ._pg.connection import Conn
 from ._pg.pool import Pool
-from ._queue import Queue
 
 __all__ = [
-    "MAX_STEPS", "MAX_STEP_NAME", "DurableRun", "RunOf", "StepRecord", "check_step_name",
+    "MAX_STEPS",
+    "MAX_STEP_NAME",
+    "SIGNAL_OUTCOMES",
+    "DurableRun",
+    "RunOf",
+    "StepRecord",
+    "check_step_name",
     "job_steps",
+    "send_signal",
 ]  # fmt: skip
 
 #: A step's name: what an operator reads in the step log (`trioq jobs show`).
@@ -97,7 +112,7 @@ class RunOf:
 
     lease: Lease
     pool: Pool  # the app pool: records go on its connections, apart from the worker's
-    queue: Queue  # the schema
+    sql: Statements  # the schema's
     owner: str  # the lease owner, for the fence
     max_result_bytes: int
     #: Notes a connection fault of the job's own connections (`JobContext._noting_faults`).
@@ -164,9 +179,57 @@ class DurableRun:
         check_aware(when, "sleep_until")
         await self._sleep(step, delay=None, until=when)
 
+    async def wait_for(
+        self, name: str, timeout: dt.timedelta | float | None  # noqa: ASYNC109 - kept in the row
+    ) -> JSONValue:
+        check_step_name(name, "signal name")
+        wait = None if timeout is None else to_delay(timeout, "wait timeout", MAX_SLEEP)
+        if wait is not None and wait <= dt.timedelta(0):
+            raise ValueError("wait timeout must be positive, got 0 s")
+        position, record = await self._next(name, "wait")
+        until: dt.datetime | None = None
+        if record is not None:
+            result = record.result
+            if isinstance(result, dict) and "payload" in result:
+                return result["payload"]
+            if isinstance(result, dict) and "timed_out" in result:
+                raise self._timed_out(name, result["timed_out"])
+            until = _until(record)  # pending: look again, with the timeout it was given
+        of = self._of
+        params = {"id": self._id, "attempt": of.lease.attempt, "owner": of.owner,
+                  "position": position, "name": name, "until": until,
+                  "timeout": wait if wait is not None else MAX_SLEEP}  # fmt: skip
+        # Two statements in one transaction: the first takes the job's row lock (waiting for
+        # a sender that holds it), so the second, with a snapshot taken after, sees every
+        # signal committed before the lock was ours. One statement would look with the
+        # snapshot it started with, and miss a signal that committed while it waited.
+        with of.noting_faults():
+            async with of.pool.connection() as conn, conn.transaction():
+                try:
+                    await conn.execute(of.sql.lock_one, params)
+                except psycopg.Error as ex:
+                    if ex.sqlstate != LEASE_LOST_SQLSTATE:
+                        raise
+                    row = None
+                else:
+                    cur = await conn.execute(of.sql.wait, params)
+                    row = await cur.fetchone()
+        if row is None:
+            raise LeaseLostError(f"job {self._id} attempt {of.lease.attempt}: lease lost before "
+                                 f"its wait for {name!r} was recorded")  # fmt: skip
+        result = json.loads(row[0])
+        if "payload" in result:
+            return result["payload"]
+        if "timed_out" in result:
+            raise self._timed_out(name, result["timed_out"])
+        raise Waiting(f"job {self._id} waits for signal {name!r} until {result['until']}")
+
+    def _timed_out(self, name: str, when: str) -> WaitTimeout:
+        return WaitTimeout(f"job {self._id}: no signal {name!r} came before {when}", name=name)
+
     def key(self, step: str) -> str:
         check_step_name(step)
-        return f"trioq:{self._of.queue.schema}:{self._id}:{step}"
+        return f"trioq:{self._of.sql.schema}:{self._id}:{step}"
 
     # -- records -------------------------------------------------------------------------------
 
@@ -219,7 +282,7 @@ class DurableRun:
     async def _load(self) -> None:
         with self._of.noting_faults():
             async with self._of.pool.connection() as conn:
-                cur = await conn.execute(self._of.queue.sql.load_steps, {"id": self._id})
+                cur = await conn.execute(self._of.sql.load_steps, {"id": self._id})
                 rows = await cur.fetchall()
         self._now = rows[0][6]
         self._records = [StepRecord.from_row(row) for row in rows if row[0] is not None]
@@ -233,7 +296,7 @@ class DurableRun:
         params = {"id": self._id, "attempt": of.lease.attempt, "owner": of.owner,
                   "position": position, "name": step, "kind": kind, "result": result,
                   "delay": delay, "until": until}  # fmt: skip
-        statement = of.queue.sql.record_step
+        statement = of.sql.record_step
         if conn is not None:
             cur = await conn.execute(statement, params)
             row = await cur.fetchone()
@@ -265,6 +328,38 @@ class DurableRun:
                 "key), not the value"
             )
         return text
+
+
+#: What `trioq.signal` did: woke the job that waited for it, stored it for a wait to come,
+#: or nothing (a signal of that name had been sent to the job already).
+SIGNAL_OUTCOMES = ("woke", "stored", "duplicate")
+
+
+async def send_signal(
+    conn: Conn, sql: Statements, *, job_id: int | None, key: str | None, name: str,
+    payload: JSONValue, max_bytes: int, who: str,
+) -> str:  # fmt: skip
+    """`trioq.signal`: one of `SIGNAL_OUTCOMES`; `JobNotFoundError` for no such live job."""
+    check_step_name(name, "signal name")
+    text = encode_args(payload, field=f"the payload of signal {name!r}")
+    if len(text) * 4 > max_bytes and (size := len(text.encode())) > max_bytes:
+        raise ValueError(f"the payload of signal {name!r} is {size:,} bytes of JSON, over the "
+                         f"limit of {max_bytes:,} (max_payload_bytes)")  # fmt: skip
+    params = {"id": job_id, "key": key, "name": name, "payload": text,
+              "channel": sql.channel}  # fmt: skip
+    cur = await conn.execute(sql.signal, params)
+    row = await cur.fetchone()
+    assert row is not None
+    found, state, stored, woke = row
+    if found is None:
+        raise JobNotFoundError(f"{who}: no such job to signal (it may have ended and been "
+                               "deleted, or died)", job_id=job_id or 0)  # fmt: skip
+    if state in ("done", "cancelled"):
+        raise JobNotFoundError(f"job {found} has ended ({state}): nothing will read signal "
+                               f"{name!r}", job_id=int(found))  # fmt: skip
+    if woke:
+        return "woke"
+    return "stored" if stored else "duplicate"
 
 
 async def job_steps(conn: Conn, sql: Any, job_id: int) -> list[StepRecord]:

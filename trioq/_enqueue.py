@@ -1,5 +1,5 @@
 """``trioq.enqueue``, ``enqueue_many``, ``enqueue_bulk``, ``job_status``, ``result``,
-``dependencies``: `Queue`'s methods on the default queue.
+``dependencies``, ``signal``: `Queue`'s methods on the default queue.
 
 Each is the `Queue` method itself, bound to `DEFAULT_QUEUE` (schema ``trioq``) by
 `on_default_queue`: its signature, types and docstring are written once, in
@@ -23,6 +23,7 @@ __all__ = [
     "enqueue_many",
     "job_status",
     "result",
+    "signal",
     "without_first",
 ]
 
@@ -66,3 +67,4 @@ enqueue_bulk = on_default_queue(Queue.enqueue_bulk)
 job_status = on_default_queue(Queue.job_status)
 result = on_default_queue(Queue.result)
 dependencies = on_default_queue(Queue.dependencies)
+signal = on_default_queue(Queue.signal)

@@ -9,6 +9,9 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      │                              step name twice, a result that cannot be recorded)
      ├── Snooze                     job.snooze(): run again later, the attempt refunded
      │    └── Sleep                 job.sleep(): the run ends, the job is due at its wake-up
+     ├── Waiting                    job.wait_for(): the run ends, the job parked for its signal
+     ├── TimeoutError
+     │    └── WaitTimeout           job.wait_for(): no signal came before the timeout
      ├── ValueError
      │    ├── PayloadTooLargeError  a job's JSON args are over Queue.max_payload_bytes
      │    ├── WorkflowError         a workflow or batch that cannot be enqueued: a cycle, an
@@ -78,6 +81,8 @@ __all__ = [
     "Sleep",
     "Snooze",
     "UnknownDependencyError",
+    "WaitTimeout",
+    "Waiting",
     "WorkflowError",
     "leaves",
 ]
@@ -112,6 +117,20 @@ class Sleep(Snooze):
         Exception.__init__(self, f"sleeping until {until.isoformat()}")
         self.delay = delay
         self.until = until
+
+
+class Waiting(Exception):
+    """Raised by ``JobContext.wait_for`` when no signal has come: the job was given back
+    (its slot and lease freed, the attempt refunded) in the statement that looked, and is
+    woken by the signal or its timeout. This run ends; do not catch it."""
+
+
+class WaitTimeout(TimeoutError):
+    """``JobContext.wait_for``: the timeout passed before a signal of that name came."""
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 # -- raised by trioq -----------------------------------------------------------------------------

@@ -27,12 +27,14 @@ from ._db.statements import Statements, statements, validate_schema_name
 from ._db.version import check_schema, migrated, schema_version
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, read_dependencies
+from ._durable import send_signal
 from ._flow import UNSET, QueueSettings, RateLimit, Unset, change_settings, read_settings
 from ._job import (
     DEFAULT_MAX_PAYLOAD,
     EnqueueResult,
     JobSpec,
     JSONValue,
+    check_job_id,
     check_max_payload,
     check_payload,
     encode_args_runs,
@@ -43,7 +45,7 @@ from ._pg.connection import Conn
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._rules import rule
-from ._unique import Unique
+from ._unique import Unique, unique_key
 
 __all__ = [
     "CancelOutcome",
@@ -336,6 +338,44 @@ class Queue:
             )
             for q in names
         ]  # fmt: skip
+
+    # -- durable jobs (trioq._durable) ----------------------------------------------------------
+
+    async def signal(
+        self,
+        conn: Conn,
+        job_id: int | None,
+        name: str,
+        payload: JSONValue = None,
+        *,
+        task: str | None = None,
+        key: str | None = None,
+    ) -> str:
+        """Send signal ``name`` (with a JSON ``payload``) to a job, in the caller's
+        transaction if one is open: ``"woke"`` (the job waited for it, and runs now),
+        ``"stored"`` (kept for the job's ``wait_for(name)`` to come) or ``"duplicate"``
+        (a signal of that name was sent to it before; the first one counts). The job is
+        ``job_id``, or (``job_id=None``) the live job of ``task`` enqueued with
+        ``dedup_key=key``. `trioq.JobNotFoundError` for no such live job, or one that has
+        ended (``docs/durable.md``)."""
+        if job_id is None:
+            if task is None or key is None:
+                raise TypeError("give a job_id, or task= and key= (the job's dedup_key)")
+            scoped = unique_key(task=task, queue="default", args=None, dedup_key=key,
+                                unique=False)  # fmt: skip
+            assert scoped is not None  # a dedup_key always makes one
+            found: str | None = scoped.key
+        else:
+            check_job_id(job_id)
+            if task is not None or key is not None:
+                raise TypeError("give a job_id or task= and key=, not both")
+            found = None
+        with migrated(conn, self.schema):
+            await self._check_version(conn)
+            who = f"job {job_id}" if job_id is not None else f"task {task!r} key {key!r}"
+            return await send_signal(conn, self.sql, job_id=job_id, key=found, name=name,
+                                     payload=payload, max_bytes=self.max_payload_bytes,
+                                     who=who)  # fmt: skip
 
     # -- results (trioq._result) ----------------------------------------------------------------
 

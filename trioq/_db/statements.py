@@ -132,6 +132,7 @@ _OBJECTS = {
     "deps": "job_dependencies",
     "batches": "batches",
     "steps": "job_steps",
+    "signals": "job_signals",
     "claim_limited": "claim_limited",
     "enqueue_unique": "enqueue_unique",
     "jobs_ended": "jobs_ended",
@@ -358,6 +359,8 @@ class Statements:
     load_steps = Statement(durable.LOAD_STEPS)
     record_step = Statement(durable.RECORD_STEP)
     job_steps = Statement(durable.JOB_STEPS)
+    wait = Statement(durable.WAIT)
+    signal = Statement(durable.SIGNAL)
 
     # -- workflows: dependencies and batches -------------------------------------------------------
     dependencies_lock = Statement(workflows.DEPENDENCIES_LOCK)

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._context import JobContext, JobServices
-from .._exceptions import FatalError, LeaseLostError, Snooze, leaves
+from .._exceptions import FatalError, LeaseLostError, Snooze, Waiting, leaves
 from .._hooks import fields, run_chain
 from .._job import DEFAULT_MAX_RESULT, MAX_RETRY_DELAY, Failure, Job, Lease, encode_args
 from .._outcome import Kind, Outcome
@@ -181,7 +181,7 @@ class Executor:
         rolled back with that connection, and nothing about the job is wrong, so it must not
         wait the retry policy's backoff (a minute, by the fifth attempt). At most
         `FAULT_RELEASES` times in a row; None otherwise (an ordinary failure)."""
-        if isinstance(ex, LeaseLostError | Snooze) or ctx.fault is None:
+        if isinstance(ex, LeaseLostError | Snooze | Waiting) or ctx.fault is None:
             return None
         if connection_fault(ex) is not ctx.fault:
             return None
@@ -311,7 +311,7 @@ def outcome_of_error(task: Task, job: Job, lease: Lease, ex: Exception) -> Outco
     """What a handler's exception means for its job (called inside the except block)."""
     if isinstance(ex, Snooze):
         return Outcome(kind=Kind.RELEASE, lease=lease, delay=ex.delay)
-    if isinstance(ex, LeaseLostError):
+    if isinstance(ex, LeaseLostError | Waiting):  # Waiting: parked by its own statement
         return Outcome(kind=Kind.NOTHING, lease=lease)
     fatal = isinstance(ex, FatalError)
     # Logged once written, with its delay or reason (`trioq._worker.services.lifecycle`).

@@ -40,3 +40,76 @@ JOB_STEPS = """
 SELECT position, name, kind, result::text, attempt, recorded_at
   FROM {steps} WHERE job_id = %(id)s::int8 ORDER BY position
 """
+
+# A wait for a signal, in one statement under the job's row lock (the fence): the signal if
+# it came, recorded as the wait's result; else its timeout if it has passed (recorded as
+# timed out); else the wait is recorded pending (its timeout) and the job parked: given back
+# with its attempt refunded, scheduled at the timeout, waiting for the name (cancelled, if a
+# cancel was requested). A pending record is updated when the wait resolves.
+WAIT = """
+WITH f AS (
+    SELECT id, cancel_requested FROM {jobs} WHERE {fence_one} FOR NO KEY UPDATE
+), sig AS (
+    SELECT s.payload FROM {signals} s, f WHERE s.job_id = f.id AND s.name = %(name)s
+), v AS (
+    SELECT coalesce(%(until)s::timestamptz, {now} + %(timeout)s::interval) AS until
+), decided AS (
+    SELECT f.id, f.cancel_requested, v.until,
+           CASE WHEN EXISTS (SELECT 1 FROM sig)
+                THEN pg_catalog.jsonb_build_object('payload', (SELECT payload FROM sig))
+                WHEN v.until <= {now}
+                THEN pg_catalog.jsonb_build_object('timed_out', v.until)
+                ELSE pg_catalog.jsonb_build_object('until', v.until) END AS result
+      FROM f, v
+), rec AS (
+    INSERT INTO {steps} (job_id, position, name, kind, result, attempt, recorded_at)
+    SELECT d.id, %(position)s, %(name)s, 'wait', d.result, %(attempt)s, {now} FROM decided d
+    ON CONFLICT (job_id, position) DO UPDATE SET result = EXCLUDED.result
+    RETURNING result
+), parked AS (
+    UPDATE {jobs} j
+       SET state = CASE WHEN d.cancel_requested THEN 'cancelled' ELSE 'scheduled' END,
+           finished_at = CASE WHEN d.cancel_requested THEN {now} END,
+           run_at = d.until, waiting_for = %(name)s, durable = true, attempt = j.attempt - 1,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM decided d
+     WHERE j.id = d.id AND d.result ? 'until'
+    RETURNING j.id
+)
+SELECT rec.result::text, (SELECT count(*) FROM parked) FROM rec
+"""
+
+# A signal, in the sender's transaction: stored for the job (by id, or the live job holding a
+# task's dedup key), and the job woken if it waits for it. The job's row is locked first (as
+# the wait locks it), so a signal and a wait never miss each other. Returns the job's state
+# before (NULL: no such job), whether the signal was stored (false: one of that name was
+# already), and whether the job was woken.
+SIGNAL = """
+WITH j AS (
+    SELECT id, state, waiting_for, queue, durable FROM {jobs}
+     WHERE id = coalesce(%(id)s::int8, (SELECT x.id FROM {jobs} x
+                                         WHERE x.dedup_key = %(key)s AND x.state IN {live}))
+       FOR NO KEY UPDATE
+), ins AS (
+    INSERT INTO {signals} (job_id, name, payload, sent_at)
+    SELECT j.id, %(name)s, %(payload)s::jsonb, {now} FROM j
+     WHERE j.state NOT IN ('done', 'cancelled')
+    ON CONFLICT (job_id, name) DO NOTHING
+    RETURNING job_id
+), woke AS (
+    UPDATE {jobs} x
+       SET state = 'available', run_at = {now}, waiting_for = NULL, durable = true
+      FROM j
+     WHERE x.id = j.id AND EXISTS (SELECT 1 FROM ins)
+       AND j.state = 'scheduled' AND j.waiting_for = %(name)s
+    RETURNING x.queue
+), marked AS (
+    UPDATE {jobs} x SET durable = true
+      FROM j
+     WHERE x.id = j.id AND EXISTS (SELECT 1 FROM ins) AND NOT j.durable
+       AND NOT (j.state = 'scheduled' AND j.waiting_for IS NOT DISTINCT FROM %(name)s)
+)
+SELECT j.id, j.state, EXISTS (SELECT 1 FROM ins),
+       (SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, w.queue)) FROM woke w) > 0
+  FROM (SELECT 1) AS one LEFT JOIN j ON true
+"""
