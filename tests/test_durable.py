@@ -518,3 +518,39 @@ async def test_a_signal_committed_while_the_wait_looks_is_not_missed(dsn: str) -
                     await trio.sleep(0.01)
         with trio.fail_after(10):
             assert await trioq.result(conn, job.job_id) == "in time"
+
+
+async def test_a_patch_sends_old_runs_down_the_old_branch_and_new_ones_down_the_new(
+    dsn: str,
+) -> None:
+    """Old code recorded fetch, tax-v1, then failed; new code asks job.patched("tax-v2")
+    where tax-v1 was: the old run replays tax-v1 (no patch recorded), a new run records the
+    patch and takes tax-v2, and its retry replays the patch too."""
+    version = ["old"]
+    taken: list[tuple[int, str]] = []
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=3, retry=Constant(seconds=0), keep_result=True)
+    async def flow(job: trioq.JobContext, n: int) -> Any:
+        await job.step("fetch", lambda: n)
+        if version[0] == "new" and await job.patched("tax-v2"):
+            tax = await job.step("tax-v2", lambda: "new")
+        else:
+            tax = await job.step("tax-v1", lambda: "old")
+        taken.append((n, tax))
+        if job.attempt == 1:
+            raise RuntimeError("the first attempt fails after the tax step")
+        return [(s.name, s.kind) for s in await job.steps()]
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        old = await flow.enqueue(conn, n=1)
+        await wait_until(holds(conn, "SELECT attempt = 1 AND state <> 'running' "
+                                     "FROM trioq.jobs WHERE id = %s", old.job_id))  # fmt: skip
+        version[0] = "new"
+        new = await flow.enqueue(conn, n=2)
+        with trio.fail_after(10):
+            old_steps = await trioq.result(conn, old.job_id)
+            new_steps = await trioq.result(conn, new.job_id)
+    assert old_steps == [["fetch", "step"], ["tax-v1", "step"]]
+    assert new_steps == [["fetch", "step"], ["patch:tax-v2", "patch"], ["tax-v2", "step"]]
+    assert sorted(taken) == [(1, "old"), (1, "old"), (2, "new"), (2, "new")]

@@ -206,6 +206,14 @@ class JobContext:
         wait is recorded as a step named ``name``: each name once per run."""
         return await self._run.wait_for(name, timeout)
 
+    async def patched(self, name: str) -> bool:
+        """Whether this run takes the new branch of a changed handler: True for a run that
+        reaches this point for the first time since the patch (recorded, so its replays say
+        True too), False for a run that had gone past this point before the patch existed
+        (its records replay the old branch). ``if await job.patched("tax-v2"): ... else: ...``
+        (``docs/durable.md``, "Changing a durable handler")."""
+        return await self._run.patched(name)
+
     async def steps(self) -> list[StepRecord]:
         """What this job has recorded, in order (steps and sleeps)."""
         with self._noting_faults():

@@ -227,6 +227,23 @@ class DurableRun:
     def _timed_out(self, name: str, when: str) -> WaitTimeout:
         return WaitTimeout(f"job {self._id}: no signal {name!r} came before {when}", name=name)
 
+    async def patched(self, patch: str) -> bool:
+        check_step_name(patch, "patch name")
+        patch = f"patch:{patch}"  # its record's name: apart from the steps' (a step may share it)
+        if self._records is None:
+            await self._load()
+        assert self._records is not None
+        position = self._position
+        if position < len(self._records):
+            record = self._records[position]
+            if (record.name, record.kind) != (patch, "patch"):
+                return False  # a run that went past here without this patch: the old branch
+            await self._next(patch, "patch")
+            return True
+        await self._next(patch, "patch")
+        await self._record(position, patch, "patch", result="true")
+        return True
+
     def key(self, step: str) -> str:
         check_step_name(step)
         return f"trioq:{self._of.sql.schema}:{self._id}:{step}"
