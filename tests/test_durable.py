@@ -5,12 +5,14 @@ database's clock is moved (``trioq.now``) instead of waiting for a sleep."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from typing import Any
 
 import pytest
 import trio
 import trio.lowlevel
+from clitool import trioq_cli
 from helpers import rows, scalar, serving, wait_until
 
 import trioq
@@ -554,3 +556,25 @@ async def test_a_patch_sends_old_runs_down_the_old_branch_and_new_ones_down_the_
     assert old_steps == [["fetch", "step"], ["tax-v1", "step"]]
     assert new_steps == [["fetch", "step"], ["patch:tax-v2", "patch"], ["tax-v2", "step"]]
     assert sorted(taken) == [(1, "old"), (1, "old"), (2, "new"), (2, "new")]
+
+
+async def test_jobs_show_prints_the_step_log(dsn: str) -> None:
+    seen: list[Any] = []
+    async with serving(dsn, approval_registry(seen)) as (conn, _rt):
+        job = await trioq.enqueue(conn, "review", {"timeout": 3600})
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+    shown = await trio.to_thread.run_sync(
+        lambda: trioq_cli("jobs", "show", str(job.job_id), "--dsn", dsn))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "  steps:     2 recorded" in lines
+    assert any(line.split()[:3] == ["0", "step", "draft"] and line.endswith('"v1"')
+               for line in lines)  # fmt: skip
+    assert any(line.split()[:3] == ["1", "wait", "approval"] and "waiting, until" in line
+               for line in lines)  # fmt: skip
+    as_json = await trio.to_thread.run_sync(
+        lambda: trioq_cli("jobs", "show", str(job.job_id), "--dsn", dsn, "--json"))
+    steps = json.loads(as_json.stdout)["steps"]
+    assert [(s["position"], s["name"], s["kind"]) for s in steps] == [
+        (0, "draft", "step"), (1, "approval", "wait")]

@@ -27,7 +27,7 @@ from ._db.statements import Statements, statements, validate_schema_name
 from ._db.version import check_schema, migrated, schema_version
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, read_dependencies
-from ._durable import send_signal
+from ._durable import StepRecord, job_steps, send_signal
 from ._flow import UNSET, QueueSettings, RateLimit, Unset, change_settings, read_settings
 from ._job import (
     DEFAULT_MAX_PAYLOAD,
@@ -376,6 +376,13 @@ class Queue:
             return await send_signal(conn, self.sql, job_id=job_id, key=found, name=name,
                                      payload=payload, max_bytes=self.max_payload_bytes,
                                      who=who)  # fmt: skip
+
+    async def steps(self, conn: Conn, job_id: int) -> list[StepRecord]:
+        """What a durable job recorded (steps, sleeps, waits, patches), in order; empty for a
+        job without records (or none at all)."""
+        check_job_id(job_id)
+        with migrated(conn, self.schema):
+            return await job_steps(conn, self.sql, job_id)
 
     # -- results (trioq._result) ----------------------------------------------------------------
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 
 from .._db.sql.lists import WINDOW as LIST_WINDOW
 from .._db.statements import statements
+from .._durable import StepRecord
 from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from .._queue import Queue
 from .._result import JobStatus
@@ -110,8 +112,35 @@ def _list_text(jobs: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 async def _show(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
     status = await queue.job_status(conn, args.job_id)
-    code = EXIT_NOT_FOUND if status.state == "unknown" else EXIT_OK
-    return code, status.to_json(), describe(status)
+    if status.state == "unknown":
+        return EXIT_NOT_FOUND, status.to_json(), describe(status)
+    steps = await queue.steps(conn, args.job_id)
+    payload = {**status.to_json(), "steps": [step_json(step) for step in steps]}
+    return EXIT_OK, payload, describe(status, steps)
+
+
+def step_json(step: StepRecord) -> dict[str, Any]:
+    return {"position": step.position, "name": step.name, "kind": step.kind,
+            "result": step.result, "attempt": step.attempt,
+            "recorded_at": step.recorded_at.isoformat()}  # fmt: skip
+
+
+#: Steps `trioq jobs show` prints (the JSON has them all), and the width of a shown result.
+SHOWN_STEPS, SHOWN_RESULT = 50, 60
+
+
+def _step_line(step: StepRecord) -> str:
+    result = step.result
+    if step.kind == "wait" and isinstance(result, dict) and "until" in result:
+        what = f"waiting, until {result['until']}"
+    elif step.kind == "sleep" and isinstance(result, dict):
+        what = f"until {result.get('until')}"
+    else:
+        what = json.dumps(result)
+    if len(what) > SHOWN_RESULT:
+        what = what[: SHOWN_RESULT - 3] + "..."
+    return (f"    {step.position:>4}  {step.kind:<5}  {step.name[:30]:<30}  attempt "
+            f"{step.attempt:<3} {what}")  # fmt: skip
 
 
 async def _wait(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
@@ -128,8 +157,9 @@ async def _wait(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int,
     return EXIT_OK, {**payload, "state": "done", "result": result}, json.dumps(result)
 
 
-def describe(s: JobStatus) -> str:
-    """The status as text: one headline, then one line per field that says something."""
+def describe(s: JobStatus, steps: Sequence[StepRecord] = ()) -> str:
+    """The status as text: one headline, then one line per field that says something, then
+    a durable job's records (`SHOWN_STEPS` at most)."""
     if s.state == "unknown":
         return (
             f"job {s.id}: unknown (no such job: never enqueued, completed without "
@@ -160,4 +190,9 @@ def describe(s: JobStatus) -> str:
     if s.traceback:
         lines.append("  traceback:")
         lines.extend(f"    {line}" for line in s.traceback.rstrip().splitlines())
+    if steps:
+        lines.append(f"  steps:     {len(steps)} recorded")
+        lines.extend(_step_line(step) for step in steps[:SHOWN_STEPS])
+        if len(steps) > SHOWN_STEPS:
+            lines.append(f"    (the first {SHOWN_STEPS}: --json has them all)")
     return "\n".join(lines)
