@@ -578,3 +578,96 @@ async def test_jobs_show_prints_the_step_log(dsn: str) -> None:
     steps = json.loads(as_json.stdout)["steps"]
     assert [(s["position"], s["name"], s["kind"]) for s in steps] == [
         (0, "draft", "step"), (1, "approval", "wait")]
+
+
+# -- children ------------------------------------------------------------------------------------
+
+
+def family(log: list[Any]) -> trioq.Registry:
+    tasks = trioq.Registry()
+
+    @tasks.task(keep_result=True, max_attempts=1)
+    async def child(job: trioq.JobContext, n: int, fail: bool = False) -> int:
+        log.append(("child", n))
+        if fail:
+            raise trioq.FatalError(f"child {n} gives up")
+        return n * n
+
+    @tasks.task(keep_result=True, max_attempts=3, retry=Constant(seconds=0))
+    async def parent(job: trioq.JobContext, fail_child: bool = False) -> Any:
+        kid = await job.spawn(child, {"n": 3, "fail": fail_child})
+        log.append(("parent spawned", kid, job.attempt))
+        if job.attempt == 1:
+            raise RuntimeError("the parent fails once after spawning")
+        try:
+            return {"child": kid, "result": await job.wait_for_job(kid)}
+        except trioq.JobDeadError as ex:
+            return {"child": kid, "dead": str(ex)}
+
+    return tasks
+
+
+async def test_a_parent_waits_for_its_child_without_holding_the_slot(dsn: str) -> None:
+    """One slot: the parent spawns, fails once, is retried (the replay returns the same
+    child), waits for it (freeing the slot, where the child then runs), and gets its
+    result."""
+    log: list[Any] = []
+    async with serving(dsn, family(log),
+                       queues={"default": trioq.QueueConfig(concurrency=1)}) as (conn, _rt):
+        job = await trioq.enqueue(conn, "parent")
+        with trio.fail_after(20):
+            result = await trioq.result(conn, job.job_id)
+        kid = result["child"]
+        assert result == {"child": kid, "result": 9}
+        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs WHERE task = 'child'") == 1
+    spawned = [entry for entry in log if entry[0] == "parent spawned"]
+    assert spawned == [("parent spawned", kid, 1), ("parent spawned", kid, 2)]
+    assert log.count(("child", 3)) == 1
+
+
+async def test_a_child_that_dies_is_the_parents_error(dsn: str) -> None:
+    log: list[Any] = []
+    async with serving(dsn, family(log)) as (conn, _rt):
+        job = await trioq.enqueue(conn, "parent", {"fail_child": True})
+        with trio.fail_after(20):
+            result = await trioq.result(conn, job.job_id)
+    assert result["dead"].startswith(f"child job {result['child']} is dead: fatal error")
+    assert "child 3 gives up" in result["dead"]
+
+
+async def test_waiting_for_a_job_that_is_not_a_child_is_refused(dsn: str) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=1)
+    async def nosy(job: trioq.JobContext, other: int) -> None:
+        await job.wait_for_job(other)
+
+    async with serving(dsn, tasks) as (conn, _rt):
+        other = await trioq.enqueue(conn, "elsewhere", queue="elsewhere")
+        job = await trioq.enqueue(conn, "nosy", {"other": other.job_id})
+        await wait_until(lambda: dead_reason(conn, job.job_id))
+        _reason, error = await dead_reason(conn, job.job_id) or ("", "")
+    assert f"job {other.job_id} was not spawned by job {job.job_id}" in error
+
+
+async def test_a_child_that_ends_wakes_its_parked_parent(dsn: str) -> None:
+    """The parent is parked (waiting for 'job <child>') before its child runs: the child's
+    end, by the trigger in its completing transaction, wakes it."""
+    log: list[Any] = []
+    tasks = family(log)
+
+    @tasks.task(keep_result=True)
+    async def waiter(job: trioq.JobContext) -> Any:
+        kid = await job.spawn("child", {"n": 4}, delay=3600)
+        return await job.wait_for_job(kid)
+
+    async with serving(dsn, tasks) as (conn, _rt):
+        job = await trioq.enqueue(conn, "waiter")
+        await wait_until(holds(conn, "SELECT waiting_for LIKE 'job %%' AND state = 'scheduled' "
+                                     "FROM trioq.jobs WHERE id = %s", job.job_id))  # fmt: skip
+        assert log == []  # the child has not run
+        await conn.execute("UPDATE trioq.jobs SET state = 'available', run_at = now() "
+                           "WHERE task = 'child'")  # fmt: skip
+        await conn.execute("SELECT pg_notify('trioq_trioq', 'default')")
+        with trio.fail_after(10):
+            assert await trioq.result(conn, job.job_id) == 16

@@ -13,7 +13,7 @@ import datetime as dt
 import operator
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
+from typing import Any, Concatenate, NoReturn, ParamSpec, Protocol, TypeVar
 
 import attrs
 import psycopg
@@ -53,6 +53,17 @@ class JobServices:
     completions: SharedCompletions | None = None
     #: The largest JSON a durable step may record (``Config.max_result_bytes``).
     max_result_bytes: int = DEFAULT_MAX_RESULT
+
+
+class TaskLike(Protocol):
+    """What `JobContext.spawn` reads of a `trioq.Task` (which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def max_attempts(self) -> int: ...
 
 
 P = ParamSpec("P")
@@ -148,7 +159,7 @@ class JobContext:
             self._durable = DurableRun(RunOf(
                 lease=self.lease, pool=services.app_pool, sql=services.queue.sql,
                 owner=services.owner, max_result_bytes=services.max_result_bytes,
-                noting_faults=self._noting_faults,
+                noting_faults=self._noting_faults, enqueue=services.queue.enqueue,
             ))  # fmt: skip
         return self._durable
 
@@ -205,6 +216,39 @@ class JobContext:
         passed, when this call raises `trioq.WaitTimeout` (catch it to go on without). The
         wait is recorded as a step named ``name``: each name once per run."""
         return await self._run.wait_for(name, timeout)
+
+    async def spawn(
+        self,
+        task: TaskLike | str,
+        args: JSONValue = None,
+        /,
+        *,
+        name: str | None = None,
+        **options: Any,
+    ) -> int:
+        """Enqueue a child job, once: its id. The enqueue and the spawn's record commit in one
+        transaction, so a replay returns the same child and never enqueues a second one.
+        ``task`` is a `trioq.Task` (its queue and max_attempts apply) or a task name;
+        ``options`` are `Queue.enqueue`'s (``queue=``, ``priority=``, ``delay=``, ...).
+        Recorded as a step (``name``, default ``"spawn N"`` for the N-th spawn of the run).
+        The child tells this job when it ends: `wait_for_job`."""
+        if not isinstance(task, str):
+            options = {"queue": task.queue, "max_attempts": task.max_attempts, **options}
+            task = task.name
+        return await self._run.spawn(task, args, options, name)
+
+    async def wait_for_job(
+        self,
+        child: int,
+        *,
+        timeout: dt.timedelta | float | None = None,  # noqa: ASYNC109 - a durable deadline
+    ) -> JSONValue:
+        """The result of a child (`spawn`) once it has ended, without holding a slot
+        meanwhile (as `wait_for`: the run ends, and the child's end wakes it). Its kept
+        result (None when its task does not keep results); `trioq.JobDeadError` or
+        `trioq.JobCancelledError` if it died or was cancelled; `trioq.WaitTimeout` after
+        ``timeout``."""
+        return await self._run.wait_for_job(child, timeout)
 
     async def patched(self, name: str) -> bool:
         """Whether this run takes the new branch of a changed handler: True for a run that

@@ -34,6 +34,8 @@ import psycopg
 from ._db.statements import LEASE_LOST_SQLSTATE, Statements
 from ._exceptions import (
     DurableError,
+    JobCancelledError,
+    JobDeadError,
     JobNotFoundError,
     LeaseLostError,
     Sleep,
@@ -117,6 +119,8 @@ class RunOf:
     max_result_bytes: int
     #: Notes a connection fault of the job's own connections (`JobContext._noting_faults`).
     noting_faults: Callable[[], AbstractContextManager[None]]
+    #: The worker's `Queue.enqueue` (its schema and payload limit), for `spawn`.
+    enqueue: Callable[..., Awaitable[Any]]
 
 
 class DurableRun:
@@ -131,6 +135,7 @@ class DurableRun:
         self._position = 0
         self._called: dict[str, int] = {}  # names called in this run, and their positions
         self._sleeps = 0
+        self._spawns = 0
 
     # -- the calls -----------------------------------------------------------------------------
 
@@ -163,6 +168,46 @@ class DurableRun:
                 text = self._encode(step, result)
                 await self._record(position, step, "step", result=text, conn=conn)
         return json.loads(text)
+
+    async def spawn(
+        self, task: str, args: JSONValue, options: dict[str, Any], step: str | None
+    ) -> int:
+        self._spawns += 1
+        step = f"spawn {self._spawns}" if step is None else check_step_name(step)
+        position, record = await self._next(step, "spawn")
+        if record is not None:
+            return int(record.result)
+        of = self._of
+        with of.noting_faults():
+            async with of.pool.connection() as conn, conn.transaction():
+                child = (await of.enqueue(conn, task, args, **options)).job_id
+                await conn.execute(of.sql.set_parent, {"parent": self._id, "child": child})
+                await self._record(position, step, "spawn", result=str(child), conn=conn)
+        return int(child)
+
+    async def wait_for_job(
+        self, child: int, timeout: dt.timedelta | float | None  # noqa: ASYNC109 - in the row
+    ) -> JSONValue:
+        if self._records is None:
+            await self._load()
+        assert self._records is not None
+        spawned = {r.result for r in self._records if r.kind == "spawn"}
+        if not isinstance(child, int) or isinstance(child, bool):
+            raise TypeError(f"wait_for_job takes a job id from job.spawn, got {child!r}")
+        if child not in spawned:
+            raise ValueError(f"job {child} was not spawned by job {self._id} (job.spawn): only "
+                             "a child tells its parent that it ended")  # fmt: skip
+        ended = await self.wait_for(f"job {child}", timeout)
+        assert isinstance(ended, dict)
+        state = ended.get("state")
+        if state == "done":
+            return ended.get("result")
+        if state == "dead":
+            raise JobDeadError(f"child job {child} is dead: {ended.get('reason')}; last error: "
+                               f"{ended.get('error')}", job_id=child)  # fmt: skip
+        if state == "cancelled":
+            raise JobCancelledError(f"child job {child} was cancelled", job_id=child)
+        raise JobNotFoundError(f"child job {child} was deleted before it ended", job_id=child)
 
     async def sleep(self, delay: dt.timedelta | float, step: str | None) -> None:
         if delay is None:

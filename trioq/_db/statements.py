@@ -361,6 +361,7 @@ class Statements:
     job_steps = Statement(durable.JOB_STEPS)
     wait = Statement(durable.WAIT)
     signal = Statement(durable.SIGNAL)
+    set_parent = Statement(durable.SET_PARENT)
 
     # -- workflows: dependencies and batches -------------------------------------------------------
     dependencies_lock = Statement(workflows.DEPENDENCIES_LOCK)

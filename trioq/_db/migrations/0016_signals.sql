@@ -49,3 +49,65 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- A child a durable job spawned (`job.spawn`): its parent, told when it ends.
+ALTER TABLE jobs ADD COLUMN parent_id bigint;
+
+-- A child ended: its parent gets the signal 'job <id>' (what became of it, and its kept
+-- result), in the transaction that ended it, and is woken if it waits for it
+-- (`job.wait_for_job`). The outcome is read as job_ended reads it (migration 8): moved to
+-- dead_jobs by the same statement, completed (deleted while running), kept as done,
+-- cancelled, or deleted by hand.
+CREATE FUNCTION child_ended() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    child   jobs%ROWTYPE;
+    payload jsonb;
+    d       record;
+    parent  record;
+    t       timestamptz := coalesce(nullif(current_setting('trioq.now', true), '')::timestamptz,
+                                    now());
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        child := NEW;
+        payload := jsonb_build_object('state', NEW.state, 'result', NEW.result);
+    ELSE
+        child := OLD;
+        IF OLD.state IN ('done', 'cancelled') THEN
+            RETURN NULL;  -- pruned after it ended: its parent was told then
+        END IF;
+        SELECT x.reason, x.last_error INTO d FROM dead_jobs x WHERE x.id = OLD.id;
+        IF FOUND THEN
+            payload := jsonb_build_object('state', 'dead', 'reason', d.reason,
+                                          'error', d.last_error);
+        ELSIF OLD.state = 'running' THEN
+            payload := jsonb_build_object('state', 'done', 'result', NULL);
+        ELSE
+            payload := jsonb_build_object('state', 'deleted');
+        END IF;
+    END IF;
+    INSERT INTO job_signals (job_id, name, payload, sent_at)
+    SELECT p.id, 'job ' || child.id, payload, t FROM jobs p WHERE p.id = child.parent_id
+    ON CONFLICT (job_id, name) DO NOTHING;
+    UPDATE jobs p SET state = 'available', run_at = t, waiting_for = NULL
+     WHERE p.id = child.parent_id AND p.state = 'scheduled'
+       AND p.waiting_for = 'job ' || child.id
+    RETURNING p.queue INTO parent;
+    IF FOUND THEN
+        PERFORM pg_notify('trioq_' || TG_TABLE_SCHEMA, parent.queue);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_child_ended_update
+    AFTER UPDATE ON jobs FOR EACH ROW
+    WHEN (NEW.parent_id IS NOT NULL AND NEW.state IN ('done', 'cancelled')
+          AND OLD.state NOT IN ('done', 'cancelled'))
+    EXECUTE FUNCTION child_ended();
+
+CREATE TRIGGER jobs_child_ended_delete
+    AFTER DELETE ON jobs FOR EACH ROW WHEN (OLD.parent_id IS NOT NULL)
+    EXECUTE FUNCTION child_ended();

@@ -113,3 +113,9 @@ SELECT j.id, j.state, EXISTS (SELECT 1 FROM ins),
        (SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, w.queue)) FROM woke w) > 0
   FROM (SELECT 1) AS one LEFT JOIN j ON true
 """
+
+# A job spawned by a durable job (`job.spawn`), in the transaction that inserted it and
+# records the spawn: its parent is told when it ends (migration 16's child_ended).
+SET_PARENT = """
+UPDATE {jobs} SET parent_id = %(parent)s::int8 WHERE id = %(child)s::int8
+"""
