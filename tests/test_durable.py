@@ -671,3 +671,33 @@ async def test_a_child_that_ends_wakes_its_parked_parent(dsn: str) -> None:
         await conn.execute("SELECT pg_notify('trioq_trioq', 'default')")
         with trio.fail_after(10):
             assert await trioq.result(conn, job.job_id) == 16
+
+
+async def test_the_metrics_count_parked_jobs(dsn: str) -> None:
+    from trioq._obs.metrics import DepthSampler
+    from trioq._obs.prometheus import _depth
+
+    seen: list[Any] = []
+    tasks = approval_registry(seen)
+
+    @tasks.task
+    async def napper(job: trioq.JobContext) -> None:
+        await job.sleep(3600)
+
+    async with serving(dsn, tasks) as (conn, _rt):
+        waiting = await trioq.enqueue(conn, "review")
+        sleeping = await trioq.enqueue(conn, "napper")
+        await trioq.enqueue(conn, "plain", delay=3600)  # scheduled, not durable: not parked
+        for job in (waiting, sleeping):
+            await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs "
+                                         "WHERE id = %s", job.job_id))  # fmt: skip
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            sampler = DepthSampler(pool, "trioq", interval=0, cap=1000)
+            depths = await sampler.run_once()
+            sample = await sampler.refresh()
+    assert depths.parked == {("default", "waiting"): 1, ("default", "sleeping"): 1}
+    assert depths.counts[("default", "scheduled")] == 3
+    family = next(m for m in _depth(sample, ["default"], 1000)
+                  if m.name == "trioq_durable_parked")  # fmt: skip
+    assert {(s.labels["kind"], s.value) for s in family.samples} == {("sleeping", 1),
+                                                                     ("waiting", 1)}

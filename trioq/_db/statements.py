@@ -301,6 +301,7 @@ class Statements:
     depth_dead = Statement(status.DEPTH_DEAD)
     depth_scheduled_running = Statement(status.DEPTH_SCHEDULED_RUNNING)
     depth_waiting = Statement(status.DEPTH_WAITING)
+    depth_parked = Statement(status.DEPTH_PARKED)
     queues_scheduled = Statement(status.QUEUES_SCHEDULED)
     lease_rows = Statement(status.LEASES)
     worker_rows = Statement(status.WORKERS)

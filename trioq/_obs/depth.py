@@ -22,6 +22,8 @@ __all__ = ["Depths", "read_depths"]
 class Depths:
     counts: dict[tuple[str, str], int]  # (queue, state) -> count, at most the cap
     head_wait: dict[str, float]  # queue -> how long its next job to be claimed has been due
+    #: (queue, "waiting" for a signal | "sleeping") -> durable jobs parked, up to the cap
+    parked: dict[tuple[str, str], int] = attrs.field(factory=dict)
 
 
 async def read_depths(conn: Any, sql: Statements, cap: int) -> Depths:
@@ -41,4 +43,7 @@ async def read_depths(conn: Any, sql: Statements, cap: int) -> Depths:
     counts.update(((queue, state), int(n)) for state, queue, n in await cur.fetchall())
     cur = await conn.execute(sql.depth_waiting, {"cap": cap})
     counts.update(((queue, "waiting"), int(n)) for queue, n in await cur.fetchall())
-    return Depths(counts=counts, head_wait=heads)
+    cur = await conn.execute(sql.depth_parked, {"cap": cap})
+    parked = {(queue, "waiting" if signal else "sleeping"): int(n)
+              for queue, signal, n in await cur.fetchall()}  # fmt: skip
+    return Depths(counts=counts, head_wait=heads, parked=parked)

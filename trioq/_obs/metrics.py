@@ -32,7 +32,7 @@ import trio
 from .._db.statements import statements
 from .._job import Job
 from .._pg.pool import Pool, PoolStatistics
-from .depth import read_depths
+from .depth import Depths, read_depths
 from .history import Cell
 
 __all__ = [
@@ -136,6 +136,8 @@ class DepthSample:
     head_wait: Mapping[str, float]
     errors: int  # samples that failed (or ran over DEPTH_TIMEOUT)
     seconds: float  # how long the last sample took
+    #: (queue, "sleeping" | "waiting") -> durable jobs parked (a subset of "scheduled")
+    parked: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
 
 
 _NO_DEPTH = DepthSample(taken_at=0.0, counts={}, head_wait={}, errors=0, seconds=0.0)
@@ -187,21 +189,22 @@ class DepthSampler:
             started = time.perf_counter()
             with trio.move_on_after(DEPTH_TIMEOUT):
                 try:
-                    counts, heads = await self.run_once()
+                    depths = await self.run_once()
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
                     logger.warning("reading the queue depths failed: %s", ex)
                 else:
                     self.last = DepthSample(
-                        taken_at=time.time(), counts=counts, head_wait=heads, errors=self._errors,
-                        seconds=time.perf_counter() - started,
+                        taken_at=time.time(), counts=depths.counts, head_wait=depths.head_wait,
+                        errors=self._errors, seconds=time.perf_counter() - started,
+                        parked=depths.parked,
                     )  # fmt: skip
                     return self.last
             self._errors += 1
             self.last = attrs.evolve(self.last, errors=self._errors)
             return self.last
 
-    async def run_once(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
-        """One sample: (queue, state) -> count, and queue -> the head job's wait in seconds."""
+    async def run_once(self) -> Depths:
+        """One sample: (queue, state) -> count, queue -> the head job's wait in seconds, and
+        the parked durable jobs."""
         async with self._pool.connection() as conn:
-            depths = await read_depths(conn, self._sql, self.cap)
-        return depths.counts, depths.head_wait
+            return await read_depths(conn, self._sql, self.cap)

@@ -289,6 +289,16 @@ def _depth(depth: DepthSample, served: list[str], cap: int) -> Iterator[Metric]:
             for state in _STATES:
                 counts.add_metric([queue, state], depth.counts.get((queue, state), 0))
     yield counts
+    parked = GaugeMetricFamily(
+        "trioq_durable_parked", f"Durable jobs parked per queue (exact up to {cap}), of the "
+        "scheduled ones: waiting for a signal or a child, or sleeping (a retry's backoff too)",
+        labels=["queue", "kind"],
+    )  # fmt: skip
+    if depth.taken_at:
+        for queue in queues:
+            for kind in ("sleeping", "waiting"):
+                parked.add_metric([queue, kind], depth.parked.get((queue, kind), 0))
+    yield parked
     yield _family(GaugeMetricFamily, "trioq_queue_oldest_wait_seconds",
                   "How long the next job to be claimed has been due", ["queue"],
                   sorted(depth.head_wait.items()))  # fmt: skip

@@ -111,3 +111,9 @@ CREATE TRIGGER jobs_child_ended_update
 CREATE TRIGGER jobs_child_ended_delete
     AFTER DELETE ON jobs FOR EACH ROW WHEN (OLD.parent_id IS NOT NULL)
     EXECUTE FUNCTION child_ended();
+
+-- Durable jobs parked (sleeping, waiting for a signal, or backing off before a retry): the
+-- metrics count them per queue and kind by this index alone (it holds nothing else, so with
+-- none parked the count reads nothing).
+CREATE INDEX jobs_parked_idx ON jobs (queue) INCLUDE (waiting_for)
+    WHERE durable AND state = 'scheduled';

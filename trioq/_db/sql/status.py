@@ -134,3 +134,12 @@ WORKERS = """
 SELECT name, host, pid, queues, running, extract(epoch FROM {now} - seen_at)
   FROM {workers} ORDER BY name LIMIT %(worker_cap)s
 """
+
+# Durable jobs parked per queue (migration 16's partial index), among the first `cap`:
+# waiting for a signal (true) or not (false: sleeping, or a retry's backoff).
+DEPTH_PARKED = """
+SELECT queue, waiting_for IS NOT NULL, pg_catalog.count(*) FROM (
+    SELECT queue, waiting_for FROM {jobs} WHERE durable AND state = 'scheduled'
+     ORDER BY queue LIMIT %(cap)s
+) AS p GROUP BY 1, 2
+"""
