@@ -701,3 +701,59 @@ async def test_the_metrics_count_parked_jobs(dsn: str) -> None:
                   if m.name == "trioq_durable_parked")  # fmt: skip
     assert {(s.labels["kind"], s.value) for s in family.samples} == {("sleeping", 1),
                                                                      ("waiting", 1)}
+
+
+# -- the dashboard -------------------------------------------------------------------------------
+
+
+async def test_the_dashboard_shows_the_steps_and_sends_a_signal(dsn: str) -> None:
+    """The job page lists the records; "Send signal" asks on a confirmation page, posts with
+    the CSRF token, and the waiting job runs. Read-only and a missing token refuse it."""
+    import re
+
+    from asgi import call
+
+    import trioq.web
+
+    seen: list[Any] = []
+    async with serving(dsn, approval_registry(seen)) as (conn, _rt):
+        job = await trioq.enqueue(conn, "review")
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+        app = trioq.web.app(dsn)
+        try:
+            page = await call(app, "GET", f"/jobs/{job.job_id}")
+            assert 'id="steps"' in page.text and "approval" in page.text
+            assert ">waiting</span>" in page.text and 'id="signal"' in page.text
+            confirm = await call(app, "GET", f"/confirm/signal?ids={job.job_id}")
+            assert 'id="signal-name"' in confirm.text
+            token = re.search(r'name="csrf" value="([0-9a-f]+)"', confirm.text)
+            assert token is not None
+            cookies = confirm.cookies()
+            for bad, message in ((("name", ""), "signal name"), (("payload", "{nope"), "JSON"),
+                                 (("payload", '"a\\u0000b"'), "NUL")):  # fmt: skip
+                form = {"ids": str(job.job_id), "name": "approval", "payload": "",
+                        "csrf": token[1], bad[0]: bad[1]}  # fmt: skip
+                refused = await call(app, "POST", "/actions/signal", form=form, cookies=cookies)
+                assert refused.status == 400 and message in refused.text, refused.text
+            nocsrf = await call(app, "POST", "/actions/signal", cookies=cookies,
+                                form={"ids": str(job.job_id), "name": "approval"})  # fmt: skip
+            assert nocsrf.status == 403
+            sent = await call(app, "POST", "/actions/signal", cookies=cookies, form={
+                "ids": str(job.job_id), "name": "approval", "payload": '{"ok": 1}',
+                "csrf": token[1]})  # fmt: skip
+            assert sent.status == 303
+            assert sent.header("location") == f"/jobs/{job.job_id}?done=signal_woke"
+        finally:
+            await app.aclose()
+        with trio.fail_after(10):
+            assert (await trioq.result(conn, job.job_id))["verdict"] == {"ok": 1}
+        read_only = trioq.web.app(dsn, read_only=True)
+        try:
+            page = await call(read_only, "GET", f"/jobs/{job.job_id}")
+            assert 'id="signal"' not in page.text
+            refused = await call(read_only, "POST", "/actions/signal",
+                                 form={"ids": str(job.job_id), "name": "x"})  # fmt: skip
+            assert refused.status == 403
+        finally:
+            await read_only.aclose()

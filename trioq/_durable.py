@@ -257,7 +257,7 @@ class DurableRun:
                         raise
                     row = None
                 else:
-                    cur = await conn.execute(of.sql.wait, params)
+                    cur = await conn.execute(of.sql.wait_signal, params)
                     row = await cur.fetchone()
         if row is None:
             raise LeaseLostError(f"job {self._id} attempt {of.lease.attempt}: lease lost before "
@@ -409,7 +409,7 @@ async def send_signal(
                          f"limit of {max_bytes:,} (max_payload_bytes)")  # fmt: skip
     params = {"id": job_id, "key": key, "name": name, "payload": text,
               "channel": sql.channel}  # fmt: skip
-    cur = await conn.execute(sql.signal, params)
+    cur = await conn.execute(sql.signal_job, params)
     row = await cur.fetchone()
     assert row is not None
     found, state, stored, woke = row

@@ -360,8 +360,8 @@ class Statements:
     load_steps = Statement(durable.LOAD_STEPS)
     record_step = Statement(durable.RECORD_STEP)
     job_steps = Statement(durable.JOB_STEPS)
-    wait = Statement(durable.WAIT)
-    signal = Statement(durable.SIGNAL)
+    wait_signal = Statement(durable.WAIT)
+    signal_job = Statement(durable.SIGNAL)
     set_parent = Statement(durable.SET_PARENT)
 
     # -- workflows: dependencies and batches -------------------------------------------------------

@@ -33,6 +33,8 @@ from starlette.templating import Jinja2Templates
 
 from .._db.statements import statements
 from .._dead import DeadFilter, DeadJob
+from .._durable import check_step_name
+from .._exceptions import JobNotFoundError
 from .._job import check_queue_name
 from .._pg.pool import Pool
 from .._pg.times import TOLERANT
@@ -57,7 +59,11 @@ MAX_TEXT = 200
 #: Longest args or result shown on a job page (they may be up to 1 MiB).
 MAX_SHOWN = 64 * 1024
 RANGES = {"hour": 3600, "day": 86400}
-ACTIONS = ("retry", "purge", "cancel", "pause", "resume")
+ACTIONS = ("retry", "purge", "cancel", "pause", "resume", "signal")
+#: A durable job's records shown on its page (``trioq jobs show --json`` has them all).
+MAX_STEPS_SHOWN = 50
+#: The largest signal payload a form may post (JSON text).
+MAX_SIGNAL_PAYLOAD = 64 * 1024
 #: The actions on a queue (``queue=NAME``) rather than on jobs.
 QUEUE_ACTIONS = ("pause", "resume")
 
@@ -237,9 +243,14 @@ class Dashboard:
         job_id = int(request.path_params["job_id"])
         job = await self._find(job_id)
         status = 200 if job is not None else 404
+        steps: list[Any] = []
+        if job is not None:
+            async with self._connection() as conn:
+                steps = await self.queue.steps(conn, job_id)
         return self._render(
             request, template, status, job=job, job_id=job_id, done=_done_message(request),
-            max_shown=MAX_SHOWN, state=_state(job),
+            max_shown=MAX_SHOWN, state=_state(job), steps=steps[:MAX_STEPS_SHOWN],
+            steps_total=len(steps), signalable=_state(job) in LIVE_STATES,
         )  # fmt: skip
 
     async def _cron(self, request: Request) -> Response:
@@ -267,6 +278,13 @@ class Dashboard:
                                 target=(None, name, None), count=queries.Count(1))  # fmt: skip
         target = _target(request.query_params.getlist("ids"), request.query_params)
         ids, queue, task = target
+        if action == "signal":
+            if not ids or len(ids) != 1:
+                raise BadRequest("a signal goes to one job: ids=<job id>")
+            job = await self._find(ids[0])
+            return self._render(request, "confirm.html", action=action, target=target, job=job,
+                                count=queries.Count(1 if _state(job) in LIVE_STATES else 0),
+                                state=_state(job))  # fmt: skip
         if action == "cancel":
             if not ids or len(ids) != 1:
                 raise BadRequest("cancel takes one job: ids=<job id>")
@@ -292,6 +310,19 @@ class Dashboard:
                 await change(conn, name)
             return RedirectResponse(f"{link('overview')}?done={action}d", 303)
         ids, queue, task = _target(form.getlist("ids"), form)
+        if action == "signal":
+            if not ids or len(ids) != 1:
+                raise BadRequest("a signal goes to one job: ids=<job id>")
+            name, payload = _signal_form(form)
+            async with self._connection() as conn:
+                try:
+                    sent = await self.queue.signal(conn, ids[0], name, payload)
+                except JobNotFoundError:
+                    raise HTTPException(404, "no live job to signal: it has ended, or never "
+                                             "existed") from None  # fmt: skip
+                except (TypeError, ValueError) as ex:  # NaN, a NUL, too large: not stored
+                    raise BadRequest(str(ex)[:300]) from None
+            return RedirectResponse(f"{link('job', job_id=ids[0])}?done=signal_{sent}", 303)
         if action == "cancel":
             if not ids or len(ids) != 1:
                 raise BadRequest("cancel takes one job: ids=<job id>")
@@ -419,7 +450,33 @@ _DONE = {
     "finish)",
     "resumed": "resumed: workers claim from this queue again",
     "not_found": "nothing to cancel: the job is no longer waiting or running",
+    "signal_woke": "signal sent: the job waited for it, and runs now",
+    "signal_stored": "signal sent: kept for the job's wait for it",
+    "signal_duplicate": "not sent: a signal of that name was sent to this job before",
 }
+
+#: The states of a job that can still read a signal.
+LIVE_STATES = ("waiting", "scheduled", "available", "running")
+
+
+def _signal_form(form: FormData) -> tuple[str, Any]:
+    """The name and the JSON payload of a signal form (an empty payload: null)."""
+    name = form.get("name")
+    text = form.get("payload") or ""
+    if not isinstance(name, str) or not isinstance(text, str):
+        raise BadRequest("a signal needs a name (and a JSON payload, or none)")
+    if len(text) > MAX_SIGNAL_PAYLOAD:
+        raise BadRequest(f"the payload is over {MAX_SIGNAL_PAYLOAD:,} characters")
+    _clean("payload", text, MAX_SIGNAL_PAYLOAD)
+    try:
+        payload = json.loads(text) if text.strip() else None
+    except (ValueError, RecursionError) as ex:
+        raise BadRequest(f"the payload is not JSON: {str(ex)[:100]}") from None
+    try:
+        check_step_name(_clean("name", name), "signal name")
+    except (TypeError, ValueError) as ex:
+        raise BadRequest(str(ex)) from None
+    return name, payload
 
 
 def _done_message(request: Request) -> str | None:
