@@ -391,6 +391,7 @@ async def test_job_args_are_stored_as_jsonb(dsn: str) -> None:
         )
         assert await cur.fetchall() == [
             ("dead_jobs", "args", "jsonb"),
+            ("job_steps", "result", "jsonb"),
             ("jobs", "args", "jsonb"),
             ("jobs", "result", "jsonb"),
         ]
