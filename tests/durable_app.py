@@ -2,8 +2,9 @@
 
 One task, ``saga``: ``STEPS`` steps, each a `job.step_transaction` that writes its row of
 ``public.ledger`` (job, step, attempt) in the transaction that records the step, with a
-short durable sleep in the middle. A worker SIGKILLed at any point leaves each step either
-recorded with its row or not at all, so the ledger must hold every (job, step) exactly once.
+short durable sleep in the middle and a wait for the signal ``go`` after it. A worker
+SIGKILLed at any point (or a Postgres restart) leaves each step either recorded with its
+row or not at all, so the ledger must hold every (job, step) exactly once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ async def saga(job: trioq.JobContext, ms: int) -> list[int]:
                                                job.attempt, ms))  # fmt: skip
         if step == STEPS // 2:
             await job.sleep(0.2)
+            done.append(await job.wait_for("go", timeout=600))
     return done
 
 

@@ -757,3 +757,55 @@ async def test_the_dashboard_shows_the_steps_and_sends_a_signal(dsn: str) -> Non
             assert refused.status == 403
         finally:
             await read_only.aclose()
+
+
+async def test_the_pruner_removes_a_kept_jobs_records_with_it(dsn: str) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task(keep_result=True)
+    async def kept(job: trioq.JobContext) -> int:
+        return int(await job.step("one", lambda: 1))
+
+    async with serving(dsn, tasks) as (conn, _rt):
+        job = await kept.enqueue(conn)
+        with trio.fail_after(10):
+            assert await trioq.result(conn, job.job_id) == 1
+        assert await scalar(conn, "SELECT count(*) FROM trioq.job_steps") == 1
+        # The pruner's round, with a retention every kept row is past.
+        from trioq._worker.services.pruner import prune
+
+        pruned = await prune(conn, trioq.Queue().sql, retain_done=0, retain_cancelled=None,
+                             retain_dead=None, limit=100)  # fmt: skip
+        assert pruned.done == 1
+        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
+        assert await scalar(conn, "SELECT count(*) FROM trioq.job_steps") == 0
+
+
+async def test_a_cancel_while_sleeping_cancels_the_job(dsn: str) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task
+    async def napper(job: trioq.JobContext) -> None:
+        await job.step("before", lambda: 1)
+        await job.sleep(3600)
+
+    async with serving(dsn, tasks) as (conn, _rt):
+        job = await napper.enqueue(conn)
+        await wait_until(holds(conn, "SELECT state = 'scheduled' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
+        assert (await trioq.Queue().cancel(conn, job.job_id)).status == "cancelled"
+        assert (await trioq.job_status(conn, job.job_id)).state == "cancelled"
+
+
+async def test_a_sleep_of_ten_years_is_taken(dsn: str) -> None:
+    tasks = trioq.Registry()
+
+    @tasks.task
+    async def long_nap(job: trioq.JobContext) -> None:
+        await job.sleep(dt.timedelta(days=3650))
+
+    async with serving(dsn, tasks) as (conn, _rt):
+        job = await long_nap.enqueue(conn)
+        await wait_until(holds(conn, "SELECT state = 'scheduled' AND run_at > now() + "
+                                     "interval '9 years' FROM trioq.jobs WHERE id = %s",
+                               job.job_id))  # fmt: skip
