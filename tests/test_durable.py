@@ -4,6 +4,7 @@ database's clock is moved (``trioq.now``) instead of waiting for a sleep."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from collections import Counter
@@ -17,6 +18,7 @@ from helpers import rows, scalar, serving, wait_until
 
 import trioq
 from trioq.retry import Constant
+from trioq.testing import advance_clock, drain, set_clock
 
 UTC = dt.UTC
 
@@ -424,6 +426,36 @@ async def test_a_wait_times_out_with_a_clear_exception(dsn: str) -> None:
         with trio.fail_after(10):
             result = await trioq.result(conn, job.job_id)
         assert result == {"draft": "v1", "verdict": "timed out", "name": "approval"}
+
+
+async def test_a_wait_that_timed_out_leaves_the_job_waiting_for_nothing(dsn: str) -> None:
+    """Found by ``test_durable_state_machine.py``: the wait times out, a later step fails,
+    and the retry's backoff parks the job as ``scheduled`` again. It waits for no signal any
+    more: the signal that comes then is stored (for no wait), and neither wakes the job
+    before its backoff nor counts it as waiting."""
+    tasks = trioq.Registry()
+
+    def fails() -> None:
+        raise RuntimeError("the step after the wait fails")
+
+    @tasks.task(max_attempts=3, retry=Constant(seconds=3600))
+    async def review(job: trioq.JobContext) -> None:
+        with contextlib.suppress(trioq.WaitTimeout):
+            await job.wait_for("approval", timeout=60)
+        await job.step("after", fails)
+
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await set_clock(conn, dt.datetime(2030, 1, 1, tzinfo=UTC))
+        job = await trioq.enqueue(conn, "review")
+        await drain(conn, tasks)  # parked, waiting
+        await advance_clock(conn, 61)
+        assert (await drain(conn, tasks)).retried == 1  # timed out, then the step failed
+        assert await rows(conn, "SELECT state, waiting_for FROM trioq.jobs WHERE id = %s",
+                          job.job_id) == [("scheduled", None)]  # fmt: skip
+        assert await trioq.signal(conn, job.job_id, "approval", "late") == "stored"
+        assert await scalar(conn, "SELECT state FROM trioq.jobs WHERE id = %s",
+                            job.job_id) == "scheduled"  # fmt: skip
 
 
 async def test_a_signal_by_the_jobs_key(dsn: str) -> None:

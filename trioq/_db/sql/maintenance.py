@@ -2,6 +2,9 @@
 dead workers' jobs returned (or killed on their last attempt), and retention."""
 
 # Due scheduled jobs become available; the queues that got work are returned (to notify).
+# A durable job parked on a wait whose timeout came waits for nothing from now on: its
+# waiting_for goes, or a later park (a retry's backoff) would still be woken by the signal
+# and counted as waiting (NULL to NULL for every other job: no index sees a change).
 PROMOTE = """
 WITH due AS (
     SELECT id FROM {jobs}
@@ -10,7 +13,7 @@ WITH due AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), promoted AS (
-    UPDATE {jobs} j SET state = 'available' FROM due WHERE j.id = due.id
+    UPDATE {jobs} j SET state = 'available', waiting_for = NULL FROM due WHERE j.id = due.id
     RETURNING j.queue
 )
 SELECT queue, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(%(channel)s, queue)::text END
