@@ -15,6 +15,9 @@ with the job id:
 
 ``time.monotonic`` is CLOCK_MONOTONIC, the same clock in every process of the
 machine, so the parent can compare it with its own.
+
+`server_cpu` reads the CPU of a local Postgres server's processes (`bench_durable.py`'s
+peers report the server's CPU per step with it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import sys
 import time
@@ -53,6 +57,27 @@ class Probe:
 def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds (user + system) of the live children of process ``postmaster`` (the
+    server's backends and helpers, from ``/proc``); 0.0 for ``postmaster`` 0. A backend that
+    exits takes its seconds with it: read this while the connections measured are open."""
+    if not postmaster:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == postmaster:  # ppid; utime and stime are fields 14 and 15
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
 
 
 def worker_parser() -> argparse.ArgumentParser:
