@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import psycopg
 
-from ._db.statements import LEASE_LOST_SQLSTATE, Statements
+from ._db.statements import LEASE_LOST_SQLSTATE, Statements, rendered
 from ._exceptions import (
     DurableError,
     JobCancelledError,
@@ -139,11 +139,17 @@ class DurableRun:
 
     # -- the calls -----------------------------------------------------------------------------
 
-    async def step(self, step: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _step_call(
+        self, step: str, fn: Callable[..., Any]
+    ) -> tuple[int, StepRecord | None]:
+        """The position of step ``step``, and its record if a run made it already."""
         check_step_name(step)
         if not callable(fn):
             raise TypeError(f"step {step!r}: fn must be callable, got {fn!r}")
-        position, record = await self._next(step, "step")
+        return await self._next(step, "step")
+
+    async def step(self, step: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        position, record = await self._step_call(step, fn)
         if record is not None:
             return record.result
         result = fn(*args, **kwargs)
@@ -156,10 +162,7 @@ class DurableRun:
     async def step_transaction(
         self, step: str, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
     ) -> Any:
-        check_step_name(step)
-        if not callable(fn):
-            raise TypeError(f"step {step!r}: fn must be callable, got {fn!r}")
-        position, record = await self._next(step, "step")
+        position, record = await self._step_call(step, fn)
         if record is not None:
             return record.result
         with self._of.noting_faults():
@@ -344,7 +347,8 @@ class DurableRun:
     async def _load(self) -> None:
         with self._of.noting_faults():
             async with self._of.pool.connection() as conn:
-                cur = await conn.execute(self._of.sql.load_steps, {"id": self._id})
+                statement = rendered(self._of.sql.schema, "load_steps")
+                cur = await conn.execute(statement, {"id": self._id})
                 rows = await cur.fetchall()
         self._now = rows[0][6]
         self._records = [StepRecord.from_row(row) for row in rows if row[0] is not None]
@@ -358,7 +362,7 @@ class DurableRun:
         params = {"id": self._id, "attempt": of.lease.attempt, "owner": of.owner,
                   "position": position, "name": step, "kind": kind, "result": result,
                   "delay": delay, "until": until}  # fmt: skip
-        statement = of.sql.record_step
+        statement = rendered(of.sql.schema, "record_step")  # once per step: rendered once
         if conn is not None:
             cur = await conn.execute(statement, params)
             row = await cur.fetchone()
@@ -424,7 +428,7 @@ async def send_signal(
     return "stored" if stored else "duplicate"
 
 
-async def job_steps(conn: Conn, sql: Any, job_id: int) -> list[StepRecord]:
+async def job_steps(conn: Conn, sql: Statements, job_id: int) -> list[StepRecord]:
     """A job's records, in order (`trioq.JobContext.steps`, ``trioq jobs show``)."""
     cur = await conn.execute(sql.job_steps, {"id": job_id})
     return [StepRecord.from_row(row) for row in await cur.fetchall()]

@@ -241,12 +241,14 @@ class Dashboard:
 
     async def _job_page(self, request: Request, template: str) -> Response:
         job_id = int(request.path_params["job_id"])
-        job = await self._find(job_id)
-        status = 200 if job is not None else 404
+        job: queries.JobDetail | DeadJob | None = None
         steps: list[Any] = []
-        if job is not None:
+        if job_id <= MAX_INT8:  # one connection for the job and its records (every 2 s)
             async with self._connection() as conn:
-                steps = await self.queue.steps(conn, job_id)
+                job = await queries.find_job(conn, self.statements, job_id)
+                if job is not None:
+                    steps = await self.queue.steps(conn, job_id)
+        status = 200 if job is not None else 404
         return self._render(
             request, template, status, job=job, job_id=job_id, done=_done_message(request),
             max_shown=MAX_SHOWN, state=_state(job), steps=steps[:MAX_STEPS_SHOWN],
