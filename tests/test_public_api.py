@@ -131,8 +131,9 @@ def _public(module: object) -> set[str]:
 
 
 def test_top_level_surface() -> None:
-    # trioq.web (the web extra) is not imported by trioq: an attribute once something has.
-    assert _public(trioq) - {"annotations", "web"} == TOP_LEVEL
+    # trioq.web (the web extra) and trioq.producer (for code that is not trio) are not
+    # imported by trioq: attributes once something has.
+    assert _public(trioq) - {"annotations", "web", "producer"} == TOP_LEVEL
 
 
 def test_pg_surface() -> None:
@@ -144,6 +145,21 @@ def test_web_surface() -> None:
 
     assert _public(trioq.web) - {"annotations"} == WEB
     assert trioq.web.Dashboard.__module__ == "trioq.web"
+
+
+PRODUCER = {
+    "Producer",
+    *(f"{a}{name}" for a in ("", "a") for name in (
+        "enqueue", "enqueue_many", "enqueue_bulk", "enqueue_workflow", "enqueue_batch", "signal",
+    )),
+}  # fmt: skip
+
+
+def test_producer_surface() -> None:
+    import trioq.producer
+
+    assert _public(trioq.producer) - {"annotations"} == PRODUCER
+    assert set(trioq.producer.__all__) == PRODUCER
 
 
 def test_testing_surface_names_its_module_and_needs_no_pytest() -> None:

@@ -4,16 +4,16 @@ General layout (``docs/architecture.md`` draws the module map and the nursery tr
 test checks that every module is named here and there):
 
 - The faces: this module re-exports every public name (each shows up as ``trioq.X`` in
-  reprs and tracebacks: ``_metadata``), and ``pg``, ``retry`` (and ``web``, ``testing``)
-  are the public submodules; ``_exceptions`` defines every exception.
+  reprs and tracebacks: ``_metadata``), and ``pg``, ``retry`` (and ``producer``, ``web``,
+  ``testing``) are the public submodules; ``_exceptions`` defines every exception.
 - ``trioq/`` (the API users touch, one concept a module): ``_job``, ``_rules``,
   ``_unique``, ``_retry``, ``_outcome``, ``_sanitize``, ``_registry``, ``_hooks``,
   ``_config``, ``_cron``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
-  ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_context``,
+  ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_producer``, ``_context``,
   ``_job_transaction``, ``_complete_with``, ``_lanes``.
-- ``_pg/`` (psycopg 3 on trio): ``connection``, ``wait``, ``pipeline``, ``pool``,
+- ``_pg/`` (psycopg 3 on trio): ``conn``, ``connection``, ``wait``, ``pipeline``, ``pool``,
   ``errors``, ``dsn``, ``embedded``, ``times``.
-- ``_db/`` (trioq's tables): ``statements``, ``insert``, ``driver``, ``params``,
+- ``_db/`` (trioq's tables): ``adapters``, ``statements``, ``insert``, ``driver``, ``params``,
   ``version``, ``migrate``.
 - ``_db/sql/`` (the text of every statement, by domain): ``common``, ``enqueue``,
   ``leases``, ``maintenance``, ``workers``, ``jobs``, ``status``, ``lists``, ``dead``, ``durable``,

@@ -32,7 +32,7 @@ from ._db.insert import GraphJob
 from ._enqueue import DEFAULT_QUEUE
 from ._exceptions import WorkflowError
 from ._job import JobSpec, check_job_id
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._queue import Queue
 
 __all__ = ["MAX_BATCH_JOBS", "Batch", "BatchStatus", "EnqueuedBatch", "batch_status"]

@@ -13,7 +13,7 @@ import attrs
 
 from ._db.statements import Statements
 from ._job import JSONValue
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._pg.times import tolerant
 from ._sanitize import decode_args
 

@@ -28,7 +28,7 @@ import attrs
 
 from ._db.statements import Statements
 from ._job import JSONValue, check_job_id
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 
 __all__ = ["OUTCOMES", "Dependency", "read_dependants", "read_dependencies"]
 

@@ -26,7 +26,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import psycopg
@@ -43,8 +43,10 @@ from ._exceptions import (
     WaitTimeout,
 )
 from ._job import MAX_ENQUEUE_DELAY, JSONValue, Lease, check_aware, encode_args, to_delay
-from ._pg.connection import Conn
-from ._pg.pool import Pool
+from ._pg.conn import Conn
+
+if TYPE_CHECKING:  # the pool is trio's; importing it here would make trioq.producer import trio
+    from ._pg.pool import Pool
 
 __all__ = [
     "MAX_STEPS",

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._queue import Queue
 
 __all__ = [

@@ -19,7 +19,7 @@ import attrs
 
 from ._db.statements import Statements
 from ._job import Job, check_queue_name
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._unique import to_period
 
 __all__ = [

@@ -41,7 +41,7 @@ from ._job import (
 )
 from ._obs.carrier import carrier
 from ._obs.depth import read_depths
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._rules import rule

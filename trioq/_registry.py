@@ -38,7 +38,7 @@ from ._job import (
     check_queue_name,
     check_task_name,
 )
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._retry import RetryPolicy, Sidekiq
 from ._rules import positive_or_none
 from ._unique import Unique, check_dedup_key

@@ -30,13 +30,12 @@ from typing import Any
 
 import attrs
 import psycopg
-import trio
 from psycopg.pq import TransactionStatus
 
 from ._db.statements import Statements
 from ._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from ._job import JSONValue, check_job_id, to_delay
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._pg.times import tolerant
 
 __all__ = [
@@ -163,6 +162,8 @@ async def wait_result(
 
     ``timeout`` is ``with trio.fail_after(timeout)`` around the call (`trio.TooSlowError`).
     """
+    import trio  # here, not at the top: trioq.producer imports this module, never trio
+
     check_job_id(job_id)
     seconds = _seconds(timeout, "timeout")
     poll = _seconds(poll_interval, "poll_interval")
@@ -184,6 +185,8 @@ def _seconds(value: float | dt.timedelta | None, field: str) -> float | None:
 
 
 async def _wait(conn: Conn, sql: Statements, job_id: int, poll: float) -> JSONValue:
+    import trio
+
     status = await job_status(conn, sql, job_id)
     if not status.pending:
         return result_of(status)
@@ -209,6 +212,8 @@ async def _listening(conn: Conn, sql: Statements) -> AsyncIterator[bool]:
     """LISTEN on the schema's channel unless the session already does; yields whether the
     LISTEN is ours (then UNLISTEN at the end, shielded and bounded, and the channel's
     leftover notifications are dropped)."""
+    import trio
+
     cur = await conn.execute(sql.listening, {"channel": sql.channel})
     row = await cur.fetchone()
     if row is not None and row[0]:

@@ -20,8 +20,9 @@ large the graph (a frozen builder would copy it on every `add`).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -29,9 +30,11 @@ from ._db.insert import GraphJob
 from ._enqueue import DEFAULT_QUEUE
 from ._exceptions import WorkflowError
 from ._job import MAX_DEPENDENCIES, JobSpec, JSONValue, check_dependency_policy, check_job_id
-from ._pg.connection import Conn
+from ._pg.conn import Conn
 from ._queue import Queue
-from ._registry import Task
+
+if TYPE_CHECKING:
+    from ._registry import Task
 
 __all__ = ["MAX_WORKFLOW_EDGES", "MAX_WORKFLOW_JOBS", "Step", "Workflow", "WorkflowJobs"]
 
@@ -55,14 +58,22 @@ def _check_name(name: object) -> str:
     return name
 
 
+def _is_task(job: object) -> bool:
+    """Whether ``job`` is a `trioq.Task`. Only once `trioq._registry` is imported can there
+    be one; not importing it here keeps trio out of `trioq.producer`'s imports (the
+    registry's hooks are trio's)."""
+    registry = sys.modules.get("trioq._registry")
+    return registry is not None and isinstance(job, registry.Task)
+
+
 def _as_spec(job: object, args: JSONValue, where: str) -> JobSpec:
     """A step's job: a `JobSpec`, a `Task` (with ``args``), or a task name (with ``args``)."""
     if isinstance(job, JobSpec):
         if args is not None:
             raise TypeError(f"{where}: give args in the JobSpec, not beside it")
         spec = job
-    elif isinstance(job, Task):
-        spec = job.spec(args)
+    elif _is_task(job):
+        spec = job.spec(args)  # type: ignore[attr-defined]
     elif isinstance(job, str):
         spec = JobSpec(task=job, args=args)
     else:
@@ -152,7 +163,7 @@ class Workflow:
     ) -> Step:
         """A step of many jobs that run side by side (fan-out); a step after it waits for
         all of them (fan-in). An empty group is refused."""
-        if isinstance(jobs, str | bytes | JobSpec | Task | Mapping):
+        if isinstance(jobs, str | bytes | JobSpec | Mapping) or _is_task(jobs):
             raise TypeError(f"group {name!r}: jobs must be a list of jobs, got {jobs!r}")
         specs = [_as_spec(job, None, f"group {name!r}: job {i}") for i, job in enumerate(jobs)]
         if not specs:

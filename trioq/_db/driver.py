@@ -19,7 +19,7 @@ import attrs
 
 from .._flow import LimitedClaim
 from .._job import Failure, Job, JSONValue, Lease, encode_args
-from .._pg.connection import Conn
+from .._pg.conn import Conn
 from .._rules import rule
 from .params import columns, fence
 from .statements import Statements, rendered, statements, validate_schema_name

@@ -34,7 +34,7 @@ from psycopg.pq import TransactionStatus
 
 from .._exceptions import UnknownDependencyError
 from .._job import ENCODE_CHUNK, EnqueueResult, JobSpec
-from .._pg.connection import Conn
+from .._pg.conn import Conn
 from .params import columns
 from .sql.common import SCHEDULED_PAYLOAD
 from .statements import Statements, rendered, statements

@@ -19,7 +19,7 @@ import attrs
 import psycopg
 
 from .._exceptions import MigrationError
-from .._pg.connection import Conn
+from .._pg.conn import Conn
 from .statements import statements, validate_schema_name
 from .version import check_schema, missing_tables, schema_version
 

@@ -18,7 +18,7 @@ from .._exceptions import (
     SchemaOutdatedError,
     SchemaTooNewError,
 )
-from .._pg.connection import Conn
+from .._pg.conn import Conn
 from .statements import WRITABLE, statements, validate_schema_name
 
 __all__ = ["check_schema", "check_writable", "migrated", "missing_tables", "schema_version"]

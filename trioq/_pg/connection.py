@@ -54,6 +54,7 @@ from psycopg.pq import ExecStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import AsyncRowFactory, Row
 
 from .._exceptions import ConnectError
+from .conn import Conn
 from .errors import check_dsn, describe_target
 from .pipeline import execute_pipelined, send_pipelined
 from .wait import readable_now as _readable_now
@@ -65,9 +66,6 @@ logger = logging.getLogger("trioq.pg")
 
 RV = TypeVar("RV")
 
-#: Any async psycopg connection: what every call of the library takes. trioq's own
-#: (`TrioConnection`) or one the caller made, in autocommit or inside its transaction.
-Conn = psycopg.AsyncConnection[Any]
 
 #: How long a cancelled query may take to acknowledge a server-side cancel
 #: before the connection is given up and closed.

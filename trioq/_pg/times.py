@@ -22,7 +22,7 @@ import psycopg
 from psycopg.adapt import AdaptersMap
 from psycopg.types.datetime import TimestamptzLoader
 
-from .connection import Conn
+from .conn import Conn
 
 __all__ = ["EARLIEST", "LATEST", "TOLERANT", "tolerant"]
 

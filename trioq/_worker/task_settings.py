@@ -19,7 +19,7 @@ import attrs
 from .._db.driver import Driver
 from .._flow import LimitedClaim
 from .._job import Job
-from .._pg.connection import Conn
+from .._pg.conn import Conn
 from .._registry import Registry
 
 __all__ = ["resolve_max_attempts"]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._job import JSONValue, check_priority, check_queue_name, check_task_name, encode_args
-from .._pg.connection import Conn
+from .._pg.conn import Conn
 from .._queue import Queue
 from .._registry import Task
 from .._result import JobStatus

@@ -13,7 +13,7 @@ import attrs
 from .._db.statements import Statements
 from .._dead import DeadJob
 from .._obs.history import percentile_ms
-from .._pg.connection import Conn
+from .._pg.conn import Conn
 from ._limits import (
     COUNT_CAP,
     LEASE_CAP,

@@ -30,7 +30,7 @@ import trio
 
 from ..._config import QueueConfig
 from ..._flow import LimitedClaim, QueueSettings
-from ..._pg.connection import Conn
+from ..._pg.conn import Conn
 from ..._pg.pool import Pool
 from ..._queue import Queue
 from ..wakeup import Wakeup

@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from ..._db.statements import Statements
-from ..._pg.connection import Conn
+from ..._pg.conn import Conn
 from ..._pg.pool import Pool
 from .loop import every
 

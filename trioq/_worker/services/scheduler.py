@@ -29,7 +29,7 @@ from ..._cron import (
     next_fire_time,
 )
 from ..._db.statements import Statements, statements
-from ..._pg.connection import Conn
+from ..._pg.conn import Conn
 from ..._pg.pool import Pool
 from ..._queue import Queue
 from ..._unique import Unique

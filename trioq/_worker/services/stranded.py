@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from ..._db.statements import Statements
-from ..._pg.connection import Conn
+from ..._pg.conn import Conn
 from ..._pg.pool import Pool
 from .loop import every
 
