@@ -71,6 +71,11 @@ TOP_LEVEL = {
     "enqueue",
     "enqueue_bulk",
     "enqueue_many",
+    # group-commit enqueue (docs/producers.md)
+    "CommitUnknownError",
+    "GroupProducer",
+    "GroupProducerStatistics",
+    "open_group_producer",
     "migrate",
     "pg",
     "retry",

@@ -9,8 +9,8 @@ test checks that every module is named here and there):
 - ``trioq/`` (the API users touch, one concept a module): ``_job``, ``_rules``,
   ``_unique``, ``_retry``, ``_outcome``, ``_sanitize``, ``_registry``, ``_hooks``,
   ``_config``, ``_cron``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
-  ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_producer``, ``_context``,
-  ``_job_transaction``, ``_complete_with``, ``_lanes``.
+  ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_producer``,
+  ``_group_producer``, ``_context``, ``_job_transaction``, ``_complete_with``, ``_lanes``.
 - ``_pg/`` (psycopg 3 on trio): ``conn``, ``connection``, ``wait``, ``pipeline``, ``pool``,
   ``errors``, ``dsn``, ``embedded``, ``times``.
 - ``_db/`` (trioq's tables): ``adapters``, ``statements``, ``insert``, ``driver``, ``params``,
@@ -56,6 +56,7 @@ from ._enqueue import enqueue_many as enqueue_many
 from ._enqueue import job_status as job_status
 from ._enqueue import result as result
 from ._enqueue import signal as signal
+from ._exceptions import CommitUnknownError as CommitUnknownError
 from ._exceptions import ConnectError as ConnectError
 from ._exceptions import DatabaseReadOnlyError as DatabaseReadOnlyError
 from ._exceptions import DurableError as DurableError
@@ -84,6 +85,9 @@ from ._exceptions import WorkflowError as WorkflowError
 from ._flow import LimitedClaim as LimitedClaim
 from ._flow import QueueSettings as QueueSettings
 from ._flow import RateLimit as RateLimit
+from ._group_producer import GroupProducer as GroupProducer
+from ._group_producer import GroupProducerStatistics as GroupProducerStatistics
+from ._group_producer import open_group_producer as open_group_producer
 from ._hooks import CallNext as CallNext
 from ._hooks import JobEvent as JobEvent
 from ._job import EnqueueResult as EnqueueResult

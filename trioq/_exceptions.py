@@ -40,7 +40,9 @@ that), so ``except ValueError`` or ``except psycopg.OperationalError`` keeps wor
      │         └── MigrationError          a migration failed; nothing was changed
      └── psycopg.Error
           ├── psycopg.OperationalError
-          │    └── ConnectError      no connection could be made (the password never shown)
+          │    ├── ConnectError      no connection could be made (the password never shown)
+          │    └── CommitUnknownError  a group producer's COMMIT got no answer: the job may
+          │                          or may not be enqueued (a dedup key makes a retry safe)
           └── psycopg.ProgrammingError
                └── InvalidDSNError   an unparseable DSN (also a ValueError; never echoed)
 
@@ -57,6 +59,7 @@ from typing import Any
 import psycopg
 
 __all__ = [
+    "CommitUnknownError",
     "ConnectError",
     "DatabaseReadOnlyError",
     "DrainLimitError",
@@ -167,6 +170,13 @@ class LeaseLostError(RuntimeError):
 class SharedTransactionError(RuntimeError):
     """The shared transaction that held this job's writes (``job.transaction(shared=True)``)
     rolled back, through no fault of this job: its writes are gone, and the job is retried."""
+
+
+class CommitUnknownError(psycopg.OperationalError):
+    """The connection broke while `trioq.GroupProducer` committed this job's batch: the
+    server may have committed it or not, and nobody can say which. With a ``dedup_key``,
+    enqueueing again is safe (a twin that committed is found); without one, it may make a
+    second job."""
 
 
 class PoolClosedError(RuntimeError):
