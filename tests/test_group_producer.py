@@ -77,8 +77,10 @@ async def test_a_job_the_database_refuses_fails_only_its_caller(dsn: str) -> Non
 async def test_bad_input_is_the_callers_error_with_the_trio_paths_words(dsn: str) -> None:
     async with migrated(dsn) as conn, Pool(dsn, max_size=1) as pool:
         async with trioq.open_group_producer(pool) as producer:
-            for kwargs in ({"task": ""}, {"task": "t", "priority": 2**40},
-                           {"task": "t", "args": {"s": "\ud800"}}, {"task": "t", "delay": -1}):  # fmt: skip
+            bad: list[dict[str, Any]] = [{"task": ""}, {"task": "t", "priority": 2**40},
+                                         {"task": "t", "args": {"s": "\ud800"}},
+                                         {"task": "t", "delay": -1}]  # fmt: skip
+            for kwargs in bad:
                 with pytest.raises((TypeError, ValueError)) as grouped:
                     await producer.enqueue(**kwargs)
                 with pytest.raises((TypeError, ValueError)) as direct:
@@ -111,19 +113,21 @@ async def test_a_caller_cancelled_before_its_job_is_taken_withdraws_it(dsn: str)
     is taken and waits; the second waits in the channel, and its caller gives up."""
     async with migrated(dsn) as conn, Pool(dsn, max_size=1) as pool:
         held = await pool.getconn()
-        async with trioq.open_group_producer(pool, flushers=1) as producer:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(producer.enqueue, "first")
-                await trio.testing.wait_all_tasks_blocked()
-                scope = trio.CancelScope()
-                nursery.start_soon(_cancelled, producer, scope)
-                await trio.testing.wait_all_tasks_blocked()
-                assert producer.statistics().waiting == 1
-                scope.cancel()
-                await trio.testing.wait_all_tasks_blocked()
-                await pool.putconn(held)
-        assert [t for (t,) in await (await conn.execute("SELECT task FROM trioq.jobs")).fetchall()] \
-            == ["first"]  # fmt: skip
+        async with (
+            trioq.open_group_producer(pool, flushers=1) as producer,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(producer.enqueue, "first")
+            await trio.testing.wait_all_tasks_blocked()
+            scope = trio.CancelScope()
+            nursery.start_soon(_cancelled, producer, scope)
+            await trio.testing.wait_all_tasks_blocked()
+            assert producer.statistics().waiting == 1
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            await pool.putconn(held)
+        cur = await conn.execute("SELECT task FROM trioq.jobs")
+        assert await cur.fetchall() == [("first",)]
 
 
 async def _cancelled(producer: trioq.GroupProducer, scope: trio.CancelScope) -> None:
@@ -133,11 +137,10 @@ async def _cancelled(producer: trioq.GroupProducer, scope: trio.CancelScope) -> 
 
 async def test_leaving_the_block_commits_what_was_handed_over(dsn: str) -> None:
     async with migrated(dsn) as conn, Pool(dsn, max_size=2) as pool:
-        async with trio.open_nursery() as nursery:
-            async with trioq.open_group_producer(pool) as producer:
-                for i in range(50):
-                    nursery.start_soon(producer.enqueue, "t", i)
-                await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery, trioq.open_group_producer(pool) as producer:
+            for i in range(50):
+                nursery.start_soon(producer.enqueue, "t", i)
+            await trio.testing.wait_all_tasks_blocked()
         assert await _count(conn) == 50
         with pytest.raises(RuntimeError, match="block has ended"):
             await producer.enqueue("late")
@@ -151,6 +154,6 @@ async def test_its_settings_are_checked() -> None:
         with pytest.raises(TypeError, match="flushers must be a positive int"):
             async with trioq.open_group_producer(pool, flushers=1.5):  # type: ignore[arg-type]
                 pass
-    with pytest.raises(TypeError, match="pool must be a trioq.pg.Pool"):
+    with pytest.raises(TypeError, match=r"pool must be a trioq\.pg\.Pool"):
         async with trioq.open_group_producer("dbname=x"):  # type: ignore[arg-type]
             pass
