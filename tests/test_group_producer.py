@@ -157,3 +157,32 @@ async def test_its_settings_are_checked() -> None:
     with pytest.raises(TypeError, match=r"pool must be a trioq\.pg\.Pool"):
         async with trioq.open_group_producer("dbname=x"):  # type: ignore[arg-type]
             pass
+
+
+def test_enqueues_defaults_are_job_specs() -> None:
+    """`GroupProducer.enqueue` passes JobSpec only what the caller gave: that is the same job
+    as `trioq.enqueue` makes only while their defaults agree."""
+    import inspect
+
+    import attrs
+
+    enqueue = inspect.signature(trioq.Queue.enqueue).parameters
+    defaults = {name: p.default for name, p in enqueue.items()
+                if name not in ("self", "conn", "task", "notify")}  # fmt: skip
+    assert set(defaults) == {f.name for f in attrs.fields(trioq.JobSpec) if f.init} - {"task"}
+    for name, default in defaults.items():
+        assert trioq.JobSpec(task="t", **{name: default}) == trioq.JobSpec(task="t"), name
+
+
+async def test_a_wrong_call_is_worded_as_enqueues(dsn: str) -> None:
+    async with migrated(dsn) as conn, Pool(dsn, max_size=1) as pool:
+        async with trioq.open_group_producer(pool) as producer:
+            calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+                ((), {}), (("t", 1, 2), {}), (("t",), {"task": "u"}), (("t",), {"bogus": 1})]
+            for args, kwargs in calls:
+                with pytest.raises(TypeError) as grouped:
+                    await producer.enqueue(*args, **kwargs)
+                with pytest.raises(TypeError) as direct:
+                    await trioq.enqueue(conn, *args, **kwargs)
+                assert str(grouped.value) == str(direct.value), args
+        assert await _count(conn) == 0
