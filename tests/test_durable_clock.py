@@ -1,0 +1,319 @@
+"""Durable jobs on trio's `MockClock` (issue 24): days of trio time in milliseconds, beside the
+database clock the rest of the suite moves.
+
+Two clocks move a durable job, and each moves different things (``docs/durable.md``,
+"Testing durable jobs: which clock moves what"):
+
+- **the database's clock** (``now()``, or the session's ``trioq.now``: `set_clock`,
+  `advance_clock`, ``drain(advance=True)``) ends a ``job.sleep``, a ``job.wait_for``'s
+  timeout, a retry's backoff: every time written in a row;
+- **trio's clock** (`MockClock.jump`, its autojump) ends what runs inside one run: a task's
+  ``timeout``, a handler's own ``trio.sleep`` (in a step or between steps), the runtime's
+  shutdown grace, and the scheduler's naps between looks at the rows (`Scheduler`).
+
+Neither moves the other: a `MockClock` that jumps a week wakes no durable sleeper, and
+``drain(advance=True)`` moving the database a week ends no ``trio.sleep``.
+
+Where ``MockClock(autojump_threshold=0)`` works, and where it cannot. With threshold 0, trio
+jumps its clock to the next deadline whenever every task is blocked, and a task waiting for
+Postgres's reply is blocked. So any trio deadline pending while a query is in flight fires
+inside it, at once (demonstrated by `test_why_a_deadline_pending_during_a_query_fires_in_it`):
+
+- ``trioq.connect`` is bounded by a 10 s deadline (``DEFAULT_CONNECT_TIMEOUT``): under threshold
+  0 it fails with "connection timeout expired after 10.0 s", in 2 ms of real time. Every test
+  here connects with the threshold at infinity (`autojump`), and sets it to 0 after.
+- a job's ``timeout`` is pending during every query of its run: the query is cancelled at the
+  timeout, the cancel's own shielded 5 s bound fires at once too, and the connection is closed.
+  Measured on a naive test (threshold 0 throughout a ``drain`` of a job with ``timeout=3600``
+  whose step sleeps 2 h): 30 runs of 40 failed with "the connection is closed" (22 in the first
+  run's read of its records, 8 in a step's record), 10 passed. So the timeout tests keep the
+  threshold at infinity (trio's clock stands still: ``MockClock``'s rate is 0) and set it to 0
+  only inside the step's own ``trio.sleep``, when no query is in flight (`autojump`).
+- ``trioq.serve`` under threshold 0 does not start (its pools' connections time out, as above).
+  With the threshold at 0 once it runs, a handler's ``trio.sleep`` of one hour took 3.4 s of
+  real time and, in that hour, 25 claims timed out ("the claim took longer than 10.0 s"), 11
+  connections were closed after a cancelled query and 16 connects failed (heartbeat,
+  scheduler, claims, pruner): the runtime wakes every few seconds of trio time (the scheduler
+  at least every ``MAX_SLEEP``, 5 s, the heartbeat every ``heartbeat_interval``), so the
+  clock cannot jump past days, and each of its bounded queries may be cut. The runtime tests
+  here keep the threshold at infinity and move the clock by hand (`MockClock.jump`), at
+  moments the test knows: every timer due by then fires once, the queries run on a clock
+  that stands still.
+
+What works with threshold 0 for the whole test, but the connect: ``drain`` of handlers with no
+``timeout`` (no trio deadline is pending while a query is in flight; a handler's ``trio.sleep``
+of days between steps jumps at once), ``drain(advance=True)`` over a saga of days, and the
+scheduler's loop on a database clock that follows trio's (`OnTrioTime`).
+
+A test that never ends on a `MockClock` standing still would hang, and a trio deadline would
+not help (trio's clock is the mock's): `within_real_seconds` bounds each test in real time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from helpers import rows, scalar
+
+import trioq
+from trioq.retry import Constant
+from trioq.testing import drain, set_clock
+
+UTC = dt.UTC
+T0 = dt.datetime(2030, 6, 1, 9, 0, tzinfo=UTC)
+HOUR = 3600.0
+DAY = 24 * HOUR
+#: Real seconds any one test may take (each takes well under one).
+REAL_LIMIT = 30.0
+
+
+# -- the clocks ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def autojump(clock: trio.testing.MockClock, threshold: float) -> Iterator[None]:
+    """``clock.autojump_threshold`` is ``threshold`` inside the block, what it was after."""
+    before = clock.autojump_threshold
+    clock.autojump_threshold = threshold
+    try:
+        yield
+    finally:
+        clock.autojump_threshold = before
+
+
+async def connect(clock: trio.testing.MockClock, dsn: str) -> trioq.TrioConnection[Any]:
+    """An autocommit connection, made while trio's clock stands still: under threshold 0 the
+    connect's own 10 s deadline would fire before the server answers."""
+    with autojump(clock, math.inf):
+        return await trioq.connect(dsn, autocommit=True)
+
+
+@contextlib.contextmanager
+def within_real_seconds(seconds: float) -> Iterator[None]:
+    """Cancel the block after ``seconds`` of real time, and fail saying so: trio's deadlines
+    are on the mock clock, which may stand still."""
+    token = trio.lowlevel.current_trio_token()
+    with trio.CancelScope() as scope:
+
+        def cancel() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
+
+        timer = threading.Timer(seconds, cancel)
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+    if scope.cancelled_caught:
+        raise AssertionError(f"the test took more than {seconds} s of real time")
+
+
+def run(clock: trio.testing.MockClock, main: Callable[[], Awaitable[None]]) -> float:
+    """``trio.run(main, clock=clock)``, bounded in real time; the real seconds it took."""
+
+    async def bounded() -> None:
+        with within_real_seconds(REAL_LIMIT):
+            await main()
+
+    started = time.perf_counter()
+    trio.run(bounded, clock=clock)
+    return time.perf_counter() - started
+
+
+async def jumping_sleep(clock: trio.testing.MockClock, seconds: float) -> None:
+    """``trio.sleep(seconds)`` in no real time: trio's clock jumps while this (with no query
+    in flight) is all that waits, and stands still again after."""
+    with autojump(clock, 0):
+        await trio.sleep(seconds)
+
+
+async def records(conn: Any, job_id: int) -> list[tuple[Any, ...]]:
+    return await rows(conn, "SELECT name, kind, attempt FROM trioq.job_steps WHERE job_id = %s "
+                            "ORDER BY position", job_id)  # fmt: skip
+
+
+async def state_of(conn: Any, job_id: int) -> tuple[str, int]:
+    status = await trioq.job_status(conn, job_id)
+    assert status.attempt is not None
+    return status.state, status.attempt
+
+
+# -- why: a trio deadline pending during a query fires in it -------------------------------------
+
+
+def test_why_a_deadline_pending_during_a_query_fires_in_it(dsn: str) -> None:
+    """The two facts the module's docstring builds on, on trio time: the connect's 10 s bound
+    fires under threshold 0 before the server answers; a query under a pending deadline is cut
+    at that deadline, the cancel's 5 s drain bound fires too, and the connection is closed. A
+    query with no deadline pending is not disturbed."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        with pytest.raises(trioq.ConnectError, match=r"connection timeout expired after 10\.0 s"):
+            await trioq.connect(dsn, autocommit=True)
+        seen["connect gave up at"] = trio.current_time()
+        async with await connect(clock, dsn) as conn:
+            assert await scalar(conn, "SELECT 1") == 1  # nothing pending: no jump
+            seen["after a query"] = trio.current_time()
+            with trio.move_on_after(HOUR) as scope:
+                await conn.execute("SELECT pg_sleep(0.05)")
+            seen["cut"] = scope.cancelled_caught
+            seen["query cut at"] = trio.current_time()
+            seen["closed"] = conn.closed
+
+    real = run(clock, main)
+    assert seen == {"connect gave up at": 10.0, "after a query": 10.0, "cut": True,
+                    "query cut at": 10.0 + HOUR + 5.0, "closed": True}  # fmt: skip
+    assert real < 5
+
+
+# -- a job's timeout, on trio time ---------------------------------------------------------------
+# The job's timeout is pending during every query of its run: trio's clock stands still
+# (threshold infinite) but inside the step's own sleep (`jumping_sleep`).
+
+
+def test_a_step_cut_by_the_job_timeout_is_not_recorded_and_runs_again(dsn: str) -> None:
+    """timeout 1 h; the step's call sleeps 2 h on trio time: the timeout cuts it at exactly
+    1 h, it is not recorded, and the retry replays the step before it (not called again) and
+    calls the cut one again, which sleeps 30 min and returns. Hours of trio time in
+    milliseconds."""
+    clock = trio.testing.MockClock()
+    calls: Counter[str] = Counter()
+    cut: list[float] = []
+    tasks = trioq.Registry()
+
+    async def ship() -> str:
+        calls["ship"] += 1
+        started = trio.current_time()
+        try:
+            await jumping_sleep(clock, 2 * HOUR if calls["ship"] == 1 else HOUR / 2)
+        except trio.Cancelled:
+            cut.append(trio.current_time() - started)
+            raise
+        return f"shipped after {trio.current_time() - started:g} s"
+
+    @tasks.task(timeout=HOUR, max_attempts=3, retry=Constant(seconds=0), keep_result=True)
+    async def parcel(job: trioq.JobContext) -> Any:
+        label = await job.step("label", lambda: calls.update(["label"]) or "L-7")
+        return [label, await job.step("ship", ship), job.attempt]
+
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with await connect(clock, dsn) as conn:
+            await trioq.migrate(conn)
+            job = await parcel.enqueue(conn)
+            drained = await drain(conn, tasks)
+            found["runs"] = [(r.attempt, r.outcome, r.error) for r in drained.runs]
+            found["result"] = await trioq.result(conn, job.job_id)
+            found["records"] = await records(conn, job.job_id)
+            found["trio time"] = trio.current_time()
+
+    real = run(clock, main)
+    assert found == {
+        "runs": [(1, "retried", f"timeout: handler ran over {HOUR} s"), (2, "completed", None)],
+        "result": ["L-7", "shipped after 1800 s", 2],
+        "records": [("label", "step", 1), ("ship", "step", 2)],
+        "trio time": HOUR + HOUR / 2,
+    }
+    assert cut == [HOUR]
+    assert calls == {"label": 1, "ship": 2}
+    assert real < 5
+
+
+def test_a_step_transaction_cut_by_the_job_timeout_rolls_back_with_its_record(dsn: str) -> None:
+    """The step's write and its record go in one transaction: the timeout cuts the call after
+    the write, both roll back, the retry writes once and records once. The test's connection
+    (drain's) is left outside any transaction."""
+    clock = trio.testing.MockClock()
+    tasks = trioq.Registry()
+
+    async def reserve(conn: Any, order: int, attempt: int) -> int:
+        cur = await conn.execute("INSERT INTO ledger (order_id, attempt) VALUES (%s, %s) "
+                                 "RETURNING id", (order, attempt))  # fmt: skip
+        (entry,) = await cur.fetchone()
+        await jumping_sleep(clock, 2 * HOUR if attempt == 1 else 60)
+        return int(entry)
+
+    @tasks.task(timeout=HOUR, max_attempts=3, retry=Constant(seconds=0), keep_result=True)
+    async def order(job: trioq.JobContext, order: int) -> Any:
+        return await job.step_transaction("reserve", reserve, order, job.attempt)
+
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with await connect(clock, dsn) as conn:
+            await trioq.migrate(conn)
+            await conn.execute("CREATE TABLE ledger (id serial PRIMARY KEY, order_id int, "
+                               "attempt int)")  # fmt: skip
+            job = await order.enqueue(conn, order=5)
+            drained = await drain(conn, tasks)
+            found["runs"] = [(r.attempt, r.outcome) for r in drained.runs]
+            found["idle"] = conn.info.transaction_status == 0  # psycopg's IDLE
+            entry = await trioq.result(conn, job.job_id)
+            found["ledger"] = await rows(conn, "SELECT id = %s, order_id, attempt FROM ledger",
+                                         entry)  # fmt: skip
+            found["records"] = await records(conn, job.job_id)
+
+    run(clock, main)
+    assert found == {"runs": [(1, "retried"), (2, "completed")], "idle": True,
+                     "ledger": [(True, 5, 2)], "records": [("reserve", "step", 2)]}  # fmt: skip
+
+
+# -- a handler's own trio time, and the database's -----------------------------------------------
+
+
+def test_a_trio_sleep_of_days_between_steps_is_not_recorded_and_steps_are(dsn: str) -> None:
+    """MockClock(autojump_threshold=0) for the whole drain. A handler sleeps 3 days on trio
+    time between two steps (holding its slot: that is what ``trio.sleep`` does) and fails once
+    after the second: the retry replays both steps from their records and sleeps the 3 days
+    again, since a trio sleep is no step. 6 days of trio time, the database's clock unmoved,
+    in milliseconds."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    calls: Counter[str] = Counter()
+    tasks = trioq.Registry()
+
+    @tasks.task(max_attempts=2, retry=Constant(seconds=0), keep_result=True)
+    async def reminder(job: trioq.JobContext) -> Any:
+        order = await job.step("order", lambda: calls.update(["order"]) or {"id": 9})
+        await trio.sleep(3 * DAY)
+        sent = await job.step("remind", lambda: calls.update(["remind"]) or "mailed")
+        if job.attempt == 1:
+            raise RuntimeError("the mail server took it, then timed out")
+        return [order, sent, trio.current_time() / DAY]
+
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with await connect(clock, dsn) as conn:
+            await trioq.migrate(conn)
+            await set_clock(conn, T0)
+            job = await reminder.enqueue(conn)
+            drained = await drain(conn, tasks)
+            found["runs"] = [(r.attempt, r.outcome) for r in drained.runs]
+            found["result"] = await trioq.result(conn, job.job_id)
+            found["records"] = await records(conn, job.job_id)
+            found["database clock"] = await trioq.Queue().clock(conn)
+
+    real = run(clock, main)
+    assert found == {
+        "runs": [(1, "retried"), (2, "completed")],
+        "result": [{"id": 9}, "mailed", 6.0],
+        "records": [("order", "step", 1), ("remind", "step", 1)],
+        "database clock": T0,
+    }
+    assert calls == {"order": 1, "remind": 1}
+    assert real < 5
+
