@@ -317,3 +317,64 @@ def test_a_trio_sleep_of_days_between_steps_is_not_recorded_and_steps_are(dsn: s
     assert calls == {"order": 1, "remind": 1}
     assert real < 5
 
+
+def test_a_saga_of_ten_days_on_the_database_clock_takes_milliseconds(dsn: str) -> None:
+    """MockClock(autojump_threshold=0) for the whole drain. A saga charges, sleeps 3 days
+    (``job.sleep``), asks for an approval (a step whose call waits an hour on trio time: a
+    rate limit), waits 7 days for it, times out and refunds. ``drain(advance=True)`` moves the
+    database's clock: the sleep and the timeout end on it, 10 days to the second, and trio's
+    clock moves only by the handler's own hour. Three runs, each given back with its attempt
+    refunded (``snoozed``: the sleep, then the wait), the earlier steps replayed from their
+    records."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    calls: Counter[str] = Counter()
+    tasks = trioq.Registry()
+
+    async def ask(order: int) -> str:
+        calls["ask"] += 1
+        await trio.sleep(HOUR)
+        return f"asked about {order}"
+
+    @tasks.task(keep_result=True)
+    async def saga(job: trioq.JobContext, order: int) -> Any:
+        charge = await job.step("charge", lambda: calls.update(["charge"]) or f"ch_{order}")
+        await job.sleep(dt.timedelta(days=3), name="cool-off")
+        await job.step("ask", ask, order)
+        try:
+            return await job.wait_for("approval", timeout=dt.timedelta(days=7))
+        except trioq.WaitTimeout:
+            return await job.step("refund", lambda: calls.update(["refund"]) or charge)
+
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with await connect(clock, dsn) as conn:
+            await trioq.migrate(conn)
+            await set_clock(conn, T0)
+            job = await saga.enqueue(conn, order=7)
+            drained = await drain(conn, tasks, advance=True)
+            found["runs"] = [(r.attempt, r.outcome) for r in drained.runs]
+            found["result"] = await trioq.result(conn, job.job_id)
+            found["records"] = await rows(
+                conn, "SELECT name, kind, result, recorded_at - %s FROM trioq.job_steps "
+                      "WHERE job_id = %s ORDER BY position", T0, job.job_id)  # fmt: skip
+            found["database clock"] = await trioq.Queue().clock(conn) - T0
+            found["trio time"] = trio.current_time()
+
+    real = run(clock, main)
+    day = dt.timedelta(days=1)
+    assert found == {
+        "runs": [(1, "snoozed"), (1, "snoozed"), (1, "completed")],
+        "result": "ch_7",
+        "records": [
+            ("charge", "step", "ch_7", 0 * day),
+            ("cool-off", "sleep", {"until": (T0 + 3 * day).isoformat()}, 0 * day),
+            ("ask", "step", "asked about 7", 3 * day),
+            ("approval", "wait", {"timed_out": (T0 + 10 * day).isoformat()}, 3 * day),
+            ("refund", "step", "ch_7", 10 * day),
+        ],
+        "database clock": 10 * day,
+        "trio time": HOUR,
+    }
+    assert calls == {"charge": 1, "ask": 1, "refund": 1}
+    assert real < 5
