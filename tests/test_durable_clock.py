@@ -57,7 +57,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -66,8 +66,10 @@ import trio.testing
 from helpers import rows, scalar
 
 import trioq
+from trioq._worker.services.scheduler import MAX_SLEEP, Scheduler
 from trioq.retry import Constant
 from trioq.testing import drain, set_clock
+from trioq.testing._drain import SharedConnection
 
 UTC = dt.UTC
 T0 = dt.datetime(2030, 6, 1, 9, 0, tzinfo=UTC)
@@ -377,4 +379,119 @@ def test_a_saga_of_ten_days_on_the_database_clock_takes_milliseconds(dsn: str) -
         "trio time": HOUR,
     }
     assert calls == {"charge": 1, "ask": 1, "refund": 1}
+    assert real < 5
+
+
+# -- the runtime's scheduler: a trio sleep computed from the rows' times --------------------------
+
+
+class OnTrioTime(SharedConnection):
+    """The scheduler's "pool": one connection whose database clock follows trio's (``T0`` +
+    trio's time + ``ahead``), set as each round takes it, as both clocks move together in
+    production. Notes when each round starts and lets a test wait for a round's end (the
+    scheduler then sleeps, with no query in flight)."""
+
+    def __init__(self, conn: trioq.TrioConnection[Any]) -> None:
+        super().__init__(conn)
+        self.ahead = dt.timedelta(0)
+        self.rounds: list[float] = []  # trio's time at each round's start
+        self._ended = 0
+        self._changed = trio.Event()
+
+    def now(self) -> dt.datetime:
+        return T0 + dt.timedelta(seconds=trio.current_time()) + self.ahead
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[trioq.TrioConnection[Any]]:
+        self.rounds.append(trio.current_time())
+        await set_clock(self._conn, self.now())
+        try:
+            yield self._conn
+        finally:
+            self._ended += 1
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_rounds(self, n: int) -> None:
+        """Until ``n`` rounds have ended."""
+        while self._ended < n:
+            await self._changed.wait()
+
+
+def test_the_scheduler_wakes_durable_sleepers_on_time_and_looks_again_within_max_sleep(
+    dsn: str,
+) -> None:
+    """MockClock(autojump_threshold=0) while the scheduler runs alone (the test's own queries
+    between its rounds stand trio's clock still). The scheduler sleeps, on trio time, until
+    the next row is due, but never longer than ``MAX_SLEEP``: a job sleeping 3 s is promoted
+    3 s after it was parked, to the millisecond; one parked 2 s ahead without telling the
+    scheduler (no notification) waits for its next look, 5 s after the last; a wait's
+    timeout a day ahead is promoted at the look after the database's clock moved a day.
+    Then each resumes from its records: the naps are over, the wait times out."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    tasks = trioq.Registry()
+
+    @tasks.task(keep_result=True)
+    async def nap(job: trioq.JobContext, seconds: float) -> str:
+        await job.sleep(seconds)
+        return "rested"
+
+    @tasks.task(keep_result=True)
+    async def approval(job: trioq.JobContext) -> str:
+        try:
+            return str(await job.wait_for("approval", timeout=dt.timedelta(days=1)))
+        except trioq.WaitTimeout:
+            return "nobody answered"
+
+    found: dict[str, Any] = {}
+    promoted: list[tuple[float, str]] = []
+
+    async def main() -> None:
+        async with await connect(clock, dsn) as conn, await connect(clock, dsn) as own:
+            await trioq.migrate(conn)
+            await set_clock(conn, T0)
+            short = await nap.enqueue(conn, seconds=3)
+            ask = await approval.enqueue(conn)
+            await drain(conn, tasks)  # both parked, by the clock at T0
+            pool = OnTrioTime(own)
+
+            async def states(*jobs: trioq.EnqueueResult) -> list[str]:
+                return [(await trioq.job_status(conn, job.job_id)).state for job in jobs]
+
+            scheduler = Scheduler(pool, trioq.Queue(), (), poll_interval=1.0,
+                                  on_due=lambda q: promoted.append((trio.current_time(), q)))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(scheduler.run)
+                await pool.wait_rounds(2)
+                with autojump(clock, math.inf):
+                    found["at 3 s"] = await states(short, ask)
+                    await set_clock(conn, pool.now())
+                    late = await trioq.enqueue(conn, "nap", {"seconds": 2}, queue="later")
+                    await drain(conn, tasks, queues=["later"])  # parked, due at 5 s
+                    found["parked late"] = await states(late)
+                await pool.wait_rounds(3)
+                with autojump(clock, math.inf):
+                    found["at 8 s"] = await states(late, ask)
+                    pool.ahead = dt.timedelta(days=1)
+                await pool.wait_rounds(4)
+                nursery.cancel_scope.cancel()
+            found["at 13 s"] = await states(ask)
+            await set_clock(conn, pool.now())
+            drained = await drain(conn, tasks, queues=["default", "later"])
+            found["results"] = {r.job_id: r.result for r in drained.runs}
+            found["expected"] = {short.job_id: "rested", late.job_id: "rested",
+                                 ask.job_id: "nobody answered"}  # fmt: skip
+            found["rounds"] = pool.rounds[:4]
+
+    real = run(clock, main)
+    assert MAX_SLEEP == 5.0
+    assert found.pop("results") == found.pop("expected")
+    assert found == {
+        "at 3 s": ["available", "scheduled"],
+        "parked late": ["scheduled"],
+        "at 8 s": ["available", "scheduled"],
+        "at 13 s": ["available"],
+        "rounds": [0.0, 3.0, 8.0, 13.0],
+    }
+    assert promoted == [(3.0, "default"), (8.0, "later"), (13.0, "default")]
     assert real < 5
