@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import math
 import threading
 import time
@@ -495,3 +496,130 @@ def test_the_scheduler_wakes_durable_sleepers_on_time_and_looks_again_within_max
     }
     assert promoted == [(3.0, "default"), (8.0, "later"), (13.0, "default")]
     assert real < 5
+
+
+# -- the runtime: trio's clock moved by hand -----------------------------------------------------
+# `trioq.serve` cannot run under threshold 0 (the module's docstring): trio's clock stands
+# still, and the test moves it (`MockClock.jump`) when it knows where the handler is.
+
+
+class Said(logging.Handler):
+    """Sets ``event`` when a record of ``logger`` starts with ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.event = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.text):
+            self.event.set()
+
+
+def courier(clock: trio.testing.MockClock, calls: Counter[str], cut: list[float],
+            inside: trio.Event, first: float) -> trioq.Registry:  # fmt: skip
+    """A task whose second step's call sleeps ``first`` seconds of trio time the first time
+    it is called (``inside`` is set then; ``cut`` notes how long it had slept when it was
+    cancelled), and a minute with the clock jumping after."""
+    tasks = trioq.Registry()
+
+    async def deliver() -> str:
+        calls["deliver"] += 1
+        started = trio.current_time()
+        try:
+            if calls["deliver"] == 1:
+                inside.set()
+                await trio.sleep(first)
+            else:
+                await jumping_sleep(clock, 60)
+        except trio.Cancelled:
+            cut.append(trio.current_time() - started)
+            raise
+        return "delivered"
+
+    @tasks.task(keep_result=True, max_attempts=3)
+    async def parcel(job: trioq.JobContext) -> Any:
+        label = await job.step("label", lambda: calls.update(["label"]) or "L-1")
+        return [label, await job.step("deliver", deliver), job.attempt]
+
+    return tasks
+
+
+def test_a_cancel_stops_a_handler_asleep_for_days_in_a_step(dsn: str) -> None:
+    """A step's call sleeps 3 days on trio time inside a running worker; trio's clock jumps a
+    day (every timer of the runtime fires: heartbeats, the scheduler, the sweeper), then the
+    job is cancelled (`trioq.Queue.cancel`): its handler is stopped where it sleeps, with no
+    more trio time passing, the step is not recorded, the job is cancelled and never runs
+    again."""
+    clock = trio.testing.MockClock()
+    calls: Counter[str] = Counter()
+    cut: list[float] = []
+    inside = trio.Event()
+    tasks = courier(clock, calls, cut, inside, first=3 * DAY)
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with await connect(clock, dsn) as conn:
+            await trioq.migrate(conn)
+            config = trioq.Config(dsn=dsn, registry=tasks, lease=600)
+            async with trio.open_nursery() as nursery:
+                runtime: trioq.Runtime = await nursery.start(trioq.serve, config)
+                job = await trioq.enqueue(conn, "parcel")
+                await inside.wait()
+                clock.jump(DAY)
+                found["cancel"] = (await trioq.Queue().cancel(conn, job.job_id)).status
+                with pytest.raises(trioq.JobCancelledError):
+                    await trioq.result(conn, job.job_id)
+                runtime.stop()
+            found["state"] = await state_of(conn, job.job_id)
+            found["records"] = await records(conn, job.job_id)
+
+    run(clock, main)
+    assert found == {"cancel": "requested", "state": ("cancelled", 1),
+                     "records": [("label", "step", 1)]}  # fmt: skip
+    assert cut == [DAY]
+    assert calls == {"label": 1, "deliver": 1}
+
+
+def test_a_step_cut_by_the_shutdown_grace_is_given_back_and_runs_again(dsn: str) -> None:
+    """shutdown_grace 1 h; a step's call sleeps 2 h on trio time when the worker is stopped:
+    an hour later (trio's clock moved by hand once the runtime waits out its grace) the call
+    is cut, the step not recorded, the job given back with its attempt refunded; the next
+    run (``drain``) replays the step before it and calls the cut one again."""
+    clock = trio.testing.MockClock()
+    calls: Counter[str] = Counter()
+    cut: list[float] = []
+    inside = trio.Event()
+    tasks = courier(clock, calls, cut, inside, first=2 * HOUR)
+    said = Said("stopping: waiting up to")  # logged as the grace begins, in one go with it
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with await connect(clock, dsn) as conn:
+            await trioq.migrate(conn)
+            config = trioq.Config(dsn=dsn, registry=tasks, lease=600, shutdown_grace=HOUR)
+            async with trio.open_nursery() as nursery:
+                runtime: trioq.Runtime = await nursery.start(trioq.serve, config)
+                job = await trioq.enqueue(conn, "parcel")
+                await inside.wait()
+                runtime.stop()
+                await said.event.wait()
+                clock.jump(HOUR)
+            found["given back"] = await state_of(conn, job.job_id)
+            found["records"] = await records(conn, job.job_id)
+            drained = await drain(conn, tasks)
+            found["runs"] = [(r.attempt, r.outcome, r.result) for r in drained.runs]
+
+    logger = logging.getLogger("trioq.runtime")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # the line is at INFO
+    logger.addHandler(said)
+    try:
+        run(clock, main)
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)
+    assert found == {"given back": ("available", 0), "records": [("label", "step", 1)],
+                     "runs": [(1, "completed", ["L-1", "delivered", 1])]}  # fmt: skip
+    assert cut == [HOUR]
+    assert calls == {"label": 1, "deliver": 2}
