@@ -20,8 +20,10 @@ Postgres's reply is blocked. So any trio deadline pending while a query is in fl
 inside it, at once (demonstrated by `test_why_a_deadline_pending_during_a_query_fires_in_it`):
 
 - ``trioq.connect`` is bounded by a 10 s deadline (``DEFAULT_CONNECT_TIMEOUT``): under threshold
-  0 it fails with "connection timeout expired after 10.0 s", in 2 ms of real time. Every test
-  here connects with the threshold at infinity (`autojump`), and sets it to 0 after.
+  0 it fails with "connection timeout expired after 10.0 s" unless the server's every answer
+  is there when trio looks. Measured: 855 of 900 connects to the suite's server failed so
+  (three runs of 300: 299, 256 and 300), each in about a millisecond. Every test here
+  connects with the threshold at infinity (`autojump`), and sets it to 0 after.
 - a job's ``timeout`` is pending during every query of its run: the query is cancelled at the
   timeout, the cancel's own shielded 5 s bound fires at once too, and the connection is closed.
   Measured on a naive test (threshold 0 throughout a ``drain`` of a job with ``timeout=3600``
@@ -47,6 +49,8 @@ scheduler's loop on a database clock that follows trio's (`OnTrioTime`).
 
 A test that never ends on a `MockClock` standing still would hang, and a trio deadline would
 not help (trio's clock is the mock's): `within_real_seconds` bounds each test in real time.
+(The runtime's watchdog, which ticks on trio time and checks on the real clock, logs "the
+trio loop has not run for 5.0 s" when a test keeps trio's clock still that long.)
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ HOUR = 3600.0
 DAY = 24 * HOUR
 #: Real seconds any one test may take (each takes well under one).
 REAL_LIMIT = 30.0
+#: Connects `test_why_a_deadline_pending_during_a_query_fires_in_it` tries under threshold 0;
+#: measured, 85 % to all of them fail.
+CONNECTS = 50
 
 
 # -- the clocks ----------------------------------------------------------------------------------
@@ -156,29 +163,45 @@ async def state_of(conn: Any, job_id: int) -> tuple[str, int]:
 
 
 def test_why_a_deadline_pending_during_a_query_fires_in_it(dsn: str) -> None:
-    """The two facts the module's docstring builds on, on trio time: the connect's 10 s bound
-    fires under threshold 0 before the server answers; a query under a pending deadline is cut
-    at that deadline, the cancel's 5 s drain bound fires too, and the connection is closed. A
-    query with no deadline pending is not disturbed."""
+    """The facts the module's docstring builds on, under threshold 0: a connect's 10 s bound
+    fires (at exactly 10 s of trio time) whenever trio looks before the server has answered,
+    which is most of the time; a query under a pending deadline of an hour is cut at it,
+    though it takes 50 ms, and the cancel's own 5 s bound may fire too, closing the
+    connection. A query with no deadline pending is not disturbed."""
     clock = trio.testing.MockClock(autojump_threshold=0)
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        with pytest.raises(trioq.ConnectError, match=r"connection timeout expired after 10\.0 s"):
-            await trioq.connect(dsn, autocommit=True)
-        seen["connect gave up at"] = trio.current_time()
+        outcomes: Counter[str] = Counter()
+        for _ in range(CONNECTS):
+            started = trio.current_time()
+            try:
+                conn = await trioq.connect(dsn, autocommit=True)
+            except trioq.ConnectError as ex:
+                took = trio.current_time() - started
+                assert "connection timeout expired after 10.0 s" in str(ex), ex
+                outcomes[f"gave up after {took:g} s"] += 1
+            else:  # the server answered every time before trio looked
+                outcomes["connected"] += 1
+                with autojump(clock, math.inf):
+                    await conn.close()
+        seen["gave up"] = outcomes.pop("gave up after 10 s", 0) > 0
+        seen["else"] = sorted(o for o in outcomes if o != "connected")
         async with await connect(clock, dsn) as conn:
+            before = trio.current_time()
             assert await scalar(conn, "SELECT 1") == 1  # nothing pending: no jump
-            seen["after a query"] = trio.current_time()
+            seen["a query moved the clock"] = trio.current_time() - before
             with trio.move_on_after(HOUR) as scope:
                 await conn.execute("SELECT pg_sleep(0.05)")
             seen["cut"] = scope.cancelled_caught
-            seen["query cut at"] = trio.current_time()
-            seen["closed"] = conn.closed
+            after = trio.current_time() - before
+            seen["cut at the hour, closed if the 5 s bound fired too"] = (
+                after in (HOUR, HOUR + 5) and conn.closed == (after == HOUR + 5)
+            )
 
     real = run(clock, main)
-    assert seen == {"connect gave up at": 10.0, "after a query": 10.0, "cut": True,
-                    "query cut at": 10.0 + HOUR + 5.0, "closed": True}  # fmt: skip
+    assert seen == {"gave up": True, "else": [], "a query moved the clock": 0.0, "cut": True,
+                    "cut at the hour, closed if the 5 s bound fired too": True}  # fmt: skip
     assert real < 5
 
 
