@@ -51,8 +51,10 @@ class Run:
     """One run of one job by `drain`, and what became of the job.
 
     ``outcome`` is ``completed`` (returned; deleted, or kept with ``result``),
-    ``retried`` (failed with attempts left), ``dead``, ``snoozed``, ``cancelled``,
-    or ``lost`` (the handler raised `trioq.LeaseLostError`).
+    ``retried`` (failed with attempts left), ``dead``, ``snoozed`` (given back with the
+    attempt refunded, due later: ``job.snooze``, a durable job's ``job.sleep`` or its
+    ``job.wait_for`` with no signal yet), ``cancelled``, or ``lost`` (the handler raised
+    `trioq.LeaseLostError`).
     """
 
     job_id: int
@@ -202,7 +204,9 @@ def _what_became(outcome: Outcome, state: str) -> str:
     if outcome.kind is Kind.FAIL:
         return "retried"
     if outcome.kind is Kind.RELEASE:
-        return "snoozed"
+        return "snoozed"  # job.snooze, or a durable job's sleep (a `trioq.Sleep` is a Snooze)
+    if outcome.kind is Kind.NOTHING and state == "scheduled":
+        return "snoozed"  # parked by its wait's own statement (`trioq.Waiting`): as a sleep
     if outcome.kind is Kind.NOTHING and state != "unknown":
         return "lost"  # the handler raised LeaseLostError: the row was not completed
     return "completed"
