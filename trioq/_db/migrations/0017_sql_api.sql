@@ -207,7 +207,7 @@ BEGIN
     ELSIF point <= -4 OR point > 16 THEN
         RETURN sign || left(digits, 1) || CASE WHEN length(digits) > 1 THEN '.' || substr(digits, 2) ELSE '' END
                || 'e' || CASE WHEN point - 1 < 0 THEN '-' ELSE '+' END
-               || lpad(abs(point - 1)::text, 2, '0');
+               || CASE WHEN abs(point - 1) < 10 THEN '0' ELSE '' END || abs(point - 1);
     ELSIF point <= 0 THEN
         RETURN sign || '0.' || repeat('0', -point) || digits;
     ELSIF point >= length(digits) THEN
@@ -289,7 +289,8 @@ BEGIN
         END IF;
     ELSE
         s := rtrim(rtrim(left(qs, 1) || '.' || substr(qs, 2), '0'), '.')
-             || 'e' || CASE WHEN ex < 0 THEN '-' ELSE '+' END || lpad(abs(ex)::text, 2, '0');
+             || 'e' || CASE WHEN ex < 0 THEN '-' ELSE '+' END
+             || CASE WHEN abs(ex) < 10 THEN '0' ELSE '' END || abs(ex);
     END IF;
     RETURN CASE WHEN d < 0 THEN '-' ELSE '' END || s;
 END
