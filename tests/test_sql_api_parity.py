@@ -29,6 +29,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pgcluster import create_database, drop_database
+from psycopg.types.json import Json, Jsonb
 from sqlapi_driver import Refusal, call, refusal
 
 import trioq
@@ -427,6 +428,17 @@ def test_a_delay_is_an_interval(api_dsn: str, driver: psycopg.Connection[Any]) -
     assert found is not None and found.sqlstate == "42883"
     assert refusal(driver, "enqueue", {"task": "t", "delay": dt.timedelta(seconds=5)}) is None
     assert refusal(driver, "enqueue", {"task": "t"}, {"delay": "'5 seconds'"}) is None
+
+
+def test_args_are_jsonb(driver: psycopg.Connection[Any]) -> None:
+    """jsonb, or an untyped parameter Postgres reads as jsonb; a json value matches no
+    function (json casts to jsonb only on assignment)."""
+    query = "SELECT trioq.enqueue('t', %s)"
+    with driver.transaction(force_rollback=True):
+        assert driver.execute(query, (Jsonb({"a": 1}),)).fetchone() is not None
+        assert driver.execute(query, ('{"a": 1}',)).fetchone() is not None  # untyped text
+    with pytest.raises(psycopg.errors.UndefinedFunction), driver.transaction():
+        driver.execute(query, (Json({"a": 1}),))
 
 
 def test_a_time_out_of_range_is_refused_both_ways_the_sql_one_shown_in_utc(
