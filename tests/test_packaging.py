@@ -1,6 +1,6 @@
 """The package as people adopt it: one version (``trioq.__version__``) that the installed
 metadata, ``trioq --version`` and the newest release of CHANGELOG.md all say; the licence
-declared and shipped.
+declared and shipped; every documentation page in the site's nav (mkdocs.yml).
 
 The built sdist and wheel themselves are checked by .ci/run (``python -m build``,
 ``twine check --strict``, ``trioq demo`` from the wheel in a clean virtualenv, and
@@ -85,3 +85,14 @@ def test_the_licence_is_declared_and_shipped() -> None:
     metadata = importlib.metadata.metadata("trioq")
     assert metadata["License-Expression"] == "MIT"
     assert metadata.get_all("License-File") == ["LICENSE"]
+
+
+def test_every_documentation_page_is_in_the_site_s_nav() -> None:
+    """mkdocs.yml lists every page by hand (Getting started, Guides, Operations, Reference);
+    a new docs/*.md needs its line there. (``mkdocs build --strict`` in .ci/run refuses one
+    that is not, too; this says so without mkdocs installed.)"""
+    config = (ROOT / "mkdocs.yml").read_text()
+    listed = set(re.findall(r"^\s*- (?:[^:\n]+: )?([\w./-]+\.md)\s*$", config, re.M))
+    pages = {path.relative_to(ROOT / "docs").as_posix() for path in (ROOT / "docs").rglob("*.md")}
+    assert sorted(pages - listed) == [], "pages missing from mkdocs.yml's nav"
+    assert sorted(listed - pages) == [], "mkdocs.yml's nav lists pages that do not exist"
