@@ -3,7 +3,7 @@
 General layout (``docs/architecture.md`` draws the module map and the nursery tree; a
 test checks that every module is named here and there):
 
-- The faces: this module re-exports every public name (each shows up as ``trioq.<name>`` in
+- The faces: this module re-exports every public name (each shows up as ``trioq.X`` in
   reprs and tracebacks: ``_metadata``), and ``pg``, ``retry`` (and ``web``, ``testing``)
   are the public submodules; ``_exceptions`` defines every exception.
 - ``trioq/`` (the API users touch, one concept a module): ``_job``, ``_rules``,

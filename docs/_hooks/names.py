@@ -13,7 +13,8 @@ On the site:
   renamed or removed name that the docs still mention. Spans that only look like names
   are left alone: the SQL objects of trioq's schema (`` `trioq.jobs` ``, `` `trioq.now` ``),
   the loggers (`` `trioq.runtime` ``), span attributes (`` `trioq.job.id` ``), private
-  modules (`` `trioq._queue` ``), and code in fenced blocks, headings and links.
+  modules (`` `trioq._queue` ``), placeholders (`` `trioq.X` ``), and code in fenced blocks,
+  headings and links.
 - **A link out of docs/ into the repository** (`` [tests/obs_app.py](../tests/obs_app.py) ``)
   becomes its text, as the site has no copy of the source; the file it points at must
   exist, or the build warns (and --strict fails) as for a broken link between pages.
@@ -65,7 +66,10 @@ def api_name(code: str) -> str | None:
     if found is None or (rest and not rest.startswith("(")):
         return None
     name = found.group(0)
-    return None if name.split(".")[1] in NOT_PYTHON else name
+    parts = name.split(".")
+    if parts[1] in NOT_PYTHON or any(re.fullmatch("[A-Z]", part) for part in parts):
+        return None  # not Python, or a placeholder: ``trioq.X`` for any public name
+    return name
 
 
 def rewrite(text: str, link: Callable[[re.Match[str]], str]) -> str:
