@@ -42,6 +42,11 @@ stress *args:
 docs:
     @ls docs/*.md
 
+# The documentation site: `just site serve` to read it live, `just site` to build it as CI does
+site *args="build --strict":
+    {{venv}}/bin/pip install -q -e '.[docs]'
+    {{venv}}/bin/mkdocs {{args}}
+
 # Long run of the queue's Hypothesis state machine (5,000 machines of up to 100 steps)
 prove:
     TRIOQ_HYPOTHESIS=long {{venv}}/bin/pytest tests/test_queue_state_machine.py -x
