@@ -28,10 +28,11 @@ inside it, at once (demonstrated by `test_why_a_deadline_pending_during_a_query_
   timeout, and the cancel's own shielded 5 s bound fires too unless the server has answered
   the cancel when trio looks, closing the connection.
   Measured on a naive test (threshold 0 throughout a ``drain`` of a job with ``timeout=3600``
-  whose step sleeps 2 h): 30 runs of 40 failed with "the connection is closed" (22 in the first
-  run's read of its records, 8 later in that run or in its retry's), 10 passed. So the timeout tests keep the
-  threshold at infinity (trio's clock stands still: ``MockClock``'s rate is 0) and set it to 0
-  only inside the step's own ``trio.sleep``, when no query is in flight (`autojump`).
+  whose step sleeps 2 h): 30 runs of 40 failed with "the connection is closed" (22 in the
+  first run's read of its records, 8 later in that run or in its retry's), 10 passed. So the
+  timeout tests keep the threshold at infinity (trio's clock stands still: ``MockClock``'s
+  rate is 0) and set it to 0 only inside the step's own ``trio.sleep``, when no query is in
+  flight (`autojump`).
 - ``trioq.serve`` under threshold 0 does not start (its pools' connections time out, as above).
   With the threshold at 0 once it runs, a handler's ``trio.sleep`` of one hour took 3.4 s of
   real time and, in that hour, 25 claims timed out ("the claim took longer than 10.0 s"), 11
