@@ -1,11 +1,12 @@
-"""The framework example (``examples/django_shop``) works as its README says, against a
-fresh database: an order posted to the app commits with the job it enqueued, and a real
-trio worker runs that job (the job writes its own id into the order, so the test sees that
-the very job the request enqueued ran); an order whose card is declined after the enqueue
-leaves neither the order nor the job.
+"""The framework examples (``examples/django_shop``, ``fastapi_shop``) work as their
+READMEs say, each against a fresh database: an order posted to the app commits with the
+job it enqueued, and a real trio worker runs that job (the job writes its own id into the
+order, so the test sees that the very job the request enqueued ran); an order whose card
+is declined after the enqueue leaves neither the order nor the job.
 
 Django runs as it is deployed, in processes of its own (``manage.py migrate``, a WSGI
-server, ``trioq serve``): Django's settings belong to the process. A declined order is
+server, ``trioq serve``): Django's settings belong to the process. FastAPI runs on uvicorn
+(its asyncio loop in a thread) beside a ``trioq serve`` process. A declined order is
 posted with no worker claiming, so a job the request had left behind would still be there
 to be seen.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import select
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 import trio
 from clitool import ServeProcess, cli_env
 from helpers import poll_until
@@ -34,6 +37,12 @@ WSGI_SERVER = Path(__file__).parent / "wsgi_server.py"
 
 PLACED = {"total_cents": 1250, "card": "4242"}
 DECLINED = {"total_cents": 990, "card": "declined"}
+
+
+@pytest.fixture(autouse=True)
+def examples_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import fastapi_shop``, as ``examples/`` is the directory their READMEs run in."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
 
 
 def fetch(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -51,6 +60,11 @@ async def migrate(dsn: str, schema: str | None = None) -> None:
 
 def setup(dsn: str, schema: str | None = None) -> None:
     trio.run(migrate, dsn, schema)
+
+
+def shop_schema(example: str) -> str:
+    """The shop's table, as its README creates it (``psql -f schema.sql``)."""
+    return (EXAMPLES / example / "schema.sql").read_text()
 
 
 def wait_for_receipt(dsn: str, order: int, timeout: float = 30) -> int:
@@ -133,5 +147,67 @@ def test_django_view_declined_after_the_enqueue_leaves_no_order_and_no_job(dsn: 
         assert fetch(dsn, "SELECT * FROM orders") == []
         assert jobs(dsn) == []
         # The connection is fit for the next request: its order and job commit.
+        placed = httpx.post(f"{url}/orders", json=PLACED, timeout=30).json()
+    assert jobs(dsn) == [receipt_job(placed)]
+
+
+# -- FastAPI ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def fastapi_shop(dsn: str, seen: list[list[tuple[Any, ...]]]) -> Iterator[str]:
+    """The FastAPI shop on uvicorn (its asyncio loop in a thread of this process): its URL.
+    ``seen`` gets the counts of orders and jobs committed when each response starts."""
+    import uvicorn
+    from fastapi_shop.app import create_app
+    from starlette.types import Message, Receive, Scope, Send
+
+    app = create_app(dsn)
+
+    async def watched(scope: Scope, receive: Receive, send: Send) -> None:
+        async def watching(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen.append(fetch(dsn, "SELECT (SELECT count(*) FROM orders),"
+                                       " (SELECT count(*) FROM trioq.jobs)"))  # fmt: skip
+            await send(message)
+
+        await app(scope, receive, watching)
+
+    server = uvicorn.Server(uvicorn.Config(watched, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        poll_until(lambda: server.started or not thread.is_alive(), timeout=30, what="uvicorn")
+        assert server.started, "uvicorn did not start"
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_fastapi_endpoint_commits_the_order_with_its_job_and_the_worker_runs_it(
+    dsn: str,
+) -> None:
+    setup(dsn, shop_schema("fastapi_shop"))
+    seen: list[list[tuple[Any, ...]]] = []
+    with worker(dsn, "fastapi_shop.tasks:tasks", EXAMPLES), fastapi_shop(dsn, seen) as url:
+        response = httpx.post(f"{url}/orders", json=PLACED, timeout=30)
+        assert response.status_code == 201, response.text
+        placed = response.json()
+        assert seen == [[(1, 1)]]  # committed before the client was answered
+        assert wait_for_receipt(dsn, placed["order"]) == placed["job"]
+        assert jobs(dsn) == []  # done: deleted in the transaction that wrote the receipt
+
+
+def test_fastapi_endpoint_declined_after_the_enqueue_leaves_no_order_and_no_job(
+    dsn: str,
+) -> None:
+    setup(dsn, shop_schema("fastapi_shop"))
+    with fastapi_shop(dsn, []) as url:
+        declined = httpx.post(f"{url}/orders", json=DECLINED, timeout=30)
+        assert declined.status_code == 402, declined.text
+        assert fetch(dsn, "SELECT * FROM orders") == []
+        assert jobs(dsn) == []
+        # The pool's connection is fit for the next request: its order and job commit.
         placed = httpx.post(f"{url}/orders", json=PLACED, timeout=30).json()
     assert jobs(dsn) == [receipt_job(placed)]
