@@ -1,14 +1,15 @@
-"""The framework examples (``examples/django_shop``, ``fastapi_shop``) work as their
-READMEs say, each against a fresh database: an order posted to the app commits with the
-job it enqueued, and a real trio worker runs that job (the job writes its own id into the
-order, so the test sees that the very job the request enqueued ran); an order whose card
-is declined after the enqueue leaves neither the order nor the job.
+"""The framework examples (``examples/django_shop``, ``fastapi_shop``, ``quart_trio_shop``)
+work as their READMEs say, each against a fresh database: an order posted to the app
+commits with the job it enqueued, and a real trio worker runs that job (the job writes its
+own id into the order, so the test sees that the very job the request enqueued ran); an
+order whose card is declined after the enqueue leaves neither the order nor the job.
 
 Django runs as it is deployed, in processes of its own (``manage.py migrate``, a WSGI
 server, ``trioq serve``): Django's settings belong to the process. FastAPI runs on uvicorn
-(its asyncio loop in a thread) beside a ``trioq serve`` process. A declined order is
-posted with no worker claiming, so a job the request had left behind would still be there
-to be seen.
+(its asyncio loop in a thread) beside a ``trioq serve`` process; Quart-Trio in its own
+test client, in this trio run, with the worker in the app's nursery. A declined order is
+posted with no worker claiming (none runs, or its queue is paused), so a job the request
+had left behind would still be there to be seen.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import psycopg
 import pytest
 import trio
 from clitool import ServeProcess, cli_env
-from helpers import poll_until
+from helpers import poll_until, rows, wait_until
 
 import trioq
 
@@ -146,7 +147,7 @@ def test_django_view_declined_after_the_enqueue_leaves_no_order_and_no_job(dsn: 
         assert declined.status_code == 402, declined.text
         assert fetch(dsn, "SELECT * FROM orders") == []
         assert jobs(dsn) == []
-        # The connection is fit for the next request: its order and job commit.
+        # The next request's order and job commit.
         placed = httpx.post(f"{url}/orders", json=PLACED, timeout=30).json()
     assert jobs(dsn) == [receipt_job(placed)]
 
@@ -211,3 +212,54 @@ def test_fastapi_endpoint_declined_after_the_enqueue_leaves_no_order_and_no_job(
         # The pool's connection is fit for the next request: its order and job commit.
         placed = httpx.post(f"{url}/orders", json=PLACED, timeout=30).json()
     assert jobs(dsn) == [receipt_job(placed)]
+
+
+# -- Quart-Trio ---------------------------------------------------------------------------------
+
+
+async def wait_for_receipt_async(conn: Any, order: int) -> int:
+    """`wait_for_receipt` in this trio run."""
+
+    async def receipt() -> Any:
+        found = await rows(conn, "SELECT receipt_job FROM orders WHERE id = %s", order)
+        return found and found[0][0]
+
+    await wait_until(receipt, timeout=30)
+    return int(await receipt())
+
+
+async def test_quart_trio_endpoint_commits_the_order_with_its_job_and_its_worker_runs_it(
+    dsn: str,
+) -> None:
+    from quart_trio_shop.app import create_app
+
+    await migrate(dsn, shop_schema("quart_trio_shop"))
+    app = create_app(dsn)
+    async with await trioq.connect(dsn, autocommit=True) as conn, app.test_app() as running:
+        response = await running.test_client().post("/orders", json=PLACED)
+        assert response.status_code == 201, await response.get_data(as_text=True)
+        placed = await response.get_json()
+        assert await wait_for_receipt_async(conn, placed["order"]) == placed["job"]
+        assert await rows(conn, JOBS) == []  # done: deleted with the receipt's commit
+
+
+async def test_quart_trio_endpoint_declined_after_the_enqueue_leaves_no_order_and_no_job(
+    dsn: str,
+) -> None:
+    from quart_trio_shop.app import create_app
+
+    await migrate(dsn, shop_schema("quart_trio_shop"))
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        # Paused, the app's worker claims nothing: a job the request left would stay to be seen.
+        await trioq.Queue().pause(conn, "default")
+        async with create_app(dsn).test_app() as running:
+            client = running.test_client()
+            declined = await client.post("/orders", json=DECLINED)
+            assert declined.status_code == 402, await declined.get_data(as_text=True)
+            assert await rows(conn, "SELECT * FROM orders") == []
+            assert await rows(conn, JOBS) == []
+            # The pool's connection is fit for the next request: its order and job commit.
+            placed = await (await client.post("/orders", json=PLACED)).get_json()
+            assert await rows(conn, JOBS) == [receipt_job(placed)]
+            await trioq.Queue().resume(conn, "default")
+            assert await wait_for_receipt_async(conn, placed["order"]) == placed["job"]
