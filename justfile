@@ -21,6 +21,7 @@ check:
     {{venv}}/bin/ruff check trioq tests bench examples
     {{venv}}/bin/mypy --strict trioq tests bench
     {{venv}}/bin/mypy --strict examples/shop
+    DATABASE_URL=dbname=unused {{venv}}/bin/mypy --config-file examples/django_shop/mypy.ini examples/django_shop
 
 # Everything CI runs, exactly as CI runs it
 ci:
