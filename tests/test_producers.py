@@ -604,3 +604,25 @@ def test_a_job_enqueued_from_sync_code_runs_on_a_trio_worker(migrated_dsn: str) 
     trio.run(work)
     assert seen == [7]
     assert job.job_id > 0
+
+
+def test_a_producer_imports_no_trio(migrated_dsn: str) -> None:
+    """`import trioq.producer` (a Django or Flask process) imports no trio: the names that
+    need it are imported on first use (trioq._trio_api); and enqueueing does not need it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, psycopg\n"
+        "from trioq import producer\n"
+        "with psycopg.connect(sys.argv[1]) as conn:\n"
+        "    print(producer.enqueue(conn, 'no_trio', {'a': 1}).job_id)\n"
+        "assert 'trio' not in sys.modules, sorted(m for m in sys.modules if 'trio' in m)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, migrated_dsn],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (job_id,) = fetch(migrated_dsn, "SELECT id FROM trioq.jobs WHERE task = 'no_trio'")[0]
+    assert done.stdout.split() == [str(job_id)]

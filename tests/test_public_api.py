@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import psycopg
 
 import trioq
@@ -137,8 +139,30 @@ def _public(module: object) -> set[str]:
 
 def test_top_level_surface() -> None:
     # trioq.web (the web extra) and trioq.producer (for code that is not trio) are not
-    # imported by trioq: attributes once something has.
+    # imported by trioq: attributes once something has. dir() lists the names that need
+    # trio before their first use (trioq.__getattr__); each is an attribute after it.
+    assert {name for name in dir(trioq) if not name.startswith("_")} - {
+        "annotations", "web", "producer"
+    } == TOP_LEVEL
+    for name in TOP_LEVEL:
+        getattr(trioq, name)
     assert _public(trioq) - {"annotations", "web", "producer"} == TOP_LEVEL
+    for name in TOP_LEVEL:
+        obj = getattr(trioq, name)
+        if isinstance(obj, type) or inspect.isfunction(obj):
+            assert obj.__module__ in ("trioq", "trioq.pg"), name  # never trioq._x
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    assert not hasattr(trioq, "no_such_name")
+    assert not hasattr(trioq, "_no_such_name")
+
+
+def test_the_names_imported_on_first_use_are_the_ones_listed() -> None:
+    import trioq._trio_api
+
+    defined = {name for name in vars(trioq._trio_api) if not name.startswith("_")}
+    assert defined == trioq._TRIO_NAMES
 
 
 def test_pg_surface() -> None:

@@ -5,7 +5,9 @@ test checks that every module is named here and there):
 
 - The faces: this module re-exports every public name (each shows up as ``trioq.X`` in
   reprs and tracebacks: ``_metadata``), and ``pg``, ``retry`` (and ``producer``, ``web``,
-  ``testing``) are the public submodules; ``_exceptions`` defines every exception.
+  ``testing``) are the public submodules; ``_exceptions`` defines every exception. The
+  names that need trio come from ``_trio_api`` on first use, so ``import trioq.producer``
+  imports no trio.
 - ``trioq/`` (the API users touch, one concept a module): ``_job``, ``_rules``,
   ``_unique``, ``_retry``, ``_outcome``, ``_sanitize``, ``_registry``, ``_hooks``,
   ``_config``, ``_cron``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
@@ -31,16 +33,13 @@ test checks that every module is named here and there):
   users' tests) and ``examples``.
 """
 
-from . import pg as pg
+import typing as _typing
+
 from . import retry as retry
 from ._batch import Batch as Batch
 from ._batch import BatchStatus as BatchStatus
 from ._batch import EnqueuedBatch as EnqueuedBatch
 from ._batch import batch_status as batch_status
-from ._config import Config as Config
-from ._config import QueueConfig as QueueConfig
-from ._context import JobContext as JobContext
-from ._context import JobServices as JobServices
 from ._cron import CronEntry as CronEntry
 from ._db.migrate import MigrationResult as MigrationResult
 from ._db.migrate import migrate as migrate
@@ -85,36 +84,72 @@ from ._exceptions import WorkflowError as WorkflowError
 from ._flow import LimitedClaim as LimitedClaim
 from ._flow import QueueSettings as QueueSettings
 from ._flow import RateLimit as RateLimit
-from ._group_producer import GroupProducer as GroupProducer
-from ._group_producer import GroupProducerStatistics as GroupProducerStatistics
-from ._group_producer import open_group_producer as open_group_producer
-from ._hooks import CallNext as CallNext
-from ._hooks import JobEvent as JobEvent
 from ._job import EnqueueResult as EnqueueResult
 from ._job import Failure as Failure
 from ._job import Job as Job
 from ._job import JobSpec as JobSpec
 from ._job import Lease as Lease
-from ._metadata import fixup_module_metadata
-from ._pg.connection import TrioConnection as TrioConnection
-from ._pg.connection import connect as connect
+from ._metadata import fixup_module_metadata as _fixup
 from ._queue import CancelOutcome as CancelOutcome
 from ._queue import FailResult as FailResult
 from ._queue import HeartbeatResult as HeartbeatResult
 from ._queue import Queue as Queue
 from ._queue import SweepResult as SweepResult
-from ._registry import Registry as Registry
-from ._registry import Task as Task
 from ._result import JobStatus as JobStatus
 from ._unique import Unique as Unique
-from ._worker.runtime import Runtime as Runtime
-from ._worker.runtime import RuntimeStatistics as RuntimeStatistics
-from ._worker.serve import serve as serve
 from ._workflow import Step as Step
 from ._workflow import Workflow as Workflow
 from ._workflow import WorkflowJobs as WorkflowJobs
 
 __version__ = "0.1.0"
 
-fixup_module_metadata(__name__, globals())
-del fixup_module_metadata
+_fixup(__name__, globals())
+
+if _typing.TYPE_CHECKING:
+    # The names that need trio: `_trio_api` imports them, and `__getattr__` on first use.
+    from ._trio_api import *  # noqa: F403
+
+
+# The names `_trio_api` defines (tests/test_public_api.py checks that they are the same), so
+# that a name that is not one of them (``from trioq import producer`` asks for
+# ``trioq.producer`` before it imports the submodule) imports no trio.
+_TRIO_NAMES = frozenset({
+    "CallNext",
+    "Config",
+    "GroupProducer",
+    "GroupProducerStatistics",
+    "JobContext",
+    "JobEvent",
+    "JobServices",
+    "QueueConfig",
+    "Registry",
+    "Runtime",
+    "RuntimeStatistics",
+    "Task",
+    "TrioConnection",
+    "connect",
+    "open_group_producer",
+    "pg",
+    "serve",
+})  # fmt: skip
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """Import the names that need trio (`_trio_api`) on the first access to any of them,
+    so ``import trioq.producer`` imports no trio; then they are plain attributes."""
+    if name not in _TRIO_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import _trio_api
+
+    names = {key: value for key, value in vars(_trio_api).items() if not key.startswith("_")}
+    if name not in names:
+        # Asked while `_trio_api` itself imports: its ``from . import pg`` asks for
+        # ``trioq.pg`` before it imports the submodule (which then becomes the attribute).
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _fixup(__name__, names)
+    globals().update(names)
+    return names[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _TRIO_NAMES)
