@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from helpers import Counter, rows, scalar, serving, wait_until
+from helpers import FAST, Counter, rows, scalar, serving, wait_until
 
 import trioq
 import trioq.testing
@@ -435,3 +435,40 @@ async def test_an_outcome_written_too_late_is_a_lost_lease(dsn: str) -> None:
     assert (event.kind, event.job_id, event.args) == ("lease_lost", job.id, {"n": 1})
     assert event.reason == "its outcome (complete) was discarded: the lease was taken"
     assert lifecycle.counts["discarded", "default", "t"] == 1
+
+
+async def test_a_cancel_during_the_shutdown_flush_ends_serve_at_once(dsn: str) -> None:
+    """A graceful stop, then the enclosing scope cancelled while the flush waits for a
+    callback: the cancel ends the services too, so the flush must not then wait out its
+    bound (`FLUSH_TIMEOUT`, 10 s) for a service that is gone (it did: "event callbacks had
+    not finished at shutdown: 0 events not delivered", 10 s late)."""
+    from trioq._worker.wiring import FLUSH_TIMEOUT
+
+    tasks = trioq.Registry()
+    entered = trio.Event()
+
+    @tasks.on("dead")
+    async def hang(event: JobEvent) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    @tasks.task(max_attempts=1)
+    async def doomed(job: trioq.JobContext) -> None:
+        raise ValueError("no")
+
+    config = trioq.Config(dsn=dsn, registry=tasks, hook_timeout=600, **FAST)
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trio.open_nursery() as nursery:
+            runtime: trioq.Runtime = await nursery.start(trioq.serve, config)
+            await doomed.enqueue(conn)
+            with trio.fail_after(10):
+                await entered.wait()
+            runtime.stop()
+            events = runtime._services.events
+            with trio.fail_after(10):
+                while not events._closed:  # noqa: ASYNC110 - the flush has begun to wait on it
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+            cancelled_at = trio.current_time()
+    assert trio.current_time() - cancelled_at < FLUSH_TIMEOUT / 4

@@ -239,7 +239,9 @@ class EventDispatcher:
         self._dropped_logged = 0
         self._last_drop_warning = -math.inf
         self._closed = False
-        self.finished = trio.Event()  # set when `run` has delivered everything and returned
+        #: Set when `run` returns: delivered everything (`drained`), or cancelled.
+        self.finished = trio.Event()
+        self.drained = False
 
     def wants(self, kind: str) -> bool:
         return kind in self._callbacks
@@ -270,12 +272,17 @@ class EventDispatcher:
         )  # fmt: skip
 
     async def run(self) -> None:
-        """Run callbacks until cancelled, or until closed and drained (then `finished`)."""
-        async with trio.open_nursery() as nursery:
-            for _ in range(self.concurrency):
-                nursery.start_soon(self._runner, self._receive.clone())
-            await self._receive.aclose()  # the clones keep the channel open
-        self.finished.set()
+        """Run callbacks until cancelled, or until closed and drained (`drained`); either
+        way `finished` is set, so a shutdown that waits for it never waits for a run that a
+        cancel has ended."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.concurrency):
+                    nursery.start_soon(self._runner, self._receive.clone())
+                await self._receive.aclose()  # the clones keep the channel open
+            self.drained = True
+        finally:
+            self.finished.set()
 
     async def close(self) -> None:
         """No more events: `run` returns once the buffered ones are delivered."""

@@ -72,7 +72,9 @@ class Completer:
         self.batches = 0
         self.outcomes = 0
         self.write_errors = 0  # failed writes (retried), for the metrics
-        self.finished = trio.Event()  # set when run() has written everything and returned
+        #: Set when `run` returns: wrote everything submitted (`drained`), or cancelled.
+        self.finished = trio.Event()
+        self.drained = False
 
     async def submit(self, outcome: Outcome) -> None:
         """Hand over one outcome; waits only while the channel is full.
@@ -97,16 +99,19 @@ class Completer:
         await self._send.aclose()
 
     async def run(self) -> None:
-        async with self._receive:
-            async for first in self._receive:
-                batch = [first]
-                while len(batch) < MAX_BATCH:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await self._write_until_done(batch)
-        self.finished.set()
+        try:
+            async with self._receive:
+                async for first in self._receive:
+                    batch = [first]
+                    while len(batch) < MAX_BATCH:
+                        try:
+                            batch.append(self._receive.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    await self._write_until_done(batch)
+            self.drained = True
+        finally:
+            self.finished.set()  # a shutdown waiting for it must not wait for a cancelled run
 
     async def _write_until_done(self, batch: list[Outcome]) -> None:
         """Write ``batch``, retrying database errors with backoff; isolate data errors."""

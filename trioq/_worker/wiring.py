@@ -213,10 +213,12 @@ class Services:
     async def flush(self) -> None:
         """At a stop, after the last job: write every outcome submitted, the job history,
         and the events (each shielded and bounded)."""
-        with trio.move_on_after(FLUSH_TIMEOUT, shield=True) as scope:
+        # A cancel from outside (after a graceful stop began) ends the services too: each
+        # sets `finished` then, undrained, and the flush goes on at once.
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True):
             await self.completer.close()
             await self.completer.finished.wait()
-        if scope.cancelled_caught:
+        if not self.completer.drained:
             logger.warning("%d job outcomes not written at shutdown: their leases will expire",
                            len(self._runtime.held))  # fmt: skip
         with trio.move_on_after(FLUSH_TIMEOUT, shield=True):
@@ -224,10 +226,10 @@ class Services:
                 await self.history_writer.run_once()
             except Exception as ex:  # history is for charts: it must not fail the shutdown
                 logger.warning("writing job history at shutdown failed: %s", ex)
-        with trio.move_on_after(FLUSH_TIMEOUT, shield=True) as scope:
+        with trio.move_on_after(FLUSH_TIMEOUT, shield=True):
             await self.events.close()
             await self.events.finished.wait()
-        if scope.cancelled_caught:
+        if not self.events.drained:
             logger.warning("event callbacks had not finished at shutdown: %d events not "
                            "delivered", self.events.statistics().pending)  # fmt: skip
 
