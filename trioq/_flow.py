@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from ._db.statements import Statements
-from ._job import Job, check_queue_name
+from ._job import Job, check_aware, check_queue_name
 from ._pg.conn import Conn
 from ._unique import to_period
 
@@ -31,12 +31,21 @@ __all__ = [
     "change_settings",
     "check_limit",
     "read_settings",
+    "resume_due",
+    "to_pause_until",
     "to_rate_limit",
 ]
 
 
 #: Limits are int4 in the database.
 LIMIT_MAX = 2**31 - 1
+
+#: The furthest a timed pause may end, from the database's clock (the command line's
+#: durations stop there too; a pause longer than that is one until resumed).
+PAUSE_MAX = dt.timedelta(days=36525)
+PAUSE_MAX_TEXT = "100 years"
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE_RE = re.compile(r"\s*(\d{1,10})\s*/\s*(\d{0,10}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)\s*")
@@ -78,6 +87,31 @@ def check_limit(value: object, field: str) -> int | None:
     if not 1 <= value <= LIMIT_MAX:
         raise ValueError(f"{field} must be between 1 and {LIMIT_MAX}, got {value}")
     return value
+
+
+def to_pause_until(
+    value: object, field: str = "until"
+) -> tuple[dt.datetime | None, dt.timedelta | None]:
+    """The end of a timed pause: an aware datetime, or a timedelta counted from the
+    database's clock when the pause is written (None: until resumed). The database checks
+    that the end lies after its clock and at most `PAUSE_MAX` ahead (`change_settings`)."""
+    if value is None:
+        return None, None
+    if isinstance(value, dt.datetime):
+        return check_aware(value, field), None
+    if isinstance(value, dt.timedelta):
+        if value <= dt.timedelta(0):
+            raise ValueError(f"{field} must be a timedelta of more than 0, got {value!r}")
+        if value > PAUSE_MAX:
+            raise ValueError(f"{field} must be at most {PAUSE_MAX_TEXT} ahead, got {value!r}")
+        return None, value
+    raise TypeError(
+        f"{field} must be an aware datetime.datetime, a datetime.timedelta or None, got {value!r}"
+    )
+
+
+def _from_epoch_us(value: int | None) -> dt.datetime | None:
+    return None if value is None else _EPOCH + dt.timedelta(microseconds=value)
 
 
 def _period(value: object) -> dt.timedelta:
@@ -142,10 +176,14 @@ class QueueSettings:
     rate_limit: RateLimit | None = None
     key_concurrency: int | None = None
     key_rate_limit: RateLimit | None = None
+    #: When a timed pause ends (UTC, the database's clock); None while not paused, or paused
+    #: until resumed. A timed pause that has ended reads as not paused, even before a
+    #: worker's governor has tidied its row.
+    paused_until: dt.datetime | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> QueueSettings:
-        name, paused, gc, rl, rp, kc, krl, krp = row[:8]
+        name, paused, gc, rl, rp, kc, krl, krp, until = row[:9]
         return cls(
             name=name,
             paused=paused,
@@ -153,6 +191,7 @@ class QueueSettings:
             rate_limit=None if rl is None else RateLimit(rl, rp),
             key_concurrency=kc,
             key_rate_limit=None if krl is None else RateLimit(krl, krp),
+            paused_until=_from_epoch_us(until),
         )
 
     @property
@@ -208,17 +247,42 @@ async def change_settings(
 ) -> QueueSettings:
     """Set the given settings of ``name`` (the others stay), in one statement, and notify
     every worker. ``changes`` keys: paused, global_concurrency, rate_limit,
-    key_concurrency, key_rate_limit (None clears a limit)."""
+    key_concurrency, key_rate_limit (None clears a limit), and with paused, until (the end
+    of the pause, `to_pause_until`; a pause without it, or a resume, clears it)."""
     check_queue_name(name)
-    unknown = sorted(set(changes) - set(SETTINGS))
+    unknown = sorted(set(changes) - {*SETTINGS, "until"})
     if unknown:
         raise TypeError(f"unknown queue settings {unknown}")
+    until = changes.get("until")
+    if until is not None and changes.get("paused") is not True:
+        raise ValueError("until goes with a pause (paused=True)")
+    paused_until, paused_for = to_pause_until(until)
     params: dict[str, Any] = {
         "name": name, "channel": sql.channel,
         **{f"set_{field}": field in changes for field in SETTINGS},
-        **_setting_values(changes),
+        **_setting_values({k: v for k, v in changes.items() if k != "until"}),
+        "paused_until": paused_until, "paused_for": paused_for,
     }  # fmt: skip
     cur = await conn.execute(sql.change_queue, params)
     row = await cur.fetchone()
     assert row is not None
+    if row[0] is None:  # the end of the pause was refused: nothing was written
+        now, end = row[10], row[11]
+        raise ValueError(
+            f"until {end.isoformat()} must lie after the database's clock ({now.isoformat()}) "
+            f"and at most {PAUSE_MAX_TEXT} ahead of it"
+        )
     return QueueSettings.from_row(row)
+
+
+async def resume_due(
+    conn: Conn, sql: Statements, names: Sequence[str]
+) -> tuple[list[str], float | None]:
+    """Resume the queues among ``names`` whose timed pause has ended on the database's
+    clock, and notify every worker if there were any (a newer pause is left alone): the
+    queues resumed, and in how many seconds the next timed pause of ``names`` ends."""
+    cur = await conn.execute(sql.resume_due, {"names": list(names), "channel": sql.channel})
+    row = await cur.fetchone()
+    assert row is not None
+    resumed, ends_in, _ = row
+    return list(resumed), None if ends_in is None else max(float(ends_in), 0.0)

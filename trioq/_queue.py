@@ -425,13 +425,20 @@ class Queue:
         with migrated(conn, self.schema):
             return await read_settings(conn, self.sql, names)
 
-    async def pause(self, conn: Conn, queue: str) -> QueueSettings:
+    async def pause(
+        self, conn: Conn, queue: str, *, until: dt.datetime | dt.timedelta | None = None
+    ) -> QueueSettings:
         """Stop every worker from claiming from ``queue`` (running jobs finish; enqueueing
-        goes on). Stored, so it outlives restarts; workers hear of it by notification."""
-        return await self._change(conn, queue, {"paused": True})
+        goes on). Stored, so it outlives restarts; workers hear of it by notification.
+
+        ``until``: the pause ends by itself then, on the database's clock: an aware
+        datetime, or a timedelta from the database's clock now (at most 100 years). Without
+        it the queue stays paused until resumed, even if it was paused until a time.
+        """
+        return await self._change(conn, queue, {"paused": True, "until": until})
 
     async def resume(self, conn: Conn, queue: str) -> QueueSettings:
-        """Let workers claim from ``queue`` again."""
+        """Let workers claim from ``queue`` again (a timed pause ends now)."""
         return await self._change(conn, queue, {"paused": False})
 
     async def set_limits(

@@ -153,6 +153,8 @@ assert tuple(common.CLAIMED) == CLAIMED_COLUMNS, "the claim's columns are Job's 
 _FRAGMENTS = {
     "now": NOW,
     "live": common.LIVE,
+    "pause_ended": common.PAUSE_ENDED,
+    "pause_over": common.PAUSE_OVER,
     "fence": common.FENCE,
     "fence_by_id": common.FENCE_BY_ID,
     "fence_one": common.FENCE_ONE,
@@ -331,6 +333,7 @@ class Statements:
     # -- queue settings (flow control) ------------------------------------------------------------
     queue_settings = Statement(queues.QUEUE_SETTINGS)
     change_queue = Statement(queues.CHANGE_QUEUE)
+    resume_due = Statement(queues.RESUME_DUE)
     queue_known = Statement(queues.QUEUE_KNOWN)
     queue_names = Statement(queues.QUEUE_NAMES)
     # -- cron --------------------------------------------------------------------------------------

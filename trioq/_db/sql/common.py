@@ -11,6 +11,16 @@ NOW = (
     " pg_catalog.now())"
 )
 
+#: A ``queues`` row whose only setting is a timed pause that has ended (migration 20): on the
+#: database's clock, whether or not a governor has tidied the row yet. The plain claim takes
+#: such a queue; the settings read shows it as not paused. (Never NULL: a NULL in NOT EXISTS
+#: would let the plain claim take an indefinitely paused queue.)
+PAUSE_ENDED = f"(paused_until IS NOT NULL AND paused_until <= {NOW})"
+PAUSE_OVER = (
+    f"({PAUSE_ENDED[1:-1]} AND global_concurrency IS NULL AND rate_limit IS NULL"
+    " AND key_concurrency IS NULL AND key_rate_limit IS NULL)"
+)
+
 LIVE = "('scheduled', 'available', 'running')"
 
 #: Notification payload for a job enqueued for later: wakes schedulers, not fetchers.

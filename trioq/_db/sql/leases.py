@@ -7,11 +7,14 @@ a handler's own transaction. `trioq._db.driver` runs them (the transactions' one
 # primary key, not by joining the CTE: with the join, Postgres planned a hash join over a
 # sequential scan of the whole jobs table once it held a few tens of thousands of rows
 # (EXPLAIN ANALYZE, 20,000 jobs, batch 100: 5.1 ms against 0.79 ms; docs/benchmarks.md).
+# A queue with settings is refused (`claim_limited` claims it), unless all it has is a timed
+# pause whose time has passed (migration 20): the database's clock ends it, not a timer.
 CLAIM = """
 WITH c AS (
     SELECT id FROM {jobs}
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
-       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled)
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled
+                          AND NOT {pause_over})
      ORDER BY priority, run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED

@@ -1,25 +1,42 @@
 """Queue settings (flow control, migration 6): read them, change some of them."""
 
+# A timed pause that has ended on the database's clock reads as no pause (paused false,
+# paused_until NULL) whether or not a governor has tidied its row yet; paused_until is in
+# microseconds since the Unix epoch (`epoch_us`: a time that got past the CHECK is clamped
+# rather than failing the read; NULL is kept apart, as epoch_us would clamp it too).
 QUEUE_SETTINGS = """
-SELECT name, paused, global_concurrency, rate_limit, rate_period, key_concurrency,
-       key_rate_limit, key_rate_period
+SELECT name, paused AND NOT {pause_ended}, global_concurrency, rate_limit, rate_period,
+       key_concurrency, key_rate_limit, key_rate_period,
+       CASE WHEN paused AND NOT {pause_ended} AND paused_until IS NOT NULL
+            THEN {epoch_us}(paused_until) END
   FROM {queues}
  WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])
  ORDER BY name
 """
 
 # Changes only the settings whose set_* flag is true (atomic: two concurrent changes of
-# different settings both land). Clearing a rate limit forgets its counted starts. Every
-# worker hears of it through one notification.
+# different settings both land). A pause sets paused_until with it (NULL: until resumed), a
+# resume clears it; the time is given (``paused_until``) or a length from the database's
+# clock (``paused_for``), and must lie after that clock and at most 100 years ahead: else
+# nothing is written and the row that comes back has a NULL name (the caller raises), with
+# the clock and the time it was compared with. Clearing a rate limit forgets its counted
+# starts. Every worker hears of a change through one notification.
 CHANGE_QUEUE = """
-WITH up AS (
-    INSERT INTO {queues} AS q (name, paused, global_concurrency, rate_limit, rate_period,
-                               key_concurrency, key_rate_limit, key_rate_period)
-    VALUES (%(name)s, coalesce(%(paused)s::bool, false), %(global_concurrency)s::int4,
-            %(rate_limit)s::int4, %(rate_period)s::interval, %(key_concurrency)s::int4,
-            %(key_rate_limit)s::int4, %(key_rate_period)s::interval)
+WITH at AS (
+    SELECT {now} AS now,
+           coalesce(%(paused_until)s::timestamptz, {now} + %(paused_for)s::interval) AS until
+), up AS (
+    INSERT INTO {queues} AS q (name, paused, paused_until, global_concurrency, rate_limit,
+                               rate_period, key_concurrency, key_rate_limit, key_rate_period)
+    SELECT %(name)s, coalesce(%(paused)s::bool, false), at.until, %(global_concurrency)s::int4,
+           %(rate_limit)s::int4, %(rate_period)s::interval, %(key_concurrency)s::int4,
+           %(key_rate_limit)s::int4, %(key_rate_period)s::interval
+      FROM at
+     WHERE at.until IS NULL OR (at.until > at.now AND at.until <= at.now + interval '100 years')
     ON CONFLICT (name) DO UPDATE SET
         paused = CASE WHEN %(set_paused)s THEN EXCLUDED.paused ELSE q.paused END,
+        paused_until = CASE WHEN %(set_paused)s THEN EXCLUDED.paused_until
+                            ELSE q.paused_until END,
         global_concurrency = CASE WHEN %(set_global_concurrency)s
                                   THEN EXCLUDED.global_concurrency
                                   ELSE q.global_concurrency END,
@@ -33,15 +50,39 @@ WITH up AS (
                               ELSE q.key_rate_limit END,
         key_rate_period = CASE WHEN %(set_key_rate_limit)s THEN EXCLUDED.key_rate_period
                                ELSE q.key_rate_period END,
-        updated_at = now()
-    RETURNING q.name, q.paused, q.global_concurrency, q.rate_limit, q.rate_period,
-              q.key_concurrency, q.key_rate_limit, q.key_rate_period
+        updated_at = pg_catalog.now()
+    RETURNING q.name, q.paused AND NOT {pause_ended}, q.global_concurrency, q.rate_limit,
+              q.rate_period, q.key_concurrency, q.key_rate_limit, q.key_rate_period,
+              CASE WHEN q.paused AND NOT {pause_ended} AND q.paused_until IS NOT NULL
+                   THEN {epoch_us}(q.paused_until) END
 ), cleared AS (
     DELETE FROM {rate_starts} s USING up
      WHERE s.queue = up.name
        AND ((s.key = '' AND up.rate_limit IS NULL) OR (s.key <> '' AND up.key_rate_limit IS NULL))
 )
-SELECT up.*, pg_notify(%(channel)s, '@queues')::text FROM up
+SELECT up.*,
+       CASE WHEN up.name IS NOT NULL THEN pg_catalog.pg_notify(%(channel)s, '@queues') END::text,
+       at.now, at.until
+  FROM at LEFT JOIN up ON true
+"""
+
+# A governor's tidying of the timed pauses that have ended among ``names`` (the queues it
+# serves): each becomes unpaused, and every worker hears of it by one notification (none if
+# nothing was due). Guarded by the pause's own end: a newer pause written meanwhile (until
+# later, or until resumed) no longer matches once this waits for its row lock, and stays.
+# Also returns in how many seconds the next timed pause of ``names`` ends (NULL: none).
+RESUME_DUE = """
+WITH due AS (
+    UPDATE {queues} SET paused = false, paused_until = NULL, updated_at = pg_catalog.now()
+     WHERE name = ANY(%(names)s::text[]) AND paused AND {pause_ended}
+    RETURNING name
+), told AS (
+    SELECT pg_catalog.pg_notify(%(channel)s, '@queues') FROM (SELECT 1 FROM due LIMIT 1) AS d
+)
+SELECT ARRAY(SELECT name FROM due ORDER BY name),
+       (SELECT pg_catalog.date_part('epoch', min(paused_until) - {now}) FROM {queues}
+         WHERE name = ANY(%(names)s::text[]) AND paused AND NOT {pause_ended}),
+       (SELECT count(*) FROM told)
 """
 
 # Whether anything knows a queue (``trioq queue pause|resume|set`` refuse a name nothing

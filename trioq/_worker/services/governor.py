@@ -17,6 +17,12 @@ A fetcher whose claim came back short waits here, for what can change the answer
 
 When a queue is paused, the jobs this process claimed for it but has not started are
 released at once (attempt refunded), so no handler starts after the pause is seen.
+
+A timed pause (``paused_until``) ends on the database's clock: from then on the claims and
+the settings read treat the queue as not paused, whatever the row says. Each round first
+tidies the row of every served queue whose timed pause has ended (resumed, guarded so that
+a newer pause stays, and ``@queues`` sent so that every worker hears of it), and the next
+round comes no later than the next end of a timed pause of the served queues.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import attrs
 import trio
 
 from ..._config import QueueConfig
-from ..._flow import LimitedClaim, QueueSettings
+from ..._flow import LimitedClaim, QueueSettings, resume_due
 from ..._pg.conn import Conn
 from ..._pg.pool import Pool
 from ..._queue import Queue
@@ -40,6 +46,10 @@ __all__ = ["Governor", "GovernorRound"]
 
 logger = logging.getLogger("trioq.runtime")
 
+#: The shortest wait for the end of a timed pause: a round that came a hair early (the
+#: database's clock against trio's) waits this long, not zero, before the next.
+PAUSE_END_MIN = 0.001
+
 
 @attrs.frozen(kw_only=True)
 class GovernorRound:
@@ -48,6 +58,8 @@ class GovernorRound:
     settings: tuple[QueueSettings, ...]
     changed: tuple[str, ...]  # queues whose settings differ from the last round
     paused: tuple[str, ...]  # queues paused since the last round
+    resumed: tuple[str, ...] = ()  # timed pauses this round ended in the database
+    pause_ends_in: float | None = None  # seconds until the next timed pause ends
 
 
 class Governor:
@@ -72,6 +84,7 @@ class Governor:
         self._flow = {name: Wakeup() for name in queues}
         self._blocked: dict[str, str] = {}  # queue -> the concurrency reason it waits on
         self._written = 0  # outcome batches written so far (see `wait`)
+        self._pause_ends: float | None = None  # trio time of the next timed pause's end
 
     # -- what the runtime asks ------------------------------------------------------------------
 
@@ -159,8 +172,16 @@ class Governor:
         await self.apply_config()
         await self.run_once()
         task_status.started()
-        await every(self._poll, self.run_once, failed="reading queue settings failed",
+        await every(self._interval, self.run_once, failed="reading queue settings failed",
                     wakeup=self._changed, wait_first=True)  # fmt: skip
+
+    def _interval(self, _round: GovernorRound | None) -> float:
+        """``poll_interval``, or less: until the next timed pause ends (no sooner than
+        `PAUSE_END_MIN`, should the clocks disagree by a hair). After a failed round, or
+        before the first, the poll."""
+        if self._pause_ends is None:
+            return self._poll
+        return min(self._poll, max(self._pause_ends - trio.current_time(), PAUSE_END_MIN))
 
     async def apply_config(self) -> list[QueueSettings]:
         """Store the limits given in the served queues' `QueueConfig` (the database is the
@@ -183,9 +204,17 @@ class Governor:
         return applied
 
     async def run_once(self) -> GovernorRound:
-        """Read the settings of the served queues; act on what changed."""
+        """Resume the served queues whose timed pause has ended (and tell every worker),
+        read the settings of the served queues, and act on what changed."""
+        self._pause_ends = None
+        names = list(self._configs)
         async with self._pool.connection() as conn:
-            found = {s.name: s for s in await self._queue.queue_settings(conn, list(self._configs))}
+            resumed, ends_in = await resume_due(conn, self._queue.sql, names)
+            found = {s.name: s for s in await self._queue.queue_settings(conn, names)}
+        if ends_in is not None:
+            self._pause_ends = trio.current_time() + ends_in
+        for name in resumed:
+            logger.info("queue %r: its timed pause ended", name)
         changed, paused = self._update(found)
         for name in paused:
             await self._on_paused(name)
@@ -193,7 +222,8 @@ class Governor:
             self._flow[name].set()
             self._on_change(name)
         settings = tuple(self._settings[name] for name in self._settings)
-        return GovernorRound(settings=settings, changed=tuple(changed), paused=tuple(paused))
+        return GovernorRound(settings=settings, changed=tuple(changed), paused=tuple(paused),
+                             resumed=tuple(resumed), pause_ends_in=ends_in)  # fmt: skip
 
     def _update(self, found: Mapping[str, QueueSettings]) -> tuple[list[str], list[str]]:
         """Keep the settings ``found``; the queues whose settings changed, and those paused
