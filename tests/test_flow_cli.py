@@ -36,6 +36,7 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
         "rate_limit": None,
         "key_concurrency": 1,
         "key_rate_limit": "2/500ms",
+        "paused_until": None,
     }
     ok("queue", "pause", "sync", "--create", "--dsn", dsn)  # no jobs yet: --create on purpose
     listed = json.loads(ok("queue", "list", "--dsn", dsn, "--json"))
@@ -52,6 +53,60 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
     assert "paused (trioq queue resume NAME): sync" in ok("status", "--dsn", dsn)
     assert "queue 'sync' resumed" in ok("queue", "resume", "sync", "--dsn", dsn)
     assert json.loads(ok("status", "--dsn", dsn, "--json"))["paused"] == []
+
+
+def test_a_timed_pause_is_set_shown_and_cleared(dsn: str) -> None:
+    ok("migrate", "--dsn", dsn)
+    ok("enqueue", "t", "--queue", "email", "--dsn", dsn)
+    text = ok("queue", "pause", "email", "--until", "2126-12-03T07:00+01:00", "--dsn", dsn)
+    assert text.strip() == "queue 'email' paused: paused until 2126-12-03T06:00:00+00:00, no limits"
+    listed = json.loads(ok("queue", "list", "--dsn", dsn, "--json"))
+    assert [(q["paused"], q["paused_until"]) for q in listed] == [
+        (True, "2126-12-03T06:00:00+00:00")
+    ]
+    line = ok("queue", "list", "--dsn", dsn).splitlines()[1]
+    assert line.split()[:3] == ["email", "until", "2126-12-03T06:00:00+00:00"]
+    status = json.loads(ok("status", "--dsn", dsn, "--json"))
+    assert status["paused"] == ["email"]
+    assert status["paused_until"] == {"email": "2126-12-03T06:00:00+00:00"}
+    assert ("paused (trioq queue resume NAME): email (until 2126-12-03T06:00:00+00:00)"
+            in ok("status", "--dsn", dsn))  # fmt: skip
+    settings = json.loads(ok("queue", "pause", "email", "--for", "2h", "--dsn", dsn, "--json"))
+    assert settings["paused"] and settings["paused_until"] is not None
+    settings = json.loads(ok("queue", "pause", "email", "--dsn", dsn, "--json"))  # indefinite
+    assert (settings["paused"], settings["paused_until"]) == (True, None)
+    assert "paused: paused, no limits" in ok("queue", "pause", "email", "--dsn", dsn)
+    resumed = json.loads(ok("queue", "resume", "email", "--dsn", dsn, "--json"))
+    assert (resumed["paused"], resumed["paused_until"]) == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--until", "2126-12-03T06:00"], 2, "is a naive datetime: give it a timezone"),
+        (["--until", "tomorrow"], 2, "is not an ISO 8601 time"),
+        (["--until", "2126-13-03T06:00Z"], 2, "is not an ISO 8601 time"),
+        (["--until", "2126-12-03T06:00Z" * 1000], 2, "is not an ISO 8601 time"),
+        (["--until", "a\udc80b"], 2, "is not an ISO 8601 time"),  # argv not UTF-8
+        (["--until", "2020-01-01T00:00Z"], 1, "must lie after the database's clock"),
+        (["--until", "9999-12-31T00:00Z"], 1, "at most 100 years ahead"),
+        (["--until", "9999-12-31T23:00-05:00"], 2, "outside the years 1 to 9999"),
+        (["--for", "0"], 2, "more than 0"),
+        (["--for", "200y"], 2, "use seconds"),
+        (["--for", "36600d"], 2, "less than 100 years"),
+        (["--for", "1h", "--until", "2126-12-03T06:00Z"], 2, "not allowed with"),
+    ],
+)
+def test_a_bad_end_of_a_pause_is_refused_and_changes_nothing(
+    dsn: str, args: list[str], code: int, message: str
+) -> None:
+    ok("migrate", "--dsn", dsn)
+    ok("queue", "pause", "q", "--create", "--dsn", dsn)
+    out = trioq("queue", "pause", "q", *args, "--dsn", dsn)
+    assert (out.returncode, "Traceback" in out.stderr) == (code, False), out.stderr
+    assert message in out.stderr
+    [row] = json.loads(ok("queue", "list", "--dsn", dsn, "--json"))
+    assert (row["paused"], row["paused_until"]) == (True, None)
 
 
 @pytest.mark.parametrize(

@@ -266,7 +266,9 @@ async def _status_once(
     queues that drained but were busy a moment ago. Counts stop at `STATUS_CAP` unless
     ``exact`` (the JSON's ``at_cap`` names them; the text shows them as ``10000+``)."""
     queues, leases = await queue.status(conn, cap=None if exact else STATUS_CAP)
-    paused = sorted(s.name for s in await queue.queue_settings(conn) if s.paused)
+    stored = [s for s in await queue.queue_settings(conn) if s.paused]
+    paused = sorted(s.name for s in stored)
+    paused_until = {s.name: s.paused_until.isoformat() for s in stored if s.paused_until}
     rows = [{**attrs.asdict(q), "paused": q.queue in paused} for q in queues]
     head = f"{'queue':<20} {'available':>9} {'scheduled':>9} {'running':>7} {'dead':>6}  oldest"
     if rates is not None:
@@ -284,6 +286,7 @@ async def _status_once(
         "queues": rows,
         "workers": [attrs.asdict(w) for w in leases],
         "paused": paused,
+        "paused_until": paused_until,  # the timed pauses among them: name -> ISO 8601 (UTC)
     }
     lines = [head]
     for row in rows:
@@ -299,7 +302,9 @@ async def _status_once(
     if not rows:
         lines.append("(no jobs)")
     if paused:
-        lines.append(f"paused (trioq queue resume NAME): {', '.join(paused)}")
+        shown_paused = [f"{name} (until {paused_until[name]})" if name in paused_until
+                        else name for name in paused]  # fmt: skip
+        lines.append(f"paused (trioq queue resume NAME): {', '.join(shown_paused)}")
     if waiting := [f"{_counts(row)['waiting']} in {row['queue']}" for row in rows
                    if row["waiting"]]:  # fmt: skip
         lines.append(f"waiting for their dependencies: {', '.join(waiting)}")

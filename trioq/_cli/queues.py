@@ -7,6 +7,7 @@ each command prints the queue's settings afterwards (JSON with ``--json``).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from typing import Any
 
 import attrs
@@ -14,10 +15,11 @@ import attrs
 from .._db.sql.status import DEPTH_CAP
 from .._db.statements import statements
 from .._flow import QueueSettings, RateLimit, check_limit
+from .._job import check_aware
 from .._obs.depth import read_depths
 from .._queue import Queue
 from .ops import EXIT_OK, _run
-from .options import Commands, command, group, queue_name
+from .options import Commands, command, group, queue_name, seconds, shown
 
 __all__ = ["add_queue_parser"]
 
@@ -31,12 +33,26 @@ def add_queue_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
         description="Pause, resume and limit queues. Settings live in the database and hold "
         "across every worker process; workers hear of a change within milliseconds.",
         epilog="examples:\n  trioq queue list\n  trioq queue pause email\n"
+        "  trioq queue pause email --until 2026-12-03T06:00Z\n  trioq queue pause email --for 2h\n"
         "  trioq queue set email --global-concurrency 5 --rate 100/1m\n"
         "  trioq queue set sync --key-concurrency 1\n"
         "  trioq queue set email --rate none   # remove the rate limit",
     )  # fmt: skip
     _sub(subs, common, "list", _list, "show every queue's settings and depth")
-    _sub(subs, common, "pause", _pause, "stop every worker from claiming from a queue", named=True)
+    pause = _sub(subs, common, "pause", _pause, "stop every worker from claiming from a queue",
+                 named=True)  # fmt: skip
+    until = pause.add_mutually_exclusive_group()
+    until.add_argument(
+        "--until", type=_until, metavar="TIME",
+        help="resume by itself at TIME, on the database's clock: ISO 8601 with a timezone, "
+        "e.g. 2026-12-03T06:00Z or 2026-12-03T07:00+01:00 (without it or --for: until "
+        "trioq queue resume)",
+    )  # fmt: skip
+    until.add_argument(
+        "--for", dest="pause_for", type=_for, metavar="DURATION",
+        help="resume by itself after DURATION from the database's clock now, e.g. 90s, 30m, "
+        "2h, 7d",
+    )  # fmt: skip
     _sub(subs, common, "resume", _resume, "let workers claim from a paused queue again", named=True)
     limits = _sub(
         subs, common, "set", _set, "change a queue's limits (none removes one)", named=True
@@ -99,6 +115,28 @@ def _count(text: str) -> int | None:
     return value
 
 
+def _until(text: str) -> dt.datetime:
+    try:
+        value = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} is not an ISO 8601 time: use e.g. 2026-12-03T06:00Z or "
+            "2026-12-03T07:00+01:00"
+        ) from None
+    try:
+        check_aware(value, "until")  # the words of Queue.pause
+    except ValueError as ex:
+        raise argparse.ArgumentTypeError(str(ex)) from None
+    return value
+
+
+def _for(text: str) -> dt.timedelta:
+    try:
+        return dt.timedelta(seconds=seconds(text, ""))
+    except ValueError as ex:  # argparse names the option: "argument --for: '7x': ..."
+        raise argparse.ArgumentTypeError(str(ex).lstrip()) from None
+
+
 def _rate(text: str) -> RateLimit | None:
     if text.strip().lower() == _NONE:
         return None
@@ -122,13 +160,15 @@ async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int,
         row["available"] = status.available if status else 0
         row["running"] = status.running if status else 0
         rows.append(row)
-    head = (f"{'queue':<20} {'paused':<6} {'global':>6} {'rate':>10} {'per key':>7} "
+    shown_paused = [_paused_cell(r) for r in rows]
+    width = max([6, *map(len, shown_paused)])
+    head = (f"{'queue':<20} {'paused':<{width}} {'global':>6} {'rate':>10} {'per key':>7} "
             f"{'key rate':>10} {'available':>9} {'running':>7}")  # fmt: skip
     lines = [head] + [
-        f"{r['name']:<20} {'yes' if r['paused'] else 'no':<6} {_dash(r['global_concurrency']):>6} "
+        f"{r['name']:<20} {cell:<{width}} {_dash(r['global_concurrency']):>6} "
         f"{_dash(r['rate_limit']):>10} {_dash(r['key_concurrency']):>7} "
         f"{_dash(r['key_rate_limit']):>10} {r['available']:>9} {r['running']:>7}"
-        for r in rows
+        for r, cell in zip(rows, shown_paused, strict=True)
     ]
     if not rows:
         lines.append("(no queues)")
@@ -163,7 +203,7 @@ SHOWN = 20
 
 async def _pause(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, Any, str]:
     await _known(conn, queue, args)
-    settings = await queue.pause(conn, args.name)
+    settings = await queue.pause(conn, args.name, until=args.until or args.pause_for)
     return EXIT_OK, _settings_dict(settings), f"queue {args.name!r} paused: {_describe(settings)}"
 
 
@@ -198,11 +238,20 @@ def _settings_dict(settings: QueueSettings) -> dict[str, Any]:
     row = attrs.asdict(settings, recurse=False)
     for key in ("rate_limit", "key_rate_limit"):
         row[key] = None if row[key] is None else str(row[key])
+    until = settings.paused_until
+    row["paused_until"] = None if until is None else until.isoformat()
     return row
 
 
+def paused_text(s: QueueSettings) -> str:
+    """``paused until 2026-12-03T06:00:00+00:00`` (UTC), ``paused`` or ``not paused``."""
+    if s.paused_until is not None:
+        return f"paused until {s.paused_until.isoformat()}"
+    return "paused" if s.paused else "not paused"
+
+
 def _describe(s: QueueSettings) -> str:
-    parts = ["paused" if s.paused else "not paused"]
+    parts = [paused_text(s)]
     if s.global_concurrency is not None:
         parts.append(f"global concurrency {s.global_concurrency}")
     if s.rate_limit is not None:
@@ -214,6 +263,12 @@ def _describe(s: QueueSettings) -> str:
     if len(parts) == 1:
         parts.append("no limits")
     return ", ".join(parts)
+
+
+def _paused_cell(row: dict[str, Any]) -> str:
+    if row["paused_until"] is not None:
+        return f"until {row['paused_until']}"
+    return "yes" if row["paused"] else "no"
 
 
 def _dash(value: object) -> str:
