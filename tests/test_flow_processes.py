@@ -35,6 +35,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
 
 import trioq
 
@@ -43,16 +44,16 @@ pytestmark = pytest.mark.slow
 TESTS = pathlib.Path(__file__).parent
 LEDGER = """
 CREATE TABLE ledger (job_id bigint, attempt int, queue text, key text, event text,
-                     at timestamptz);
+                     at timestamptz, owner text);
 CREATE FUNCTION ledger_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW.state = 'running' AND OLD.state <> 'running' THEN
         INSERT INTO public.ledger VALUES (NEW.id, NEW.attempt, NEW.queue, NEW.concurrency_key,
-                                   'start', clock_timestamp());
+                                   'start', clock_timestamp(), NEW.lease_owner);
     END IF;
     IF OLD.state = 'running' AND (TG_OP = 'DELETE' OR NEW.state <> 'running') THEN
         INSERT INTO public.ledger VALUES (OLD.id, OLD.attempt, OLD.queue, OLD.concurrency_key,
-                                   'end', clock_timestamp());
+                                   'end', clock_timestamp(), OLD.lease_owner);
     END IF;
     RETURN NULL;
 END $$;
@@ -346,6 +347,63 @@ def test_pause_stops_every_worker_at_once(workers: Workers) -> None:
 #: Seconds: far above what a pause or resume takes (milliseconds), far below the 5 s poll
 #: that would apply had the notification been missed.
 LOOSE = 2.0
+
+
+def test_a_timed_pause_ends_by_itself_in_every_worker(workers: Workers) -> None:
+    """Paused until a moment ahead: no handler starts in any process before it (nor in one
+    started during the pause), and all of them start again by themselves after it, with
+    nobody calling resume and a 60 s poll: a governor tidied the row and its notification
+    (seen here) reached them, as each fetcher's own wait for the end (``retry_in``) does."""
+    workers.app.update(record_starts="1", poll="60")
+    dsn = workers.dsn
+    began = time.monotonic()
+    names = [workers.start(4), workers.start(4)]
+    workers.wait_ready(names)
+    # Long enough to start a third worker inside the pause, on this machine as loaded now.
+    length = max(2.0, 2 * (time.monotonic() - began))
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN trioq_trioq")
+        until = trio.run(pause_for, dsn, length)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO trioq.jobs (queue, task, args) SELECT 'limited', 'hold',"
+                " '{\"ms\": 100}' FROM generate_series(1, 60)"
+            )
+            conn.execute("SELECT pg_notify('trioq_trioq', 'limited')")  # wake them: paused
+        names.append(workers.start(4))
+        workers.wait_ready(names[2:])
+        assert query(dsn, "SELECT clock_timestamp()")[0][0] < until, (
+            f"the third worker took longer than the {length:.1f} s pause to start"
+        )
+        notes = []  # the governor's @queues after the end: nobody else writes the queue
+        for note in listener.notifies(timeout=length + 10):
+            at = query(dsn, "SELECT clock_timestamp()")[0][0]
+            if note.payload == "@queues" and at >= until:
+                notes.append(at)
+                break
+        assert notes, "no @queues notification after the pause ended"
+    wait_for(dsn, "SELECT count(*) FROM handler_starts", [(60,)], timeout=60)
+    first_claim = query(dsn, "SELECT min(at) FROM ledger WHERE event = 'start'")[0][0]
+    first_handler = query(dsn, "SELECT min(at) FROM handler_starts")[0][0]
+    owners = query(dsn, "SELECT count(DISTINCT owner) FROM ledger WHERE event = 'start'")[0][0]
+    row = query(dsn, "SELECT paused, paused_until, updated_at FROM trioq.queues")
+    lag = (first_claim - until).total_seconds()
+    print(f"\ntimed pause of {length:.1f} s: first claim {lag * 1000:.1f} ms after its end, "
+          f"the notification {(notes[0] - until).total_seconds() * 1000:.1f} ms after; "
+          f"{owners} workers claimed")  # fmt: skip
+    assert first_claim >= until and first_handler >= until
+    assert lag <= LOOSE  # far below the 60 s poll
+    assert owners == 3, "a worker did not resume by itself"
+    [(paused, paused_until, tidied)] = row
+    assert (paused, paused_until) == (False, None) and tidied >= until  # a governor's tidy
+
+
+async def pause_for(dsn: str, seconds: float) -> dt.datetime:
+    """Pause ``limited`` for ``seconds`` from the database's clock; when it ends."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        settings = await trioq.Queue().pause(conn, "limited", until=dt.timedelta(seconds=seconds))
+    assert settings.paused_until is not None
+    return settings.paused_until
 
 
 def cli(*args: str) -> str:
