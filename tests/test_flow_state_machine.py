@@ -5,7 +5,9 @@ change at random (paused, a global concurrency limit, a rate limit, per-key conc
 rate limits, each set, changed or removed), jobs with and without concurrency keys are
 enqueued, workers claim with ``claim_limited``, complete, fail, release, crash (their jobs
 keep their slots until the sweeper returns them), jobs are cancelled, unique-window jobs are
-enqueued, and time passes (``trioq.now``). The model computes what every claim must take:
+enqueued, queues are paused until a time (which the clock then passes), and time passes
+(``trioq.now``). The model computes what every claim must take (the plain claim's too: it
+takes a queue whose only setting is a timed pause that has ended):
 
 - exactly those jobs, in claim order, the reason it stopped short and when the rate window
   opens (``retry_in``), so a claim is never more *or less* generous than the rules;
@@ -57,6 +59,7 @@ class FlowJob(ModelJob):
 @attrs.define
 class Settings:
     paused: bool = False
+    until: dt.datetime | None = None  # a timed pause's end (paused until resumed: None)
     gc: int | None = None
     rate: tuple[int, int] | None = None  # (limit, period seconds)
     kc: int | None = None
@@ -65,6 +68,15 @@ class Settings:
     @property
     def keyed(self) -> bool:
         return self.kc is not None or self.key_rate is not None
+
+    def paused_at(self, clock: dt.datetime) -> bool:
+        """Paused at ``clock``: a timed pause ends at its time, whatever the row says."""
+        return self.paused and (self.until is None or self.until > clock)
+
+    def controlled_at(self, clock: dt.datetime) -> bool:
+        return self.paused_at(clock) or any(
+            v is not None for v in (self.gc, self.rate, self.kc, self.key_rate)
+        )
 
 
 class FlowMachine(LeaseMachine[FlowJob]):
@@ -225,7 +237,7 @@ class FlowMachine(LeaseMachine[FlowJob]):
         name, value = change
         if name == "paused":
             self.call(Q.pause if value else Q.resume, self.conn, "q")
-            self.settings.paused = value
+            self.settings.paused, self.settings.until = value, None
         else:
             self._apply({name: value})
 
@@ -243,6 +255,29 @@ class FlowMachine(LeaseMachine[FlowJob]):
                 self.starts = [x for x in self.starts if x[1] == ""]
         self.call(lambda: Q.set_limits(self.conn, "q", **given))
 
+    @rule()
+    def no_limits(self) -> None:
+        """Every limit removed at once (so a timed pause is often all a queue has)."""
+        self._apply({"gc": None, "rate": None, "kc": None, "key_rate": None})
+
+    @rule(seconds=st.sampled_from([1, 4, 10, 31]), by_delta=st.booleans())
+    def pause_until(self, seconds: int, by_delta: bool) -> None:
+        """A timed pause, ending ``seconds`` ahead of the model's clock (given as a time,
+        or as a timedelta from the database's clock, which is the model's)."""
+        end = self.clock + dt.timedelta(seconds=seconds)
+        until = dt.timedelta(seconds=seconds) if by_delta else end
+        got = self.call(lambda: Q.pause(self.conn, "q", until=until))
+        assert (got.paused, got.paused_until) == (True, end)
+        self.settings.paused, self.settings.until = True, end
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 5))
+    def plain_claim(self, worker: str, limit: int) -> None:
+        """The plain claim takes nothing of a controlled queue; an ended timed pause alone
+        does not control it."""
+        got = self.call(lambda: Q.claim(self.conn, "q", owner=worker, limit=limit, lease=LEASE))
+        expected = [] if self.settings.controlled_at(self.clock) else self._due()[:limit]
+        self._took(worker, got, expected, (got, self.settings, self.clock))
+
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 5))
     def claim_again(self, worker: str, limit: int) -> None:
         """(Claims are the point: twice the weight of any other rule.)"""
@@ -253,8 +288,10 @@ class FlowMachine(LeaseMachine[FlowJob]):
         got = self.call(lambda: Q.claim_limited(self.conn, "q", owner=worker, limit=limit,
                                                 lease=LEASE))  # fmt: skip
         context = (got, self.settings, self.clock)
-        if self.settings.paused:
-            assert (got.jobs, got.reason, got.retry_in) == ([], "paused", None), context
+        if self.settings.paused_at(self.clock):
+            until = self.settings.until
+            ends = None if until is None else (until - self.clock).total_seconds()
+            assert (got.jobs, got.reason, got.retry_in) == ([], "paused", ends), context
             return
         room, why, opens = self.room(limit)
         if room == 0:
@@ -307,6 +344,16 @@ class FlowMachine(LeaseMachine[FlowJob]):
         self.advance(seconds)
 
     # -- invariants (and those of every machine) -----------------------------------------------
+
+    @invariant()
+    def the_settings_read_as_the_clock_says(self) -> None:
+        """A timed pause reads as paused until its end, and as no pause from then on."""
+        found = self.call(lambda: Q.queue_settings(self.conn, ["q"]))
+        if not found:
+            return
+        [read] = found
+        paused = self.settings.paused_at(self.clock)
+        assert (read.paused, read.paused_until) == (paused, self.settings.until if paused else None)
 
     @invariant()
     def the_rate_log_never_drifts(self) -> None:
