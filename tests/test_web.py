@@ -235,6 +235,43 @@ async def test_pause_and_resume_a_queue_through_confirmation(dsn: str) -> None:
         assert [s.name for s in await Queue().queue_settings(conn) if s.paused] == ["idle"]
 
 
+async def test_a_timed_pause_is_shown_and_can_be_chosen(dsn: str) -> None:
+    """The overview shows "paused until <time>"; the confirmation offers a length (only the
+    listed ones: anything else is refused and writes nothing)."""
+    await _jobs(dsn)
+    async with _dashboard(dsn) as app:
+        cookies, csrf = await _csrf(app, "/confirm/pause?queue=email")
+        confirm = await call(app, "GET", "/confirm/pause?queue=email", cookies=cookies)
+        assert '<option value="3600">1 hour</option>' in confirm.text
+        for bad in ("60", "-3600", "3600.0", " 3600", "a\x00b", "9" * 400, "\xff"):
+            refused = await call(app, "POST", "/actions/pause", cookies=cookies,
+                                 form={"csrf": csrf, "queue": "email", "for": bad})  # fmt: skip
+            assert refused.status == 400 and "for must be empty" in refused.text, bad
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            assert await Queue().queue_settings(conn) == []
+        done = await call(app, "POST", "/actions/pause", cookies=cookies,
+                          form={"csrf": csrf, "queue": "email", "for": "3600"})  # fmt: skip
+        assert done.header("location") == "/?done=paused_until"
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            [s] = await Queue().queue_settings(conn)
+            now = await Queue().clock(conn)
+        assert s.paused and s.paused_until is not None
+        assert dt.timedelta(minutes=59) < s.paused_until - now <= dt.timedelta(hours=1)
+        shown = s.paused_until.strftime("%Y-%m-%d %H:%M:%S UTC")
+        page = await call(app, "GET", "/?done=paused_until", cookies=cookies)
+        assert "resumes by itself then" in page.text
+        row = re.search(r'<tr data-queue="email" class="paused">.*?</tr>', page.text, re.S)
+        assert row and "paused until <time datetime=" in row[0] and shown in row[0], page.text
+        resume = await call(app, "GET", "/confirm/resume?queue=email", cookies=cookies)
+        assert f"paused until {shown}, and would resume by itself then" in resume.text
+        done = await call(app, "POST", "/actions/pause", cookies=cookies,
+                          form={"csrf": csrf, "queue": "email", "for": ""})  # until resumed
+        assert done.header("location") == "/?done=paused"
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            [s] = await Queue().queue_settings(conn)
+        assert (s.paused, s.paused_until) == (True, None)
+
+
 async def test_all_matching_walks_every_batch(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_app, "ACTION_BATCH", 2)
     async with await trioq.connect(dsn, autocommit=True) as conn:

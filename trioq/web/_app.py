@@ -200,7 +200,7 @@ class Dashboard:
     async def _overview_data(self) -> queries.Overview:
         async with self._connection() as conn:
             settings = await self.queue.queue_settings(conn)
-            paused = frozenset(s.name for s in settings if s.paused)
+            paused = {s.name: s.paused_until for s in settings if s.paused}
             return await queries.overview(conn, self.statements, now=time.time(), paused=paused)
 
     async def _history(self, request: Request) -> Response:
@@ -277,6 +277,8 @@ class Dashboard:
                 settings = await self.queue.queue_settings(conn, [name])
             return self._render(request, "confirm.html", action=action, queue=name,
                                 paused=bool(settings and settings[0].paused),
+                                paused_until=settings[0].paused_until if settings else None,
+                                pause_lengths=PAUSE_LENGTHS,
                                 target=(None, name, None), count=queries.Count(1))  # fmt: skip
         target = _target(request.query_params.getlist("ids"), request.query_params)
         ids, queue, task = target
@@ -307,10 +309,14 @@ class Dashboard:
         link = self._link(request)
         if action in QUEUE_ACTIONS:
             name = _queue_name(form.get("queue"))
-            change = self.queue.pause if action == "pause" else self.queue.resume
+            until = _pause_length(form.get("for")) if action == "pause" else None
             async with self._connection() as conn:
-                await change(conn, name)
-            return RedirectResponse(f"{link('overview')}?done={action}d", 303)
+                if action == "pause":
+                    await self.queue.pause(conn, name, until=until)
+                else:
+                    await self.queue.resume(conn, name)
+            said = "paused_until" if until is not None else f"{action}d"
+            return RedirectResponse(f"{link('overview')}?done={said}", 303)
         ids, queue, task = _target(form.getlist("ids"), form)
         if action == "signal":
             if not ids or len(ids) != 1:
@@ -420,6 +426,21 @@ def _action(request: Request) -> str:
     return action
 
 
+#: What the dashboard's Pause offers besides "until resumed": a timed pause of this long,
+#: from the database's clock (the form's ``for``, in seconds; any other value is refused).
+PAUSE_LENGTHS = {"900": "15 minutes", "3600": "1 hour", "14400": "4 hours", "86400": "1 day"}
+
+
+def _pause_length(value: object) -> dt.timedelta | None:
+    """The ``for`` of a Pause form: empty (until resumed) or one of `PAUSE_LENGTHS`."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or value not in PAUSE_LENGTHS:
+        raise BadRequest(f"for must be empty (until resumed) or one of {', '.join(PAUSE_LENGTHS)}"
+                         " (seconds)")  # fmt: skip
+    return dt.timedelta(seconds=int(value))
+
+
 def _queue_name(value: Any) -> str:
     """The ``queue`` of a pause or resume: a queue name by the job field rules."""
     if not isinstance(value, str) or not value:
@@ -451,6 +472,8 @@ _DONE = {
     "paused": "paused: no worker claims from this queue until it is resumed (running jobs "
     "finish)",
     "resumed": "resumed: workers claim from this queue again",
+    "paused_until": "paused: no worker claims from this queue until the time shown (running "
+    "jobs finish); it resumes by itself then",
     "not_found": "nothing to cancel: the job is no longer waiting or running",
     "signal_woke": "signal sent: the job waited for it, and runs now",
     "signal_stored": "signal sent: kept for the job's wait for it",

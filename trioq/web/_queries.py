@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -74,6 +74,7 @@ class QueueRow:
     dead: Count
     head_wait_seconds: float | None  # how long the next job to be claimed has waited
     paused: bool = False  # `trioq queue pause` / the dashboard's Pause: no worker claims
+    paused_until: dt.datetime | None = None  # a timed pause's end (None: until resumed)
 
 
 @attrs.frozen(kw_only=True)
@@ -111,14 +112,16 @@ class Overview:
 
 
 async def overview(
-    conn: Conn, st: Statements, *, now: float, paused: frozenset[str] = frozenset()
+    conn: Conn, st: Statements, *, now: float,
+    paused: Mapping[str, dt.datetime | None] | None = None,
 ) -> Overview:
     """Every queue's counts, and the workers seen through their leases.
 
     The queues are those with jobs waiting, running or dead, those with history in the
     last day (so a queue that just drained still shows, with zeros), and the ``paused``
-    ones (so they can be resumed).
+    ones (so they can be resumed; each with the end of its timed pause, or None).
     """
+    paused = paused or {}
     caps = {"cap": COUNT_CAP, "max_queues": MAX_QUEUES, "lease_cap": LEASE_CAP}
     recent = await history_queues(conn, st, since=int(now) - 86400)
     cur = await conn.execute(st.depth_available, caps)
@@ -147,6 +150,7 @@ async def overview(
             dead=_count(dead.get(name, 0)),
             head_wait_seconds=_float(available.get(name, (0, None))[1]),
             paused=name in paused,
+            paused_until=paused.get(name),
         )
         for name in names
     )
