@@ -18,6 +18,7 @@ from helpers import migrated, wait_until_blocked
 
 import trioq
 from trioq import Queue, QueueConfig
+from trioq._flow import resume_due
 from trioq._worker.services.governor import Governor
 
 UTC = dt.UTC
@@ -170,6 +171,10 @@ async def test_the_schema_refuses_a_time_without_a_pause_or_out_of_range(dsn: st
         await conn.execute("UPDATE trioq.queues SET paused_until = 'infinity'")
         [s] = await Q.queue_settings(conn)
         assert s.paused and s.paused_until is not None and s.paused_until.year == 9999
+        got = await limited(conn)  # the claim and the governor's tidy survive it too
+        assert got.reason == "paused" and got.retry_in is not None and got.retry_in > 1e9
+        resumed, ends_in = await resume_due(conn, Q.sql, ["q"])
+        assert resumed == [] and ends_in is not None and ends_in > 1e9
 
 
 # -- the governor -------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ ALTER TABLE queues
 -- The claim of a controlled queue (migrations 6 and 12), unchanged but for a timed pause:
 -- a pause whose paused_until has passed (t, the limiter's clock) does not stop the claim,
 -- and one still running says in how many seconds it ends (retry_in), so a fetcher sleeps
--- exactly that long.
+-- exactly that long. (The end is clamped as epoch_us does: should a time past the CHECK get
+-- in, Postgres before 17 cannot subtract an infinite one.)
 CREATE OR REPLACE FUNCTION claim_limited(p_queue text, p_owner text, p_limit integer, p_lease interval)
 RETURNS TABLE (id bigint, queue text, task text, args text, priority smallint,
                run_at bigint, attempt integer, max_attempts integer, enqueued_at bigint,
@@ -63,7 +64,8 @@ BEGIN
             NULL::bigint, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint,
             'paused'::text,
             CASE WHEN q.paused_until IS NOT NULL
-                 THEN greatest(extract(epoch FROM q.paused_until - t), 0) END
+                 THEN greatest(extract(epoch FROM least(q.paused_until,
+                         '9999-12-31 23:59:59+00'::timestamptz) - t), 0) END
                 ::double precision;
         RETURN;
     END IF;

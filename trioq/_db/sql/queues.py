@@ -70,7 +70,8 @@ SELECT up.*,
 # serves): each becomes unpaused, and every worker hears of it by one notification (none if
 # nothing was due). Guarded by the pause's own end: a newer pause written meanwhile (until
 # later, or until resumed) no longer matches once this waits for its row lock, and stays.
-# Also returns in how many seconds the next timed pause of ``names`` ends (NULL: none).
+# Also returns in how many seconds the next timed pause of ``names`` ends (NULL: none; the end
+# clamped as `epoch_us` does, since Postgres before 17 cannot subtract an infinite time).
 RESUME_DUE = """
 WITH due AS (
     UPDATE {queues} SET paused = false, paused_until = NULL, updated_at = pg_catalog.now()
@@ -80,7 +81,9 @@ WITH due AS (
     SELECT pg_catalog.pg_notify(%(channel)s, '@queues') FROM (SELECT 1 FROM due LIMIT 1) AS d
 )
 SELECT ARRAY(SELECT name FROM due ORDER BY name),
-       (SELECT pg_catalog.date_part('epoch', min(paused_until) - {now}) FROM {queues}
+       (SELECT pg_catalog.date_part('epoch', least(
+                   min(paused_until), '9999-12-31 23:59:59+00'::timestamptz) - {now})
+          FROM {queues}
          WHERE name = ANY(%(names)s::text[]) AND paused AND NOT {pause_ended}),
        (SELECT count(*) FROM told)
 """
