@@ -277,3 +277,18 @@ async def test_a_newer_pause_committed_while_the_tidy_waits_for_the_row_stays(ds
                     await other.execute("COMMIT")
             assert rounds[0].resumed == ()
         assert await row(conn, "q") == (True, None)
+
+
+async def test_on_a_read_only_database_the_governor_still_reads(dsn: str) -> None:
+    """The tidy is a write: where writes are refused (a standby) the round still reads the
+    settings, and an ended pause reads as ended all the same."""
+    async with governed(dsn) as (conn, _listener, governor, _):
+        await Q.pause(conn, "q", until=T0 + 10 * SEC)
+        await Q.pause(conn, "r")
+        await governor_clock(governor, conn, T0 + 10 * SEC)
+        async with governor._pool.connection() as service_conn:
+            await service_conn.execute("SET default_transaction_read_only = on")
+        got = await governor.run_once()
+        assert got.resumed == () and not governor.settings("q").paused
+        assert governor.settings("r").paused
+        assert await row(conn, "q") == (True, T0 + 10 * SEC)  # untidied, and harmless

@@ -19,10 +19,10 @@ When a queue is paused, the jobs this process claimed for it but has not started
 released at once (attempt refunded), so no handler starts after the pause is seen.
 
 A timed pause (``paused_until``) ends on the database's clock: from then on the claims and
-the settings read treat the queue as not paused, whatever the row says. Each round first
-tidies the row of every served queue whose timed pause has ended (resumed, guarded so that
-a newer pause stays, and ``@queues`` sent so that every worker hears of it), and the next
-round comes no later than the next end of a timed pause of the served queues.
+the settings read treat the queue as not paused, whatever the row says. Each round, after
+reading, tidies the row of every served queue whose timed pause has ended (resumed, guarded
+so that a newer pause stays, and ``@queues`` sent so that every worker hears of it), and the
+next round comes no later than the next end of a timed pause of the served queues.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Set
 
 import attrs
+import psycopg
 import trio
 
 from ..._config import QueueConfig
@@ -209,8 +210,14 @@ class Governor:
         self._pause_ends = None
         names = list(self._configs)
         async with self._pool.connection() as conn:
-            resumed, ends_in = await resume_due(conn, self._queue.sql, names)
             found = {s.name: s for s in await self._queue.queue_settings(conn, names)}
+            try:
+                resumed, ends_in = await resume_due(conn, self._queue.sql, names)
+            except psycopg.errors.ReadOnlySqlTransaction as ex:
+                # A standby, or default_transaction_read_only: the settings were read (an
+                # ended pause reads as ended without the tidy), the claims wait anyway.
+                logger.warning("resuming ended timed pauses: the database is read-only (%s)", ex)
+                resumed, ends_in = [], None
         if ends_in is not None:
             self._pause_ends = trio.current_time() + ends_in
         for name in resumed:
