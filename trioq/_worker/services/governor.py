@@ -205,8 +205,9 @@ class Governor:
         return applied
 
     async def run_once(self) -> GovernorRound:
-        """Resume the served queues whose timed pause has ended (and tell every worker),
-        read the settings of the served queues, and act on what changed."""
+        """Read the settings of the served queues, resume those whose timed pause has
+        ended (and tell every worker: this process hears it too, and reads again), and act
+        on what changed."""
         self._pause_ends = None
         names = list(self._configs)
         async with self._pool.connection() as conn:
