@@ -136,6 +136,20 @@ REFUSED = [
     case("dedup_key before concurrency_key", dedup_key="", concurrency_key=""),
     case("run_at and delay before the payload", run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
          delay=dt.timedelta(seconds=1), args=LARGE),
+    # start_by (migration 21): a time before the job's run time, however that is given.
+    case("start_by before run_at", run_at=dt.datetime(2030, 1, 1, 0, 0, 1, tzinfo=dt.UTC),
+         start_by=dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
+    case("start_by passed already", start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC)),
+    case("start_by before now plus the delay", delay=dt.timedelta(days=36_500),
+         start_by=dt.datetime(2099, 1, 1, tzinfo=UTC_MINUS_5)),
+    case("start_by 1 us before run_at", run_at=dt.datetime(2040, 1, 1, tzinfo=UTC_MINUS_5),
+         start_by=dt.datetime(2040, 1, 1, 4, 59, 59, 999_999, tzinfo=dt.UTC)),
+    case("run_at and delay before start_by", run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
+         delay=dt.timedelta(seconds=1), start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC)),
+    case("start_by before the payload", start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC),
+         run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC), args=LARGE),
+    case("delay before start_by", delay=dt.timedelta(seconds=-1),
+         start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC)),
 ]
 
 #: What only a Python caller can give, for a case whose SQL form gives it as SQL text.
@@ -203,6 +217,11 @@ ACCEPTED = [
     case("delay of 36500 days", delay=dt.timedelta(days=36_500)),
     case("a dedup_key", dedup_key="order-7"),
     case("priority as a numeric without decimals", {"priority": "1e1"}, priority=10),
+    case("start_by", start_by=dt.datetime(2040, 1, 1, tzinfo=UTC_MINUS_5)),
+    case("start_by at run_at", run_at=dt.datetime(2040, 1, 1, tzinfo=UTC_MINUS_5),
+         start_by=dt.datetime(2040, 1, 1, 5, tzinfo=dt.UTC)),
+    case("start_by with a delay", delay=dt.timedelta(hours=1),
+         start_by=dt.datetime(2030, 1, 2, 4, 4, 5, 123456, tzinfo=dt.UTC)),
 ]
 
 #: (case, what refuses the SQL form before the function runs, the error's type or SQLSTATE).
@@ -257,7 +276,7 @@ def python_row(dsn: str, kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
 
 ROW = (
     "SELECT queue, task, args, priority, run_at, state, attempt, max_attempts,"
-    " max_attempts_unset, dedup_key, concurrency_key, trace_context, durable"
+    " max_attempts_unset, dedup_key, concurrency_key, trace_context, durable, start_by"
     " FROM trioq.jobs WHERE id = %s"
 )
 
@@ -459,6 +478,19 @@ def test_a_time_out_of_range_is_refused_both_ways_the_sql_one_shown_in_utc(
         sql = refusal(driver, "enqueue", {"task": "t"}, {"run_at": literal})
         assert sql is not None and sql.message == (
             f"run_at {shown} is outside the years 1 to 9999 in UTC (the times the schema holds)"
+        )
+    # start_by (migration 21) alike
+    python = python_outcome(api_dsn, "enqueue", {"task": "t", "start_by": late})
+    assert python == ("ValueError", "start_by 9999-12-31T23:00:00-05:00 is outside the years "
+                      "1 to 9999 in UTC (the times the schema holds)")  # fmt: skip
+    sql = refusal(driver, "enqueue", {"task": "t", "start_by": late})
+    assert sql == Refusal("22023", "start_by", "start_by 10000-01-01T04:00:00+00:00 is "
+                          "outside the years 1 to 9999 in UTC (the times the schema holds)")
+    for literal, shown in (("'infinity'", "infinity"), ("'-infinity'", "-infinity")):
+        sql = refusal(driver, "enqueue", {"task": "t"}, {"start_by": literal})
+        assert sql is not None and sql.message == (
+            f"start_by {shown} is outside the years 1 to 9999 in UTC (the times the schema "
+            "holds)"
         )
 
 

@@ -138,6 +138,7 @@ class Queue:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
+        start_by: dt.datetime | dt.timedelta | float | None = None,
         max_attempts: int | None = None,
         dedup_key: str | None = None,
         unique: bool | Unique = False,
@@ -155,16 +156,19 @@ class Queue:
         which enqueue wins). ``concurrency_key`` is the job's key for the per-key limits
         of its queue. With ``after`` (ids of existing jobs) the job waits until they have
         all ended; ``on_dependency_failure`` says what one that dies or is cancelled does
-        to it: ``cancel`` it too, or ``run`` it anyway (docs/workflows.md).
+        to it: ``cancel`` it too, or ``run`` it anyway (docs/workflows.md). With
+        ``start_by`` (a datetime, or a timedelta or seconds from the database's clock) a job
+        not started by then is dead-lettered instead of run late (docs/flow-control.md,
+        "Deadlines to start").
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
+            start_by=start_by, max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
             concurrency_key=concurrency_key, after=after,
             on_dependency_failure=on_dependency_failure,
         )  # fmt: skip
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             if spec.after:
                 ids = await insert.graph(conn, self.sql, [GraphJob(spec=spec)], notify=notify,
@@ -195,7 +199,7 @@ class Queue:
                 raise TypeError(f"jobs[{i}] must be a JobSpec, got {spec!r}")
             check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes,
                           where=f"jobs[{i}].args")  # fmt: skip
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             return await insert.many(conn, self.sql, specs, notify=notify, trace=carrier())
 
@@ -208,7 +212,7 @@ class Queue:
         for i, job in enumerate(jobs):
             check_payload(job.spec.args_json, task=job.spec.task,
                           max_bytes=self.max_payload_bytes, where=f"jobs[{i}].args")  # fmt: skip
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             return await insert.graph(conn, self.sql, jobs, notify=notify, trace=carrier())
 
@@ -222,6 +226,7 @@ class Queue:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
+        start_by: dt.datetime | dt.timedelta | float | None = None,
         max_attempts: int | None = None,
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
@@ -240,14 +245,15 @@ class Queue:
             raise TypeError(f"args must be a sequence with one job's args per item, got {args!r}")
         spec = JobSpec(
             task=task, queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts, after=after, on_dependency_failure=on_dependency_failure,
+            start_by=start_by, max_attempts=max_attempts, after=after,
+            on_dependency_failure=on_dependency_failure,
         )  # fmt: skip
         values = args if isinstance(args, Sequence) else list(args)
         runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)
         if spec.after:
             graph = [GraphJob(spec=attrs.evolve(spec, args=value)) for value in values]
             return await self.enqueue_graph(conn, graph, notify=notify)
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             return await insert.bulk(conn, self.sql, spec, runs, notify=notify, trace=carrier())
 

@@ -209,6 +209,7 @@ class Task:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
+        start_by: dt.datetime | dt.timedelta | float | None = None,
         dedup_key: str | None = None,
         unique: bool | Unique | None = None,
         concurrency_key: str | None = None,
@@ -228,8 +229,8 @@ class Task:
             concurrency_key = derive_key(self.concurrency_key, payload, self.name)
         return await DEFAULT_QUEUE.enqueue(
             conn, self.name, payload, queue=self.queue, priority=priority, run_at=run_at,
-            delay=delay, max_attempts=self.max_attempts, dedup_key=dedup_key, unique=unique,
-            concurrency_key=concurrency_key,
+            delay=delay, start_by=start_by, max_attempts=self.max_attempts, dedup_key=dedup_key,
+            unique=unique, concurrency_key=concurrency_key,
         )  # fmt: skip
 
 

@@ -25,7 +25,17 @@ from .._pg.dsn import database
 from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
 from .._unique import Unique
-from .options import Commands, age, bounded, command, group, job_id, queue_name, task_name
+from .options import (
+    Commands,
+    age,
+    bounded,
+    command,
+    group,
+    job_id,
+    queue_name,
+    task_name,
+    time_or_duration,
+)
 
 __all__ = ["add_ops_parsers"]
 
@@ -146,6 +156,11 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
     sub.add_argument("--queue", default="default")
     sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
     sub.add_argument("--delay", type=float, help="seconds from now")
+    sub.add_argument(
+        "--start-by", metavar="WHEN",
+        help="a deadline to start: a time with its zone (2030-01-01T09:00+00:00) or a "
+        "duration from now (90s, 30m); not started by then, the job is dead-lettered",
+    )  # fmt: skip
     sub.add_argument("--max-attempts", type=int,
                      help="default: the task's, as the worker that runs the job declares it")
     sub.add_argument("--dedup-key", help="skip if a live job of this task has this key")
@@ -201,9 +216,10 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
             raise ValueError("--global-key and --unique-period need a --dedup-key")
         unique = Unique(key=dedup_key, by_task=not args.global_key, period=args.unique_period)
         dedup_key = None
+    start_by = None if args.start_by is None else time_or_duration(args.start_by, "--start-by")
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-        max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
+        start_by=start_by, max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
         concurrency_key=args.concurrency_key,
     )  # fmt: skip
     text = (

@@ -11,6 +11,7 @@ CLAIM = """
 WITH c AS (
     SELECT id FROM {jobs}
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
+       AND (start_by IS NULL OR start_by >= {now})  -- a deadline to start passed: never
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled)
      ORDER BY priority, run_at, id
      LIMIT %(limit)s
@@ -18,7 +19,8 @@ WITH c AS (
 )
 UPDATE {jobs} j
    SET state = 'running', attempt = j.attempt + 1,
-       lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s
+       lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s,
+       start_by = NULL  -- met: no retry, snooze or sleep is judged by it
  WHERE j.id = ANY (ARRAY(SELECT id FROM c))
 RETURNING {job_columns}
 """
