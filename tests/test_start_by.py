@@ -20,7 +20,7 @@ from clitool import trioq_cli
 from helpers import rows, scalar, serving, wait_until
 
 import trioq
-from trioq import Failure, Lease
+from trioq import Failure, Lease, producer
 from trioq._db.driver import START_BY_REASON
 from trioq._job import START_BY_BEFORE_RUN_AT
 from trioq._worker.services.sweeper import Sweeper
@@ -463,3 +463,51 @@ async def test_a_serving_worker_never_runs_a_late_job_and_reports_its_death(dsn:
         await wait_until(done)
         assert ran == [on_time.job_id]
         assert events == [("dead", late.job_id, START_BY_REASON, "dead")]
+
+
+# -- producers, and rows written by hand --------------------------------------------------------
+
+
+def test_the_producers_take_a_deadline_with_the_same_words(dsn: str) -> None:
+    """`trioq.producer` runs `Queue`'s own coroutines: the parameter and its refusals come
+    with them (a sync psycopg connection here)."""
+    trio.run(_migrate, dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        job = producer.enqueue(conn, "t", start_by=dt.timedelta(minutes=5))
+        (many,) = producer.enqueue_many(conn, [trioq.JobSpec(task="t", start_by=300)])
+        stored = conn.execute("SELECT start_by - now() FROM trioq.jobs WHERE id = ANY(%s)",
+                              ([job.job_id, many.job_id],)).fetchall()  # fmt: skip
+        assert all(dt.timedelta(minutes=4) < r[0] <= dt.timedelta(minutes=5) for r in stored)
+        for options in ({"start_by": T0, "run_at": T0 + SEC},
+                        {"start_by": dt.datetime(2001, 1, 1, tzinfo=UTC)}):  # fmt: skip
+            with pytest.raises(ValueError) as caught:
+                producer.enqueue(conn, "t", **options)
+            assert str(caught.value) == START_BY_BEFORE_RUN_AT
+
+
+async def _migrate(dsn: str) -> None:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+
+
+async def test_deadlines_out_of_range_written_by_hand_are_survived(dsn: str) -> None:
+    """With the range check dropped by hand: 'infinity' is never expired, '-infinity' is
+    expired and its dead row says so; the readers and the claim survive both."""
+    async with database(dsn) as (conn, _pool, sweeper):
+        await conn.execute("ALTER TABLE trioq.jobs DROP CONSTRAINT jobs_start_by_check,"
+                           " DROP CONSTRAINT jobs_start_by_after_run_at")  # fmt: skip
+        never = await trioq.enqueue(conn, "t")
+        gone = await trioq.enqueue(conn, "t")
+        await conn.execute("UPDATE trioq.jobs SET start_by = 'infinity' WHERE id = %s",
+                           (never.job_id,))  # fmt: skip
+        await conn.execute("UPDATE trioq.jobs SET start_by = '-infinity' WHERE id = %s",
+                           (gone.job_id,))  # fmt: skip
+        for job_id in (never.job_id, gone.job_id):
+            assert (await trioq.job_status(conn, job_id)).state == "available"
+        assert await expired(sweeper) == {gone.job_id}
+        status = await trioq.job_status(conn, gone.job_id)
+        assert status.state == "dead" and status.reason == START_BY_REASON
+        assert status.last_error == (
+            "start_by -infinity passed before the job (available) was started"
+        )
+        assert [j.id for j in await claim(conn)] == [never.job_id]

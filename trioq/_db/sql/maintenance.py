@@ -60,8 +60,9 @@ WITH expired AS (
     INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
                         reason, last_error, enqueued_at, died_at, concurrency_key, start_by)
     SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, %(reason)s,
-           'start_by ' || pg_catalog.to_char(start_by AT TIME ZONE 'UTC',
-                                             'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+           'start_by ' || coalesce(pg_catalog.to_char(start_by AT TIME ZONE 'UTC',
+                                                      'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+                                   start_by::text)  -- '-infinity', written by hand
            || ' passed before the job (' || state || ') was started',
            enqueued_at, {now}, concurrency_key, start_by
       FROM died
