@@ -478,8 +478,9 @@ def test_the_producers_take_a_deadline_with_the_same_words(dsn: str) -> None:
         stored = conn.execute("SELECT start_by - now() FROM trioq.jobs WHERE id = ANY(%s)",
                               ([job.job_id, many.job_id],)).fetchall()  # fmt: skip
         assert all(dt.timedelta(minutes=4) < r[0] <= dt.timedelta(minutes=5) for r in stored)
-        for options in ({"start_by": T0, "run_at": T0 + SEC},
-                        {"start_by": dt.datetime(2001, 1, 1, tzinfo=UTC)}):  # fmt: skip
+        bad: list[dict[str, Any]] = [{"start_by": T0, "run_at": T0 + SEC},
+                                     {"start_by": dt.datetime(2001, 1, 1, tzinfo=UTC)}]
+        for options in bad:
             with pytest.raises(ValueError) as caught:
                 producer.enqueue(conn, "t", **options)
             assert str(caught.value) == START_BY_BEFORE_RUN_AT
