@@ -25,10 +25,11 @@ import attrs
 from ._exceptions import PayloadTooLargeError
 from ._rules import name, rule
 from ._sanitize import decode_args
-from ._unique import Unique, UniqueKey, check_dedup_key, unique_key
+from ._unique import Debounce, Unique, UniqueKey, check_dedup_key, to_debounce, unique_key
 
 __all__ = [
     "CLAIMED_COLUMNS",
+    "DEBOUNCE_NEEDS_KEY",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD",
     "DEPENDANT_NOT_UNIQUE",
@@ -96,6 +97,12 @@ MAX_DEPENDENCIES = 10_000
 #: Why a deadline to start before the job's run_at is refused (every enqueue path, the SQL
 #: API's ``enqueue`` and the schema's check ``jobs_start_by_after_run_at`` say it).
 START_BY_BEFORE_RUN_AT = "start_by must not be before run_at (the job could never start in time)"
+
+#: Why a debounced enqueue needs a key.
+DEBOUNCE_NEEDS_KEY = (
+    "debounce needs a dedup_key (or unique= without a period): the key says which enqueues "
+    "are one burst"
+)
 
 #: Why a job with dependencies (or in a workflow or batch) cannot be unique.
 DEPENDANT_NOT_UNIQUE = (
@@ -378,6 +385,9 @@ class JobSpec:
     on_dependency_failure: str = attrs.field(
         default="cancel", validator=rule(check_dependency_policy)
     )
+    #: One job per burst of enqueues with this job's key, run after the burst with the last
+    #: args (``docs/flow-control.md``, "Debounce"): a `trioq.Debounce`, or its period.
+    debounce: Debounce | None = attrs.field(default=None, converter=to_debounce)
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
 
@@ -403,6 +413,18 @@ class JobSpec:
             raise ValueError(START_BY_BEFORE_RUN_AT)
         if self.after and self._uniqueness is not None:
             raise ValueError(DEPENDANT_NOT_UNIQUE)
+        if self.debounce is not None:
+            self._check_debounce()
+
+    def _check_debounce(self) -> None:
+        found = self._uniqueness
+        if found is None or found.windowed:
+            raise ValueError(DEBOUNCE_NEEDS_KEY)
+        if self.run_at is not None or self.delay:
+            raise ValueError("debounce sets the run time (the period after the last enqueue): "
+                             "give no run_at or delay")  # fmt: skip
+        if self.start_by is not None:
+            raise ValueError("give start_by or debounce, not both (debounce moves the run time)")
 
     def _start_by_too_early(self) -> bool:
         """Whether ``start_by`` is before the run time, where that needs no clock (both

@@ -45,7 +45,7 @@ from ._pg.conn import Conn
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._rules import rule
-from ._unique import Unique, unique_key
+from ._unique import Debounce, Unique, unique_key
 
 __all__ = [
     "CancelOutcome",
@@ -145,6 +145,7 @@ class Queue:
         concurrency_key: str | None = None,
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
+        debounce: Debounce | dt.timedelta | float | None = None,
         notify: bool = True,
     ) -> EnqueueResult:
         """Insert one job on ``conn``, in the caller's transaction if one is open.
@@ -159,13 +160,16 @@ class Queue:
         to it: ``cancel`` it too, or ``run`` it anyway (docs/workflows.md). With
         ``start_by`` (a datetime, or a timedelta or seconds from the database's clock) a job
         not started by then is dead-lettered instead of run late (docs/flow-control.md,
-        "Deadlines to start").
+        "Deadlines to start"). With ``debounce`` (and a key: ``dedup_key`` or ``unique=``)
+        a burst of enqueues of one key makes one job, run after the burst with the last
+        args (docs/flow-control.md, "Debounce"); the result of an enqueue that found the
+        key's job waiting is that job's id, ``duplicate=True``.
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
             start_by=start_by, max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
             concurrency_key=concurrency_key, after=after,
-            on_dependency_failure=on_dependency_failure,
+            on_dependency_failure=on_dependency_failure, debounce=debounce,
         )  # fmt: skip
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
         with migrated(conn, self.schema), insert.refusals():
@@ -174,6 +178,9 @@ class Queue:
                 ids = await insert.graph(conn, self.sql, [GraphJob(spec=spec)], notify=notify,
                                          trace=carrier())  # fmt: skip
                 return EnqueueResult(ids[0])
+            if spec.debounce is not None:
+                return await insert.debounced(conn, self.sql, spec, notify=notify,
+                                              trace=carrier())  # fmt: skip
             found = spec.uniqueness()
             if found is not None and found.windowed:
                 return await insert.windowed(conn, self.sql, spec, notify=notify)

@@ -24,12 +24,13 @@ from .._pg.connection import connect
 from .._pg.dsn import database
 from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
-from .._unique import Unique
+from .._unique import Debounce, Unique
 from .options import (
     Commands,
     age,
     bounded,
     command,
+    duration,
     group,
     job_id,
     queue_name,
@@ -176,6 +177,15 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
         help="with --dedup-key: one job per key per window (e.g. 1h), done included",
     )
     sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
+    sub.add_argument(
+        "--debounce", metavar="DURATION",
+        help="with --dedup-key: a burst of enqueues of the key makes one job, run this long "
+        "after the last one, with the last args (e.g. 5s)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--debounce-max-wait", metavar="DURATION",
+        help="with --debounce: run at the latest this long after the burst's first enqueue",
+    )  # fmt: skip
 
 
 def read_args(value: str) -> tuple[str, str]:
@@ -217,16 +227,31 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
         unique = Unique(key=dedup_key, by_task=not args.global_key, period=args.unique_period)
         dedup_key = None
     start_by = None if args.start_by is None else time_or_duration(args.start_by, "--start-by")
+    debounce = _debounce(args)
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
         start_by=start_by, max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
-        concurrency_key=args.concurrency_key,
+        concurrency_key=args.concurrency_key, debounce=debounce,
     )  # fmt: skip
     text = (
-        f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
+        f"debounced into job {result.job_id} (it had not started)"
+        if result.duplicate and debounce is not None
+        else f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
         else f"enqueued job {result.job_id}"
     )  # fmt: skip
     return EXIT_OK, attrs.asdict(result), text
+
+
+def _debounce(args: argparse.Namespace) -> Debounce | None:
+    """``--debounce`` (and ``--debounce-max-wait``) as a `Debounce`, or None."""
+    if args.debounce is None:
+        if args.debounce_max_wait is not None:
+            raise ValueError("--debounce-max-wait needs a --debounce")
+        return None
+    period = duration(args.debounce, "--debounce")
+    wait = args.debounce_max_wait
+    max_wait = None if wait is None else duration(wait, "--debounce-max-wait")
+    return Debounce(period, max_wait=max_wait)
 
 
 # -- status and cancel --------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from .statements import Statements, rendered, statements
 __all__ = [
     "GraphJob",
     "bulk",
+    "debounced",
     "graph",
     "many",
     "notify_payloads",
@@ -175,6 +176,21 @@ async def windowed(conn: Conn, sql: Statements, spec: JobSpec, *, notify: bool) 
     return result
 
 
+async def debounced(
+    conn: Conn, sql: Statements, spec: JobSpec, *, notify: bool, trace: str | None
+) -> EnqueueResult:
+    """A debounced job (``spec.debounce``): the key's job that has not started takes the
+    args and a later run time (``duplicate``: it was there), or a new one is inserted."""
+    found, debounce = spec.uniqueness(), spec.debounce
+    assert found is not None and debounce is not None
+    params = {**_one_job(sql, spec, notify), "key": found.key, "period": debounce.period,
+              "max_wait": debounce.max_wait, "trace": trace}  # fmt: skip
+    cur = await conn.execute(rendered(sql.schema, "debounce", traced=trace is not None), params)
+    row = await cur.fetchone()
+    assert row is not None
+    return EnqueueResult(int(row[0]), duplicate=bool(row[1]))
+
+
 async def _live_twins(conn: Conn, sql: Statements, keys: Sequence[str | None]) -> dict[str, int]:
     cur = await conn.execute(sql.live_twins, {"keys": list(keys)})
     return {key: job_id for key, job_id in await cur.fetchall()}
@@ -198,7 +214,11 @@ async def many(
             done = await _plain(conn, sql, [specs[i] for i in kinds.rest], notify, trace)
             results.update(zip(kinds.rest, done, strict=True))
         for i in kinds.windows:
-            results[i] = await windowed(conn, sql, specs[i], notify=notify)
+            spec = specs[i]
+            if spec.debounce is not None:
+                results[i] = await debounced(conn, sql, spec, notify=notify, trace=trace)
+            else:
+                results[i] = await windowed(conn, sql, spec, notify=notify)
         if kinds.after:
             jobs = [GraphJob(spec=specs[i]) for i in kinds.after]
             ids = await graph(conn, sql, jobs, notify=notify, trace=trace)
@@ -221,7 +241,7 @@ class _Kinds:
             found = spec.uniqueness()  # a job with dependencies has none
             if spec.after:
                 kinds.after.append(i)
-            elif found is not None and found.windowed:
+            elif (found is not None and found.windowed) or spec.debounce is not None:
                 kinds.windows.append(i)
             else:
                 kinds.rest.append(i)

@@ -251,6 +251,7 @@ class Statements:
     notify = Statement(enqueue.NOTIFY)
     enqueue_unique = Statement(enqueue.ENQUEUE_UNIQUE)
     set_start_by = Statement(enqueue.SET_START_BY)
+    debounce = Statement(enqueue.DEBOUNCE)
     # -- the claim and the fenced writes on leased jobs (trioq._db.driver) ----------------------
     claim = Statement(leases.CLAIM)
     claim_limited = Statement(leases.CLAIM_LIMITED)

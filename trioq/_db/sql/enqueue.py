@@ -92,6 +92,35 @@ UPDATE {jobs} SET start_by = coalesce(%(start_by_at)s::timestamptz,
  WHERE id = %(id)s
 """
 
+# A debounced enqueue (`trioq._db.insert.debounced`): the key's job that has not started
+# takes these args and runs the period after now (never after its deadline, the first
+# enqueue's time plus max_wait), or a new job is inserted. One statement on the unique index
+# of migration 22: an enqueue racing one whose transaction is open waits for its commit,
+# then updates its job (or inserts, if it rolled back or its job started meanwhile).
+# Returns the job's id and whether it was there already.
+DEBOUNCE = """
+WITH up AS (
+    INSERT INTO {jobs} AS j (queue, task, args, priority, run_at, state, max_attempts,
+                             max_attempts_unset, concurrency_key, debounce_key,
+                             debounce_deadline {trace_column})
+    SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, {now} + %(period)s::interval,
+           'scheduled', %(max_attempts)s, %(max_attempts_unset)s, %(concurrency_key)s,
+           %(key)s, {now} + %(max_wait)s::interval {trace_value}
+    ON CONFLICT (debounce_key) WHERE debounce_key IS NOT NULL
+                                 AND state IN ('scheduled', 'available')
+    DO UPDATE SET
+        args = excluded.args,
+        run_at = least({now} + %(period)s::interval, j.debounce_deadline),
+        state = CASE WHEN least({now} + %(period)s::interval, j.debounce_deadline) > {now}
+                     THEN 'scheduled' ELSE 'available' END
+    RETURNING j.id, j.xmax <> 0 AS updated, j.state, j.queue
+)
+SELECT id, updated, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
+           %(channel)s, CASE WHEN state = 'scheduled' THEN '@scheduled' ELSE queue END)::text
+       END
+  FROM up
+"""
+
 LIVE_TWINS = """
 SELECT dedup_key, id FROM {jobs} WHERE dedup_key = ANY(%(keys)s) AND state IN {live}
 """

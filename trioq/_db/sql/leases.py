@@ -20,7 +20,8 @@ WITH c AS (
 UPDATE {jobs} j
    SET state = 'running', attempt = j.attempt + 1,
        lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s,
-       start_by = NULL  -- met: no retry, snooze or sleep is judged by it
+       start_by = NULL,  -- met: no retry, snooze or sleep is judged by it
+       debounce_key = NULL  -- started: the next enqueue of its key makes a new job
  WHERE j.id = ANY (ARRAY(SELECT id FROM c))
 RETURNING {job_columns}
 """
