@@ -291,3 +291,22 @@ def test_the_command_line_debounces(dsn: str) -> None:
         out = trioq_cli("enqueue", "t", *args, "--dsn", dsn)
         assert out.returncode in (1, 2), (args, out.stdout)
         assert words in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+
+
+async def test_the_sql_api_debounces_into_the_same_job_as_python(dsn: str) -> None:
+    async with migrated(dsn, T0) as conn:
+        first = await trioq.enqueue(conn, "t", {"by": "python"}, dedup_key="k", debounce=5)
+        await set_clock(conn, T0 + 2 * SEC)
+        by_sql = await scalar(conn, "SELECT trioq.enqueue('t', %s, dedup_key => 'k',"
+                                    " debounce => '5 s', debounce_max_wait => '6 s')",
+                              '{"by": "sql"}')  # fmt: skip
+        assert by_sql == first.job_id
+        assert await rows(conn, PENDING) == [(first.job_id, {"by": "sql"}, T0 + 7 * SEC,
+                                              "scheduled")]  # fmt: skip
+        other = await scalar(conn, "SELECT trioq.enqueue('t', dedup_key => 'other',"
+                                   " debounce => '5 s', debounce_max_wait => '6 s')")  # fmt: skip
+        await set_clock(conn, T0 + 6 * SEC)
+        await scalar(conn, "SELECT trioq.enqueue('t', '{\"n\": 2}', dedup_key => 'other',"
+                           " debounce => '5 s')")  # fmt: skip
+        assert await scalar(conn, "SELECT run_at FROM trioq.jobs WHERE id = %s",
+                            other) == T0 + 8 * SEC  # fmt: skip (the first's max_wait holds)
