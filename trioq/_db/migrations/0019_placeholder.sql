@@ -1,1 +1,0 @@
-SELECT 1;  -- placeholder for another branch's migration 19 (untracked, not committed)

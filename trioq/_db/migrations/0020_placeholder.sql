@@ -1,1 +1,0 @@
-SELECT 1;  -- placeholder for another branch's migration 20 (untracked, not committed)
