@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import trio
 from clitool import trioq_cli
-from helpers import migrated, rows, scalar, wait_until_blocked
+from helpers import migrated, rows, scalar, serving, wait_until, wait_until_blocked
 
 import trioq
 from trioq import Debounce, Lease
@@ -310,3 +310,43 @@ async def test_the_sql_api_debounces_into_the_same_job_as_python(dsn: str) -> No
                            " debounce => '5 s')")  # fmt: skip
         assert await scalar(conn, "SELECT run_at FROM trioq.jobs WHERE id = %s",
                             other) == T0 + 8 * SEC  # fmt: skip (the first's max_wait holds)
+
+
+# -- a real worker ------------------------------------------------------------------------------
+
+
+async def test_a_serving_worker_runs_each_burst_once_with_its_last_args(dsn: str) -> None:
+    """A burst runs once with its last args; a burst while that job runs makes a job of its
+    own, which runs once after it. Each burst is one transaction (one clock), so the test
+    does not depend on how fast the box enqueues."""
+    tasks = trioq.Registry()
+    seen: list[int] = []
+    release = trio.Event()
+
+    @tasks.task()
+    async def reindex(job: trioq.JobContext, n: int) -> None:
+        seen.append(n)
+        if n == 3:
+            await release.wait()
+
+    async def one_burst(conn: Any, ns: range) -> None:
+        async with conn.transaction():
+            for n in ns:
+                await trioq.enqueue(conn, "reindex", {"n": n}, dedup_key="doc", debounce=0.3)
+
+    async with serving(dsn, tasks) as (conn, _runtime):
+        await one_burst(conn, range(1, 4))
+
+        async def started() -> bool:
+            return seen == [3]
+
+        await wait_until(started)
+        await one_burst(conn, range(4, 6))  # while the first runs
+        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 2
+        release.set()
+
+        async def finished() -> bool:
+            return len(seen) == 2 and await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
+
+        await wait_until(finished)
+        assert seen == [3, 5]
