@@ -23,7 +23,8 @@ from psycopg.types.json import Jsonb
 
 #: The parameters of ``trioq.enqueue`` and ``trioq.signal``, in their order.
 ENQUEUE_PARAMETERS = ("task", "args", "queue", "priority", "run_at", "delay", "max_attempts",
-                      "dedup_key", "concurrency_key", "notify")  # fmt: skip
+                      "dedup_key", "concurrency_key", "notify", "start_by", "debounce",
+                      "debounce_max_wait")  # fmt: skip
 SIGNAL_PARAMETERS = ("job_id", "name", "payload", "task", "key")
 #: The parameters that are JSON (sent as jsonb).
 _JSON = frozenset({"args", "payload"})

@@ -58,6 +58,7 @@ TOP_LEVEL = {
     "QueueSettings",
     "RateLimit",
     "Unique",
+    "Debounce",
     "PayloadTooLargeError",
     "Queue",
     "SweepResult",

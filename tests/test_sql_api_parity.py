@@ -46,6 +46,7 @@ SQLSTATE = {
 #: The clock of the accepted cases (both sides run with it: their rows are comparable).
 CLOCK = "2030-01-02 03:04:05.123456+00"
 UTC_MINUS_5 = dt.timezone(dt.timedelta(hours=-5))
+SEC5 = dt.timedelta(seconds=5)
 
 
 @attrs.frozen
@@ -136,10 +137,53 @@ REFUSED = [
     case("dedup_key before concurrency_key", dedup_key="", concurrency_key=""),
     case("run_at and delay before the payload", run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
          delay=dt.timedelta(seconds=1), args=LARGE),
+    # start_by (migration 21): a time before the job's run time, however that is given.
+    case("start_by before run_at", run_at=dt.datetime(2030, 1, 1, 0, 0, 1, tzinfo=dt.UTC),
+         start_by=dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
+    case("start_by passed already", start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC)),
+    case("start_by before now plus the delay", delay=dt.timedelta(days=36_500),
+         start_by=dt.datetime(2099, 1, 1, tzinfo=UTC_MINUS_5)),
+    case("start_by 1 us before run_at", run_at=dt.datetime(2040, 1, 1, tzinfo=UTC_MINUS_5),
+         start_by=dt.datetime(2040, 1, 1, 4, 59, 59, 999_999, tzinfo=dt.UTC)),
+    case("run_at and delay before start_by", run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
+         delay=dt.timedelta(seconds=1), start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC)),
+    case("start_by before the payload", start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC),
+         run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC), args=LARGE),
+    case("delay before start_by", delay=dt.timedelta(seconds=-1),
+         start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC)),
+    # debounce (migration 22): debounce_max_wait is Python's Debounce(..., max_wait=).
+    case("debounce without a key", debounce=SEC5),
+    case("debounce 0", dedup_key="k", debounce=dt.timedelta(0)),
+    case("debounce -1 s", dedup_key="k", debounce=dt.timedelta(seconds=-1)),
+    case("debounce -2.5 days", dedup_key="k", debounce=dt.timedelta(days=-2.5)),
+    case("debounce 500 us", dedup_key="k", debounce=dt.timedelta(microseconds=500)),
+    case("debounce 366 days and 1 us", dedup_key="k",
+         debounce=dt.timedelta(days=366, microseconds=1)),
+    case("debounce 11574 days", dedup_key="k", debounce=dt.timedelta(seconds=10**9)),
+    case("debounce infinite", {"debounce": "'infinity'"}, dedup_key="k", debounce=math.inf),
+    case("debounce -infinite", {"debounce": "'-infinity'"}, dedup_key="k", debounce=-math.inf),
+    case("debounce_max_wait below the period", dedup_key="k", debounce=SEC5,
+         debounce_max_wait=dt.timedelta(seconds=1, microseconds=5)),
+    case("debounce_max_wait 0", dedup_key="k", debounce=SEC5, debounce_max_wait=dt.timedelta(0)),
+    case("debounce_max_wait infinite", {"debounce_max_wait": "'infinity'"}, dedup_key="k",
+         debounce=SEC5, debounce_max_wait=math.inf),
+    case("debounce with run_at", dedup_key="k", debounce=SEC5,
+         run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
+    case("debounce with a delay", dedup_key="k", debounce=SEC5, delay=dt.timedelta(seconds=1)),
+    case("debounce with start_by", dedup_key="k", debounce=SEC5,
+         start_by=dt.datetime(2099, 1, 1, tzinfo=dt.UTC)),
+    case("debounce with start_by passed", dedup_key="k", debounce=SEC5,
+         start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC)),
+    case("debounce before the payload", debounce=SEC5, args=LARGE),
+    case("debounce before args", {"args": DEEP}, dedup_key="k", debounce=dt.timedelta(0),
+         args=[]),
+    case("start_by passed after the payload", start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC),
+         args=LARGE),
 ]
 
 #: What only a Python caller can give, for a case whose SQL form gives it as SQL text.
-_PYTHON_ONLY = {"args nested 1,500 deep": "args", "args before task": "args"}
+_PYTHON_ONLY = {"args nested 1,500 deep": "args", "args before task": "args",
+                "debounce before args": "args"}
 
 
 def _nested(depth: int) -> list[Any]:
@@ -203,6 +247,15 @@ ACCEPTED = [
     case("delay of 36500 days", delay=dt.timedelta(days=36_500)),
     case("a dedup_key", dedup_key="order-7"),
     case("priority as a numeric without decimals", {"priority": "1e1"}, priority=10),
+    case("start_by", start_by=dt.datetime(2040, 1, 1, tzinfo=UTC_MINUS_5)),
+    case("start_by at run_at", run_at=dt.datetime(2040, 1, 1, tzinfo=UTC_MINUS_5),
+         start_by=dt.datetime(2040, 1, 1, 5, tzinfo=dt.UTC)),
+    case("start_by with a delay", delay=dt.timedelta(hours=1),
+         start_by=dt.datetime(2030, 1, 2, 4, 4, 5, 123456, tzinfo=dt.UTC)),
+    case("debounce", dedup_key="k", debounce=SEC5, priority=3, queue="d"),
+    case("debounce with max_wait", dedup_key="k", debounce=SEC5, debounce_max_wait=SEC5 * 2),
+    case("debounce of 366 days", dedup_key="k", debounce=dt.timedelta(days=366)),
+    case("debounce with a zero delay", dedup_key="k", debounce=SEC5, delay=dt.timedelta(0)),
 ]
 
 #: (case, what refuses the SQL form before the function runs, the error's type or SQLSTATE).
@@ -232,7 +285,7 @@ def python_outcome(dsn: str, function: str, kwargs: Mapping[str, Any]) -> tuple[
         async with await trioq.connect(dsn) as conn, conn.transaction(force_rollback=True):
             try:
                 if function == "enqueue":
-                    await trioq.enqueue(conn, **kwargs)
+                    await trioq.enqueue(conn, **python_form(kwargs))
                 else:
                     await trioq.signal(conn, **kwargs)
             except (ValueError, TypeError, trioq.JobNotFoundError) as ex:
@@ -242,11 +295,21 @@ def python_outcome(dsn: str, function: str, kwargs: Mapping[str, Any]) -> tuple[
     return trio.run(run)
 
 
+def python_form(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The Python API's arguments of a case: ``debounce_max_wait`` (the SQL parameter) is
+    ``debounce=trioq.Debounce(debounce, max_wait=...)`` there (which may raise)."""
+    given = dict(kwargs)
+    if "debounce_max_wait" in given:
+        given["debounce"] = trioq.Debounce(given.pop("debounce"),
+                                           max_wait=given.pop("debounce_max_wait"))  # fmt: skip
+    return given
+
+
 def python_row(dsn: str, kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
     async def run() -> tuple[Any, ...]:
         async with await trioq.connect(dsn) as conn, conn.transaction(force_rollback=True):
             await conn.execute("SELECT pg_catalog.set_config('trioq.now', %s, true)", (CLOCK,))
-            result = await trioq.enqueue(conn, **kwargs)
+            result = await trioq.enqueue(conn, **python_form(kwargs))
             cur = await conn.execute(ROW, (result.job_id,))
             row = await cur.fetchone()
             assert row is not None
@@ -257,7 +320,8 @@ def python_row(dsn: str, kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
 
 ROW = (
     "SELECT queue, task, args, priority, run_at, state, attempt, max_attempts,"
-    " max_attempts_unset, dedup_key, concurrency_key, trace_context, durable"
+    " max_attempts_unset, dedup_key, concurrency_key, trace_context, durable, start_by,"
+    " debounce_key, debounce_deadline"
     " FROM trioq.jobs WHERE id = %s"
 )
 
@@ -348,6 +412,8 @@ def test_enqueue_refuses_as_python_does(
 def _parameter(message: str) -> str:
     """The parameter a Python message is about: the COLUMN field of the SQL error."""
     for prefix, parameter in (("args", "args"), ("give run_at or delay", "delay"),
+                              ("debounce max_wait", "debounce_max_wait"),
+                              ("give start_by or debounce", "debounce"),
                               ("the payload of signal", "payload"), ("signal name", "name"),
                               ("give a job_id", "job_id"), ("job", "job_id")):  # fmt: skip
         if message.startswith(prefix):
@@ -459,6 +525,19 @@ def test_a_time_out_of_range_is_refused_both_ways_the_sql_one_shown_in_utc(
         sql = refusal(driver, "enqueue", {"task": "t"}, {"run_at": literal})
         assert sql is not None and sql.message == (
             f"run_at {shown} is outside the years 1 to 9999 in UTC (the times the schema holds)"
+        )
+    # start_by (migration 21) alike
+    python = python_outcome(api_dsn, "enqueue", {"task": "t", "start_by": late})
+    assert python == ("ValueError", "start_by 9999-12-31T23:00:00-05:00 is outside the years "
+                      "1 to 9999 in UTC (the times the schema holds)")  # fmt: skip
+    sql = refusal(driver, "enqueue", {"task": "t", "start_by": late})
+    assert sql == Refusal("22023", "start_by", "start_by 10000-01-01T04:00:00+00:00 is "
+                          "outside the years 1 to 9999 in UTC (the times the schema holds)")
+    for literal, shown in (("'infinity'", "infinity"), ("'-infinity'", "-infinity")):
+        sql = refusal(driver, "enqueue", {"task": "t"}, {"start_by": literal})
+        assert sql is not None and sql.message == (
+            f"start_by {shown} is outside the years 1 to 9999 in UTC (the times the schema "
+            "holds)"
         )
 
 

@@ -96,6 +96,7 @@ from ._queue import HeartbeatResult as HeartbeatResult
 from ._queue import Queue as Queue
 from ._queue import SweepResult as SweepResult
 from ._result import JobStatus as JobStatus
+from ._unique import Debounce as Debounce
 from ._unique import Unique as Unique
 from ._workflow import Step as Step
 from ._workflow import Workflow as Workflow

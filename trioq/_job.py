@@ -25,10 +25,11 @@ import attrs
 from ._exceptions import PayloadTooLargeError
 from ._rules import name, rule
 from ._sanitize import decode_args
-from ._unique import Unique, UniqueKey, check_dedup_key, unique_key
+from ._unique import Debounce, Unique, UniqueKey, check_dedup_key, to_debounce, unique_key
 
 __all__ = [
     "CLAIMED_COLUMNS",
+    "DEBOUNCE_NEEDS_KEY",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD",
     "DEPENDANT_NOT_UNIQUE",
@@ -41,6 +42,7 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "QUEUE_NAME_RE",
+    "START_BY_BEFORE_RUN_AT",
     "TASK_NAME_RE",
     "EnqueueResult",
     "Failure",
@@ -63,6 +65,7 @@ __all__ = [
     "encode_args",
     "encode_args_runs",
     "to_delay",
+    "to_start_by",
 ]
 
 # Use with fullmatch: "$" alone would also match before a final newline.
@@ -90,6 +93,16 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 DEPENDENCY_POLICIES = ("cancel", "run")
 #: Most dependencies one job may have (``after``).
 MAX_DEPENDENCIES = 10_000
+
+#: Why a deadline to start before the job's run_at is refused (every enqueue path, the SQL
+#: API's ``enqueue`` and the schema's check ``jobs_start_by_after_run_at`` say it).
+START_BY_BEFORE_RUN_AT = "start_by must not be before run_at (the job could never start in time)"
+
+#: Why a debounced enqueue needs a key.
+DEBOUNCE_NEEDS_KEY = (
+    "debounce needs a dedup_key (or unique= without a period): the key says which enqueues "
+    "are one burst"
+)
 
 #: Why a job with dependencies (or in a workflow or batch) cannot be unique.
 DEPENDANT_NOT_UNIQUE = (
@@ -200,6 +213,18 @@ def to_delay(
     if seconds > limit.total_seconds():
         raise ValueError(f"{field} must be at most {limit.days} days, got {seconds:g} s")
     return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=seconds)
+
+
+def to_start_by(
+    value: dt.datetime | dt.timedelta | float | None, field: str = "start_by"
+) -> dt.datetime | dt.timedelta | None:
+    """A deadline to start: None (none), an aware datetime (checked as `check_aware`), or a
+    timedelta or seconds from the database's clock at the insert (checked as `to_delay`)."""
+    if value is None or isinstance(value, dt.datetime):
+        return check_aware(value, field)
+    if isinstance(value, dt.timedelta) or _is_int(value) or isinstance(value, float):
+        return to_delay(value, field)
+    raise TypeError(f"{field} must be a datetime, a timedelta or seconds, got {value!r}")
 
 
 #: Job ids are bigint.
@@ -336,6 +361,12 @@ class JobSpec:
     priority: int = attrs.field(default=0, validator=rule(check_priority))
     run_at: dt.datetime | None = attrs.field(default=None, validator=rule(check_aware))
     delay: dt.timedelta = attrs.field(default=None, converter=to_delay)
+    #: The deadline to start (``docs/flow-control.md``, "Deadlines to start"): a job not
+    #: started by then is dead-lettered, never run late. A datetime, or a timedelta from the
+    #: database's clock at the insert (as ``delay``); None: none.
+    start_by: dt.datetime | dt.timedelta | None = attrs.field(
+        default=None, converter=to_start_by
+    )
     #: None (the default): the task's, resolved by the worker that claims the job (its
     #: `trioq.Task`'s ``max_attempts``, or `DEFAULT_MAX_ATTEMPTS` for a task it does not know).
     max_attempts: int | None = attrs.field(
@@ -354,6 +385,9 @@ class JobSpec:
     on_dependency_failure: str = attrs.field(
         default="cancel", validator=rule(check_dependency_policy)
     )
+    #: One job per burst of enqueues with this job's key, run after the burst with the last
+    #: args (``docs/flow-control.md``, "Debounce"): a `trioq.Debounce`, or its period.
+    debounce: Debounce | None = attrs.field(default=None, converter=to_debounce)
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
 
@@ -375,8 +409,52 @@ class JobSpec:
     def __attrs_post_init__(self) -> None:
         if self.run_at is not None and self.delay:
             raise ValueError("give run_at or delay, not both")
+        if self._start_by_too_early():
+            raise ValueError(START_BY_BEFORE_RUN_AT)
         if self.after and self._uniqueness is not None:
             raise ValueError(DEPENDANT_NOT_UNIQUE)
+        if self.debounce is not None:
+            self._check_debounce()
+
+    def _check_debounce(self) -> None:
+        found = self._uniqueness
+        if found is None or found.windowed:
+            raise ValueError(DEBOUNCE_NEEDS_KEY)
+        if self.run_at is not None or self.delay:
+            raise ValueError("debounce sets the run time (the period after the last enqueue): "
+                             "give no run_at or delay")  # fmt: skip
+        if self.start_by is not None:
+            raise ValueError("give start_by or debounce, not both (debounce moves the run time)")
+
+    def _start_by_too_early(self) -> bool:
+        """Whether ``start_by`` is before the run time, where that needs no clock (both
+        times, or both offsets from now); else the database compares them at the insert."""
+        start_by = self.start_by
+        if isinstance(start_by, dt.datetime) and self.run_at is not None:
+            return start_by < self.run_at
+        if isinstance(start_by, dt.timedelta) and self.run_at is None:
+            return start_by < self.delay
+        return False
+
+    @property
+    def start_by_at(self) -> dt.datetime | None:
+        """``start_by`` when it is a time (the insert's ``%(start_by_at)s``)."""
+        return self.start_by if isinstance(self.start_by, dt.datetime) else None
+
+    @property
+    def start_by_in(self) -> dt.timedelta | None:
+        """``start_by`` when it is an offset from now (the insert's ``%(start_by_in)s``)."""
+        return self.start_by if isinstance(self.start_by, dt.timedelta) else None
+
+    def start_by_from(self, now: dt.datetime, run_at: dt.datetime) -> dt.datetime | None:
+        """The deadline as a time, ``now`` being the database's clock at the insert and
+        ``run_at`` the job's; ValueError when it is before ``run_at``."""
+        if self.start_by is None:
+            return None
+        start_by = self.start_by if isinstance(self.start_by, dt.datetime) else now + self.start_by
+        if start_by < run_at:
+            raise ValueError(START_BY_BEFORE_RUN_AT)
+        return start_by
 
     @property
     def stored_max_attempts(self) -> int:

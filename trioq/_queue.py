@@ -45,7 +45,7 @@ from ._pg.conn import Conn
 from ._result import DEFAULT_POLL_INTERVAL, JobStatus, wait_result
 from ._result import job_status as read_job_status
 from ._rules import rule
-from ._unique import Unique, unique_key
+from ._unique import Debounce, Unique, unique_key
 
 __all__ = [
     "CancelOutcome",
@@ -138,12 +138,14 @@ class Queue:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
+        start_by: dt.datetime | dt.timedelta | float | None = None,
         max_attempts: int | None = None,
         dedup_key: str | None = None,
         unique: bool | Unique = False,
         concurrency_key: str | None = None,
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
+        debounce: Debounce | dt.timedelta | float | None = None,
         notify: bool = True,
     ) -> EnqueueResult:
         """Insert one job on ``conn``, in the caller's transaction if one is open.
@@ -155,21 +157,30 @@ class Queue:
         which enqueue wins). ``concurrency_key`` is the job's key for the per-key limits
         of its queue. With ``after`` (ids of existing jobs) the job waits until they have
         all ended; ``on_dependency_failure`` says what one that dies or is cancelled does
-        to it: ``cancel`` it too, or ``run`` it anyway (docs/workflows.md).
+        to it: ``cancel`` it too, or ``run`` it anyway (docs/workflows.md). With
+        ``start_by`` (a datetime, or a timedelta or seconds from the database's clock) a job
+        not started by then is dead-lettered instead of run late (docs/flow-control.md,
+        "Deadlines to start"). With ``debounce`` (and a key: ``dedup_key`` or ``unique=``)
+        a burst of enqueues of one key makes one job, run after the burst with the last
+        args (docs/flow-control.md, "Debounce"); the result of an enqueue that found the
+        key's job waiting is that job's id, ``duplicate=True``.
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
+            start_by=start_by, max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
             concurrency_key=concurrency_key, after=after,
-            on_dependency_failure=on_dependency_failure,
+            on_dependency_failure=on_dependency_failure, debounce=debounce,
         )  # fmt: skip
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             if spec.after:
                 ids = await insert.graph(conn, self.sql, [GraphJob(spec=spec)], notify=notify,
                                          trace=carrier())  # fmt: skip
                 return EnqueueResult(ids[0])
+            if spec.debounce is not None:
+                return await insert.debounced(conn, self.sql, spec, notify=notify,
+                                              trace=carrier())  # fmt: skip
             found = spec.uniqueness()
             if found is not None and found.windowed:
                 return await insert.windowed(conn, self.sql, spec, notify=notify)
@@ -195,7 +206,7 @@ class Queue:
                 raise TypeError(f"jobs[{i}] must be a JobSpec, got {spec!r}")
             check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes,
                           where=f"jobs[{i}].args")  # fmt: skip
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             return await insert.many(conn, self.sql, specs, notify=notify, trace=carrier())
 
@@ -208,7 +219,7 @@ class Queue:
         for i, job in enumerate(jobs):
             check_payload(job.spec.args_json, task=job.spec.task,
                           max_bytes=self.max_payload_bytes, where=f"jobs[{i}].args")  # fmt: skip
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             return await insert.graph(conn, self.sql, jobs, notify=notify, trace=carrier())
 
@@ -222,6 +233,7 @@ class Queue:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
+        start_by: dt.datetime | dt.timedelta | float | None = None,
         max_attempts: int | None = None,
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
@@ -240,14 +252,15 @@ class Queue:
             raise TypeError(f"args must be a sequence with one job's args per item, got {args!r}")
         spec = JobSpec(
             task=task, queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts, after=after, on_dependency_failure=on_dependency_failure,
+            start_by=start_by, max_attempts=max_attempts, after=after,
+            on_dependency_failure=on_dependency_failure,
         )  # fmt: skip
         values = args if isinstance(args, Sequence) else list(args)
         runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)
         if spec.after:
             graph = [GraphJob(spec=attrs.evolve(spec, args=value)) for value in values]
             return await self.enqueue_graph(conn, graph, notify=notify)
-        with migrated(conn, self.schema):
+        with migrated(conn, self.schema), insert.refusals():
             await self._check_version(conn)
             return await insert.bulk(conn, self.sql, spec, runs, notify=notify, trace=carrier())
 

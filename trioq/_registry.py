@@ -41,7 +41,7 @@ from ._job import (
 from ._pg.conn import Conn
 from ._retry import RetryPolicy, Sidekiq
 from ._rules import positive_or_none
-from ._unique import Unique, check_dedup_key
+from ._unique import Debounce, Unique, check_dedup_key
 
 __all__ = ["KeyFrom", "Registry", "Task"]
 
@@ -209,9 +209,11 @@ class Task:
         priority: int = 0,
         run_at: dt.datetime | None = None,
         delay: dt.timedelta | float | None = None,
+        start_by: dt.datetime | dt.timedelta | float | None = None,
         dedup_key: str | None = None,
         unique: bool | Unique | None = None,
         concurrency_key: str | None = None,
+        debounce: Debounce | dt.timedelta | float | None = None,
         **kwargs: Any,
     ) -> EnqueueResult:
         """Enqueue this task on its queue: ``await send.enqueue(conn, user_id=1)``.
@@ -228,8 +230,8 @@ class Task:
             concurrency_key = derive_key(self.concurrency_key, payload, self.name)
         return await DEFAULT_QUEUE.enqueue(
             conn, self.name, payload, queue=self.queue, priority=priority, run_at=run_at,
-            delay=delay, max_attempts=self.max_attempts, dedup_key=dedup_key, unique=unique,
-            concurrency_key=concurrency_key,
+            delay=delay, start_by=start_by, max_attempts=self.max_attempts, dedup_key=dedup_key,
+            unique=unique, concurrency_key=concurrency_key, debounce=debounce,
         )  # fmt: skip
 
 

@@ -87,6 +87,9 @@ class JobStatus:
     last_error: str | None = None
     reason: str | None = None
     traceback: str | None = None
+    #: Its deadline to start while it has not started (the claim that starts it clears it),
+    #: and for a job that died of it (``docs/flow-control.md``, "Deadlines to start").
+    start_by: dt.datetime | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> JobStatus:

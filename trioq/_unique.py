@@ -33,10 +33,12 @@ __all__ = [
     "DEDUP_KEY_MAX",
     "LIVE_STATES",
     "UNIQUE_STATES",
+    "Debounce",
     "Unique",
     "UniqueKey",
     "canonical_json",
     "check_dedup_key",
+    "to_debounce",
     "to_period",
     "unique_key",
 ]
@@ -101,6 +103,44 @@ def to_period(value: object, field: str = "period") -> dt.timedelta:
     if not dt.timedelta(milliseconds=1) <= period <= MAX_PERIOD:
         raise ValueError(f"{field} must be between 1 ms and 366 days, got {period}")
     return period
+
+
+def _debounce_period(value: object) -> dt.timedelta:
+    return to_period(value, "debounce period")
+
+
+def _debounce_max_wait(value: object) -> dt.timedelta | None:
+    return None if value is None else to_period(value, "debounce max_wait")
+
+
+@attrs.frozen
+class Debounce:
+    """A burst of enqueues with one key makes one job, run ``period`` after the last of
+    them, with the last args (``docs/flow-control.md``, "Debounce"). With ``max_wait``, the
+    job runs at the latest that long after the first enqueue of the burst, however long the
+    burst goes on (at least ``period``). Both are timedeltas or seconds, 1 ms to 366 days.
+    """
+
+    period: dt.timedelta = attrs.field(converter=_debounce_period)
+    max_wait: dt.timedelta | None = attrs.field(
+        default=None, kw_only=True, converter=_debounce_max_wait
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_wait is not None and self.max_wait < self.period:
+            raise ValueError(
+                f"debounce max_wait ({self.max_wait}) must be at least its period "
+                f"({self.period})"
+            )
+
+
+def to_debounce(value: object, field: str = "debounce") -> Debounce | None:
+    """None, a `Debounce`, or its period alone (a timedelta or seconds)."""
+    if value is None or isinstance(value, Debounce):
+        return value
+    if isinstance(value, dt.timedelta | int | float) and not isinstance(value, bool):
+        return Debounce(value)
+    raise TypeError(f"{field} must be a timedelta, seconds or a trioq.Debounce, got {value!r}")
 
 
 def _period(value: object) -> dt.timedelta | None:

@@ -174,6 +174,8 @@ def describe(s: JobStatus, steps: Sequence[StepRecord] = ()) -> str:
     ]
     if s.run_at is not None and s.state in ("scheduled", "available"):
         lines.append(f"  run at:    {s.run_at}")
+    if s.start_by is not None:
+        lines.append(f"  start by:  {s.start_by}")
     if s.lease_owner is not None:
         lines.append(f"  lease:     {s.lease_owner}, expires {s.lease_expires_at}")
     if s.finished_at is not None:

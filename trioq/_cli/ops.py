@@ -24,8 +24,19 @@ from .._pg.connection import connect
 from .._pg.dsn import database
 from .._pg.times import TOLERANT
 from .._queue import STATUS_STATES, Queue, QueueStatus
-from .._unique import Unique
-from .options import Commands, age, bounded, command, group, job_id, queue_name, task_name
+from .._unique import Debounce, Unique
+from .options import (
+    Commands,
+    age,
+    bounded,
+    command,
+    duration,
+    group,
+    job_id,
+    queue_name,
+    task_name,
+    time_or_duration,
+)
 
 __all__ = ["add_ops_parsers"]
 
@@ -146,6 +157,11 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
     sub.add_argument("--queue", default="default")
     sub.add_argument("--priority", type=int, default=0, help="-100..100, lower runs first")
     sub.add_argument("--delay", type=float, help="seconds from now")
+    sub.add_argument(
+        "--start-by", metavar="WHEN",
+        help="a deadline to start: a time with its zone (2030-01-01T09:00+00:00) or a "
+        "duration from now (90s, 30m); not started by then, the job is dead-lettered",
+    )  # fmt: skip
     sub.add_argument("--max-attempts", type=int,
                      help="default: the task's, as the worker that runs the job declares it")
     sub.add_argument("--dedup-key", help="skip if a live job of this task has this key")
@@ -161,6 +177,15 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
         help="with --dedup-key: one job per key per window (e.g. 1h), done included",
     )
     sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
+    sub.add_argument(
+        "--debounce", metavar="DURATION",
+        help="with --dedup-key: a burst of enqueues of the key makes one job, run this long "
+        "after the last one, with the last args (e.g. 5s)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--debounce-max-wait", metavar="DURATION",
+        help="with --debounce: run at the latest this long after the burst's first enqueue",
+    )  # fmt: skip
 
 
 def read_args(value: str) -> tuple[str, str]:
@@ -201,16 +226,32 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
             raise ValueError("--global-key and --unique-period need a --dedup-key")
         unique = Unique(key=dedup_key, by_task=not args.global_key, period=args.unique_period)
         dedup_key = None
+    start_by = None if args.start_by is None else time_or_duration(args.start_by, "--start-by")
+    debounce = _debounce(args)
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
-        max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
-        concurrency_key=args.concurrency_key,
+        start_by=start_by, max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
+        concurrency_key=args.concurrency_key, debounce=debounce,
     )  # fmt: skip
     text = (
-        f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
+        f"debounced into job {result.job_id} (it had not started)"
+        if result.duplicate and debounce is not None
+        else f"duplicate of job {result.job_id} (it holds the key)" if result.duplicate
         else f"enqueued job {result.job_id}"
     )  # fmt: skip
     return EXIT_OK, attrs.asdict(result), text
+
+
+def _debounce(args: argparse.Namespace) -> Debounce | None:
+    """``--debounce`` (and ``--debounce-max-wait``) as a `Debounce`, or None."""
+    if args.debounce is None:
+        if args.debounce_max_wait is not None:
+            raise ValueError("--debounce-max-wait needs a --debounce")
+        return None
+    period = duration(args.debounce, "--debounce")
+    wait = args.debounce_max_wait
+    max_wait = None if wait is None else duration(wait, "--debounce-max-wait")
+    return Debounce(period, max_wait=max_wait)
 
 
 # -- status and cancel --------------------------------------------------------------------------

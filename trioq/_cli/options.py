@@ -136,6 +136,18 @@ def duration(text: str, option: str) -> dt.timedelta:
     return dt.timedelta(seconds=seconds(text, option))
 
 
+def time_or_duration(text: str, option: str) -> dt.datetime | dt.timedelta:
+    """A time (ISO 8601; its zone and range are checked by the API, in its words) or a
+    duration from now (`seconds`, 0 included), for ``trioq enqueue --start-by``."""
+    if _DURATION.fullmatch(text.strip()):
+        return dt.timedelta(seconds=seconds(text, option, zero=True))
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{option} {shown(text)}: use a duration from now (90s, 30m, 7d) or "
+                         "a time with its zone, such as 2030-01-01T09:00+00:00") from None
+
+
 #: The shortest age or window the command line takes: a purge cut-off under a second matches
 #: every job that died before the command started (ask for that with --all), and a unique
 #: window under a second is no window.

@@ -24,11 +24,21 @@ from .._rules import rule
 from .params import columns, fence
 from .statements import Statements, rendered, statements, validate_schema_name
 
-__all__ = ["RESTART_GRACE", "Driver", "FailResult", "HeartbeatResult", "SweepResult"]
+__all__ = [
+    "RESTART_GRACE",
+    "START_BY_REASON",
+    "Driver",
+    "FailResult",
+    "HeartbeatResult",
+    "SweepResult",
+]
 
 #: A sweeper judges no worker dead on a connection younger than this: after a server
 #: restart every lock is free and every connection new, and all workers reconnect.
 RESTART_GRACE = dt.timedelta(seconds=2)
+
+#: ``dead_jobs.reason`` of a job whose deadline to start passed (``last_error`` says when).
+START_BY_REASON = "not started by its start_by deadline"
 
 
 @attrs.frozen(kw_only=True)
@@ -243,6 +253,17 @@ class Driver:
             "lost_error": "lease expired: worker lost",
         }
         cur = await conn.execute(self.sql.sweep, params)
+        return SweepResult.from_rows(await cur.fetchall())
+
+    async def expire_start_by(self, conn: Conn, *, limit: int = 1000) -> SweepResult:
+        """Move up to ``limit`` jobs whose deadline to start (``start_by``) passed before a
+        claim took them to dead_jobs (``dead``), earliest deadline first.
+
+        Safe to run from many processes at once, and beside claims: rows are locked with
+        SKIP LOCKED, and a job a claim took is no longer pending once locked.
+        """
+        cur = await conn.execute(self.sql.expire_start_by, {"limit": limit,
+                                                            "reason": START_BY_REASON})
         return SweepResult.from_rows(await cur.fetchall())
 
     async def reclaim_dead_workers(self, conn: Conn, *, grace: dt.timedelta) -> SweepResult:

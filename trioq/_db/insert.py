@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
+import psycopg
 from psycopg.pq import TransactionStatus
 
 from .._exceptions import UnknownDependencyError
-from .._job import ENCODE_CHUNK, EnqueueResult, JobSpec
+from .._job import ENCODE_CHUNK, START_BY_BEFORE_RUN_AT, EnqueueResult, JobSpec
 from .._pg.conn import Conn
 from .params import columns
 from .sql.common import SCHEDULED_PAYLOAD
@@ -42,11 +43,13 @@ from .statements import Statements, rendered, statements
 __all__ = [
     "GraphJob",
     "bulk",
+    "debounced",
     "graph",
     "many",
     "notify_payloads",
     "one",
     "own_transaction",
+    "refusals",
     "reserve_ids",
     "windowed",
 ]
@@ -78,6 +81,19 @@ async def own_transaction(conn: Conn) -> AsyncIterator[None]:
             yield
     else:
         yield
+
+
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """The schema's refusal of a deadline to start before the run time, in the words of
+    every other path: where one is a time and the other an offset from now, only the insert
+    can compare them (with the database's clock), and its check says no."""
+    try:
+        yield
+    except psycopg.errors.CheckViolation as ex:
+        if ex.diag.constraint_name == "jobs_start_by_after_run_at":
+            raise ValueError(START_BY_BEFORE_RUN_AT) from None
+        raise
 
 
 def notify_payloads(
@@ -117,6 +133,8 @@ def _one_job(sql: Statements, spec: JobSpec, notify: bool) -> dict[str, Any]:
         "max_attempts_unset": spec.max_attempts_unset,
         "chosen_max_attempts": spec.max_attempts,
         "concurrency_key": spec.concurrency_key,
+        "start_by_at": spec.start_by_at,
+        "start_by_in": spec.start_by_in,
         "notify": notify,
         "channel": sql.channel,
     }
@@ -148,7 +166,26 @@ async def windowed(conn: Conn, sql: Statements, spec: JobSpec, *, notify: bool) 
     assert found is not None
     params = {**_one_job(sql, spec, notify), "key": found.key, "period": found.period,
               "states": list(found.states)}  # fmt: skip
-    cur = await conn.execute(sql.enqueue_unique, params)
+    async with own_transaction(conn) if spec.start_by is not None else contextlib.nullcontext():
+        cur = await conn.execute(sql.enqueue_unique, params)
+        row = await cur.fetchone()
+        assert row is not None
+        result = EnqueueResult(int(row[0]), duplicate=bool(row[1]))
+        if spec.start_by is not None and not result.duplicate:
+            await conn.execute(sql.set_start_by, {**params, "id": result.job_id})
+    return result
+
+
+async def debounced(
+    conn: Conn, sql: Statements, spec: JobSpec, *, notify: bool, trace: str | None
+) -> EnqueueResult:
+    """A debounced job (``spec.debounce``): the key's job that has not started takes the
+    args and a later run time (``duplicate``: it was there), or a new one is inserted."""
+    found, debounce = spec.uniqueness(), spec.debounce
+    assert found is not None and debounce is not None
+    params = {**_one_job(sql, spec, notify), "key": found.key, "period": debounce.period,
+              "max_wait": debounce.max_wait, "trace": trace}  # fmt: skip
+    cur = await conn.execute(rendered(sql.schema, "debounce", traced=trace is not None), params)
     row = await cur.fetchone()
     assert row is not None
     return EnqueueResult(int(row[0]), duplicate=bool(row[1]))
@@ -177,7 +214,11 @@ async def many(
             done = await _plain(conn, sql, [specs[i] for i in kinds.rest], notify, trace)
             results.update(zip(kinds.rest, done, strict=True))
         for i in kinds.windows:
-            results[i] = await windowed(conn, sql, specs[i], notify=notify)
+            spec = specs[i]
+            if spec.debounce is not None:
+                results[i] = await debounced(conn, sql, spec, notify=notify, trace=trace)
+            else:
+                results[i] = await windowed(conn, sql, spec, notify=notify)
         if kinds.after:
             jobs = [GraphJob(spec=specs[i]) for i in kinds.after]
             ids = await graph(conn, sql, jobs, notify=notify, trace=trace)
@@ -200,7 +241,7 @@ class _Kinds:
             found = spec.uniqueness()  # a job with dependencies has none
             if spec.after:
                 kinds.after.append(i)
-            elif found is not None and found.windowed:
+            elif (found is not None and found.windowed) or spec.debounce is not None:
                 kinds.windows.append(i)
             else:
                 kinds.rest.append(i)
@@ -220,9 +261,10 @@ async def _plain(
         return [EnqueueResult(job_id) for job_id in ids]
     now, ids = await reserve_ids(conn, sql, len(specs))
     run_ats = [spec.run_at or now + spec.delay for spec in specs]
+    start_bys = [spec.start_by_from(now, r) for spec, r in zip(specs, run_ats, strict=True)]
     if keyed:
         inserted = await _insert_unnest(conn, sql, specs, ids=ids, run_ats=run_ats, keys=keys,
-                                        trace=trace)  # fmt: skip
+                                        start_bys=start_bys, trace=trace)  # fmt: skip
     else:
         await _copy(conn, sql, specs, ids=ids, run_ats=run_ats, now=now, trace=trace)
         inserted = set(ids)
@@ -233,8 +275,9 @@ async def _plain(
 
 
 def _keyed(specs: Sequence[JobSpec], keys: Sequence[str | None]) -> bool:
-    """Whether any job has a dedup key or a concurrency key (COPY cannot write them)."""
-    return any(keys) or any(spec.concurrency_key for spec in specs)
+    """Whether any job has a dedup key, a concurrency key or a deadline to start (COPY
+    does not write them)."""
+    return any(keys) or any(spec.concurrency_key or spec.start_by is not None for spec in specs)
 
 
 def _inserted(
@@ -264,7 +307,8 @@ async def _with_twins(
 
 async def _insert_unnest(
     conn: Conn, sql: Statements, specs: Sequence[JobSpec], *, ids: Sequence[int],
-    run_ats: Sequence[dt.datetime], keys: Sequence[str | None], trace: str | None,
+    run_ats: Sequence[dt.datetime], keys: Sequence[str | None],
+    start_bys: Sequence[dt.datetime | None], trace: str | None,
 ) -> set[int]:  # fmt: skip
     params = {
         "ids": list(ids),
@@ -273,6 +317,7 @@ async def _insert_unnest(
                    concurrency_keys="concurrency_key"),
         "run_ats": list(run_ats),
         "dedup_keys": list(keys),
+        "start_bys": list(start_bys),
         "trace": trace,
     }  # fmt: skip
     cur = await conn.execute(statements(sql.schema, traced=trace is not None).insert_many, params)
@@ -311,9 +356,9 @@ def _copy_escape(text: str) -> str:
 def _only_args_differ(specs: Sequence[JobSpec]) -> bool:
     """Whether all ``specs`` share the first one's fields but args (one bulk statement fits)."""
     f = specs[0]
-    shared = (f.task, f.queue, f.priority, f.run_at, f.delay, f.max_attempts)
-    return all((s.task, s.queue, s.priority, s.run_at, s.delay, s.max_attempts) == shared
-               for s in specs)  # fmt: skip
+    shared = (f.task, f.queue, f.priority, f.run_at, f.delay, f.max_attempts, f.start_by)
+    return all((s.task, s.queue, s.priority, s.run_at, s.delay, s.max_attempts, s.start_by)
+               == shared for s in specs)  # fmt: skip
 
 
 def _args_runs(specs: Sequence[JobSpec]) -> list[tuple[int, str]]:
@@ -361,6 +406,8 @@ async def _bulk_one(
         "delay": spec.delay,
         "max_attempts": spec.stored_max_attempts,
         "max_attempts_unset": spec.max_attempts_unset,
+        "start_by_at": spec.start_by_at,
+        "start_by_in": spec.start_by_in,
         "channel": sql.channel,
         "notify": notify,
         "trace": trace,
@@ -402,7 +449,8 @@ async def graph(
         ended = await _lock_existing(conn, sql, jobs, notify)
         now, ids = await reserve_ids(conn, sql, len(jobs))
         run_ats = [job.spec.run_at or now + job.spec.delay for job in jobs]
-        await conn.execute(sql.insert_graph, _graph_rows(jobs, ids, run_ats, trace))
+        start_bys = [j.spec.start_by_from(now, r) for j, r in zip(jobs, run_ats, strict=True)]
+        await conn.execute(sql.insert_graph, _graph_rows(jobs, ids, run_ats, start_bys, trace))
         edges = _edges(jobs, ids)
         if edges:
             await conn.execute(sql.insert_edges, {"jobs": [e[0] for e in edges],
@@ -482,8 +530,9 @@ async def _resolve_ended(
 
 
 def _graph_rows(
-    jobs: Sequence[GraphJob], ids: list[int], run_ats: list[dt.datetime], trace: str | None
-) -> dict[str, Any]:
+    jobs: Sequence[GraphJob], ids: list[int], run_ats: list[dt.datetime],
+    start_bys: list[dt.datetime | None], trace: str | None,
+) -> dict[str, Any]:  # fmt: skip
     depended: set[int] = {j for job in jobs for j in job.waits_for}
     specs = [job.spec for job in jobs]
     return {
@@ -493,6 +542,7 @@ def _graph_rows(
                    concurrency_keys="concurrency_key", policies="on_dependency_failure"),
         **columns(jobs, batches="batch_id"),
         "run_ats": run_ats,
+        "start_bys": start_bys,
         "dependants": [i in depended for i in range(len(jobs))],
         "waits": [len(job.waits_for) + len(job.spec.after) for job in jobs],
         "trace": trace,  # the enqueuing span's context, as every enqueue stores it

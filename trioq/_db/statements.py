@@ -252,6 +252,8 @@ class Statements:
     live_twins = Statement(enqueue.LIVE_TWINS)
     notify = Statement(enqueue.NOTIFY)
     enqueue_unique = Statement(enqueue.ENQUEUE_UNIQUE)
+    set_start_by = Statement(enqueue.SET_START_BY)
+    debounce = Statement(enqueue.DEBOUNCE)
     # -- the claim and the fenced writes on leased jobs (trioq._db.driver) ----------------------
     claim = Statement(leases.CLAIM)
     claim_limited = Statement(leases.CLAIM_LIMITED)
@@ -272,6 +274,7 @@ class Statements:
     next_due = Statement(maintenance.NEXT_DUE)
     sweep = Statement(maintenance.SWEEP_EXPIRED + maintenance.SWEEP_OUTCOMES)
     reclaim = Statement(maintenance.RECLAIM_EXPIRED + maintenance.SWEEP_OUTCOMES)
+    expire_start_by = Statement(maintenance.EXPIRE_START_BY)
     swept_details = Statement(maintenance.SWEPT_DETAILS)
     prune_done = Statement(maintenance.PRUNE_FINISHED, state=sql.Literal("done"))
     prune_cancelled = Statement(maintenance.PRUNE_FINISHED, state=sql.Literal("cancelled"))

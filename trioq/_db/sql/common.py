@@ -105,5 +105,6 @@ SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END F
 STATUS_COLUMNS = (
     "j.id, j.state, j.queue, j.task, j.args, j.priority, j.attempt, j.max_attempts, j.run_at, "
     "j.enqueued_at, j.finished_at, j.lease_owner, j.lease_expires_at, j.cancel_requested, "
-    "j.dedup_key, j.result, j.last_error, NULL::text AS reason, NULL::text AS traceback"
+    "j.dedup_key, j.result, j.last_error, NULL::text AS reason, NULL::text AS traceback, "
+    "j.start_by"
 )

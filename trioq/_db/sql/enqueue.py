@@ -4,14 +4,15 @@ notifications that wake the workers. `trioq._db.insert` runs them."""
 
 INSERT = """
 WITH v AS (
-    SELECT coalesce(%(run_at)s, {now} + %(delay)s) AS run_at
+    SELECT coalesce(%(run_at)s, {now} + %(delay)s) AS run_at,
+           coalesce(%(start_by_at)s::timestamptz, {now} + %(start_by_in)s::interval) AS start_by
 ), ins AS (
     INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts,
-                        max_attempts_unset, dedup_key, concurrency_key {trace_column})
+                        max_attempts_unset, dedup_key, concurrency_key, start_by {trace_column})
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, v.run_at,
            CASE WHEN v.run_at > {now} THEN 'scheduled' ELSE 'available' END,
-           %(max_attempts)s, %(max_attempts_unset)s, %(dedup_key)s, %(concurrency_key)s
-           {trace_value}
+           %(max_attempts)s, %(max_attempts_unset)s, %(dedup_key)s, %(concurrency_key)s,
+           v.start_by {trace_value}
       FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue, state
@@ -25,14 +26,14 @@ SELECT id, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
 INSERT_MANY = """
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts,
-                    max_attempts_unset, dedup_key, concurrency_key {trace_column})
+                    max_attempts_unset, dedup_key, concurrency_key, start_by {trace_column})
 SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m,
-       mu, k, ck {trace_value}
+       mu, k, ck, sb {trace_value}
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
               %(max_attempts_unset)s::bool[], %(dedup_keys)s::text[],
-              %(concurrency_keys)s::text[])
-              AS u(i, q, t, a, p, r, m, mu, k, ck)
+              %(concurrency_keys)s::text[], %(start_bys)s::timestamptz[])
+              AS u(i, q, t, a, p, r, m, mu, k, ck, sb)
  ORDER BY k, i  -- one lock order for every transaction (overlapping batches wait, never
               -- deadlock); among twins in one batch the first (lowest reserved id) wins
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
@@ -59,7 +60,8 @@ FROM STDIN
 # transaction by Postgres, so several statements in one transaction still notify once.
 INSERT_BULK = """
 WITH v AS (
-    SELECT coalesce(%(run_at)s::timestamptz, {now} + %(delay)s::interval) AS run_at, {now} AS now
+    SELECT coalesce(%(run_at)s::timestamptz, {now} + %(delay)s::interval) AS run_at, {now} AS now,
+           coalesce(%(start_by_at)s::timestamptz, {now} + %(start_by_in)s::interval) AS start_by
 ), s AS MATERIALIZED (
     SELECT pg_catalog.pg_get_serial_sequence(%(jobs)s, 'id')::regclass AS seq
 ), a AS MATERIALIZED (
@@ -67,10 +69,10 @@ WITH v AS (
       FROM s, pg_catalog.jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS x(args, o)
 ), ins AS (
     INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts,
-                        max_attempts_unset {trace_column})
+                        max_attempts_unset, start_by {trace_column})
     SELECT a.id, %(queue)s, %(task)s, a.args, %(priority)s, v.run_at,
            CASE WHEN v.run_at > v.now THEN 'scheduled' ELSE 'available' END, %(max_attempts)s,
-           %(max_attempts_unset)s {trace_value}
+           %(max_attempts_unset)s, v.start_by {trace_value}
       FROM a, v
 )
 SELECT pg_catalog.count(*), pg_catalog.min(a.id - a.o),
@@ -80,6 +82,43 @@ SELECT pg_catalog.count(*), pg_catalog.min(a.id - a.o),
                                CASE WHEN v.run_at > v.now THEN '@scheduled' ELSE %(queue)s END))
           FROM v WHERE %(notify)s)
   FROM a
+"""
+
+# The deadline of a job `enqueue_unique` just inserted (its function predates start_by), in
+# the same transaction: a time, or an offset from the clock.
+SET_START_BY = """
+UPDATE {jobs} SET start_by = coalesce(%(start_by_at)s::timestamptz,
+                                      {now} + %(start_by_in)s::interval)
+ WHERE id = %(id)s
+"""
+
+# A debounced enqueue (`trioq._db.insert.debounced`): the key's job that has not started
+# takes these args and runs the period after now (never after its deadline, the first
+# enqueue's time plus max_wait), or a new job is inserted. One statement on the unique index
+# of migration 22: an enqueue racing one whose transaction is open waits for its commit,
+# then updates its job (or inserts, if it rolled back or its job started meanwhile).
+# Returns the job's id and whether it was there already.
+DEBOUNCE = """
+WITH up AS (
+    INSERT INTO {jobs} AS j (queue, task, args, priority, run_at, state, max_attempts,
+                             max_attempts_unset, concurrency_key, debounce_key,
+                             debounce_deadline {trace_column})
+    SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, {now} + %(period)s::interval,
+           'scheduled', %(max_attempts)s, %(max_attempts_unset)s, %(concurrency_key)s,
+           %(key)s, {now} + %(max_wait)s::interval {trace_value}
+    ON CONFLICT (debounce_key) WHERE debounce_key IS NOT NULL
+                                 AND state IN ('scheduled', 'available')
+    DO UPDATE SET
+        args = excluded.args,
+        run_at = least({now} + %(period)s::interval, j.debounce_deadline),
+        state = CASE WHEN least({now} + %(period)s::interval, j.debounce_deadline) > {now}
+                     THEN 'scheduled' ELSE 'available' END
+    RETURNING j.id, j.xmax <> 0 AS updated, j.state, j.queue
+)
+SELECT id, updated, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
+           %(channel)s, CASE WHEN state = 'scheduled' THEN '@scheduled' ELSE queue END)::text
+       END
+  FROM up
 """
 
 LIVE_TWINS = """

@@ -13,6 +13,7 @@ CLAIM = """
 WITH c AS (
     SELECT id FROM {jobs}
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
+       AND (start_by IS NULL OR start_by >= {now})  -- a deadline to start passed: never
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled
                           AND NOT {pause_over})
      ORDER BY priority, run_at, id
@@ -21,7 +22,9 @@ WITH c AS (
 )
 UPDATE {jobs} j
    SET state = 'running', attempt = j.attempt + 1,
-       lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s
+       lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s,
+       start_by = NULL,  -- met: no retry, snooze or sleep is judged by it
+       debounce_key = NULL  -- started: the next enqueue of its key makes a new job
  WHERE j.id = ANY (ARRAY(SELECT id FROM c))
 RETURNING {job_columns}
 """

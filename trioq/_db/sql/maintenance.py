@@ -40,6 +40,37 @@ WITH expired AS (
        FOR UPDATE SKIP LOCKED
 )"""
 
+# Jobs whose deadline to start passed before any claim took them (the claim clears start_by,
+# and never takes a job past it): to dead_jobs, earliest deadline first, through
+# jobs_start_by_idx. The lock is the claim's fence: a job a claim holds is skipped, and one a
+# claim took meanwhile no longer matches once locked (READ COMMITTED re-reads the row). The
+# delete fires the triggers every death does (dependants, batches, waiters).
+EXPIRE_START_BY = """
+WITH expired AS (
+    SELECT id FROM {jobs}
+     WHERE start_by IS NOT NULL AND state IN ('waiting', 'scheduled', 'available')
+       AND start_by < {now}
+     ORDER BY start_by
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), died AS (
+    DELETE FROM {jobs} j USING expired e WHERE j.id = e.id
+    RETURNING j.*
+), buried AS (
+    INSERT INTO {dead} (id, queue, task, args, priority, attempt, max_attempts, dedup_key,
+                        reason, last_error, enqueued_at, died_at, concurrency_key, start_by)
+    SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, %(reason)s,
+           'start_by ' || coalesce(pg_catalog.to_char(start_by AT TIME ZONE 'UTC',
+                                                      'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+                                   start_by::text)  -- '-infinity', written by hand
+           || ' passed before the job (' || state || ') was started',
+           enqueued_at, {now}, concurrency_key, start_by
+      FROM died
+    RETURNING id, queue
+)
+SELECT id, 'dead', queue FROM buried
+"""
+
 # Workers that are provably gone, on two pieces of evidence one flaky connection cannot
 # fake: no ping for longer than the grace (a worker pings through its liveness connection
 # and through its pool), and its liveness lock held by no session at all (Postgres drops it

@@ -145,7 +145,7 @@ class Lifecycle:
 
     def swept(self, sweep: SweepRound) -> None:
         """The sweeper killed or cancelled jobs: `run` reads their details and reports them."""
-        dead = sweep.reclaimed.dead | sweep.swept.dead
+        dead = sweep.reclaimed.dead | sweep.swept.dead | sweep.expired.dead
         cancelled = sweep.reclaimed.cancelled | sweep.swept.cancelled
         if not dead and not cancelled:
             return

@@ -11,6 +11,10 @@ Two checks, both safe in every process at once (rows are taken with SKIP LOCKED)
 Either way a job goes back to ``available`` (the attempt stays spent), or to dead_jobs on
 its last attempt, or is cancelled if a cancel was requested. The queues that got jobs
 back are notified, so every worker's fetcher claims them at once.
+
+With the expired leases, the sweeper also dead-letters the jobs whose deadline to start
+(``start_by``) passed before any claim took them: a death like the others it reports (the
+claim never starts such a job, so only how soon it shows as dead depends on the interval).
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ _NOTHING = SweepResult(returned=frozenset(), dead=frozenset(), cancelled=frozens
 
 @attrs.frozen(kw_only=True)
 class SweepRound:
-    """What one round did: jobs of dead workers, and jobs whose lease expired."""
+    """What one round did: jobs of dead workers, jobs whose lease expired, and jobs whose
+    deadline to start passed."""
 
     reclaimed: SweepResult
     swept: SweepResult
+    expired: SweepResult = _NOTHING
 
 
 class Sweeper:
@@ -77,6 +83,7 @@ class Sweeper:
         async with self._pool.connection() as conn:
             reclaimed = await self._driver.reclaim_dead_workers(conn, grace=self._grace)
             swept = await self._driver.sweep(conn) if sweep else _NOTHING
+            expired = await self._driver.expire_start_by(conn) if sweep else _NOTHING
             queues = reclaimed.queues | swept.queues
             if queues:
                 await self._driver.notify_queues(conn, queues)
@@ -86,8 +93,11 @@ class Sweeper:
                            len(reclaimed.dead))  # fmt: skip
         if queues:
             self._on_returned()
-        done = SweepRound(reclaimed=reclaimed, swept=swept)
-        for result in (reclaimed, swept):
+        if expired.dead:
+            logger.info("%d jobs went to dead_jobs: not started by their start_by deadline",
+                        len(expired.dead))  # fmt: skip
+        done = SweepRound(reclaimed=reclaimed, swept=swept, expired=expired)
+        for result in (reclaimed, swept, expired):
             self.returned += len(result.returned)
             self.dead += len(result.dead)
             self.cancelled += len(result.cancelled)
