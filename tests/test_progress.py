@@ -266,6 +266,45 @@ async def test_a_sync_handler_reports_from_its_thread(dsn: str) -> None:
         assert (await trioq.job_status(conn, job_id)).progress == {"done": 1000, "of": 1000}
 
 
+async def test_a_job_committing_its_completion_holds_back_no_other_progress(dsn: str) -> None:
+    """Its row is locked by its own transaction until it commits: the writer leaves its value
+    for later rather than wait for that lock with every other job's value."""
+    tasks = trioq.Registry()
+    b_reports = trio.Event()
+
+    @tasks.task
+    async def locker(job: trioq.JobContext) -> None:
+        await job.progress("about to commit")
+        await job.complete_with("SELECT pg_advisory_xact_lock(4242)")  # waits for the test
+
+    @tasks.task
+    async def other(job: trioq.JobContext) -> None:
+        await b_reports.wait()
+        await job.progress("not held back")
+        await trio.sleep_forever()
+
+    async with serving(dsn, tasks, progress_interval=0.05) as (conn, _runtime):
+        await conn.execute("SELECT pg_advisory_lock(4242)")
+        a = (await trioq.enqueue(conn, "locker")).job_id
+        b = (await trioq.enqueue(conn, "other")).job_id
+
+        async def a_waits() -> bool:
+            return bool(await scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = "
+                                           "'advisory' AND NOT granted"))  # fmt: skip
+
+        await wait_until(a_waits)
+        b_reports.set()
+
+        async def b_written() -> bool:
+            return (await trioq.job_status(conn, b)).progress == "not held back"
+
+        await wait_until(b_written, timeout=5)
+        assert (await trioq.job_status(conn, a)).state == "running"  # still committing
+        await conn.execute("SELECT pg_advisory_unlock(4242)")
+        await wait_until(lambda: _ended(conn, [a]))
+        await trioq.Queue().cancel(conn, b)
+
+
 # -- the test kit -------------------------------------------------------------------------------
 
 

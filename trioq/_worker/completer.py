@@ -221,6 +221,8 @@ async def write_progress(
     """Write the pending progress of the jobs of ``batch`` whose outcome keeps their row
     (`KEEPS_PROGRESS`), fenced, in one statement: how many were written. A value the schema
     refuses is dropped (logged): the outcome matters more than the last progress."""
+    if not len(buffer):  # no job of the process has reported anything unwritten
+        return 0
     leases = [o.lease for o in batch if o.kind in KEEPS_PROGRESS]
     pending = buffer.snapshot(leases) if leases else []
     if not pending:
