@@ -266,6 +266,55 @@ async def test_a_sync_handler_reports_from_its_thread(dsn: str) -> None:
         assert (await trioq.job_status(conn, job_id)).progress == {"done": 1000, "of": 1000}
 
 
+async def test_a_worker_whose_lease_was_stolen_writes_no_more_progress(dsn: str) -> None:
+    """The lease expired and another worker took the job; until the heartbeat notices, the
+    old handler runs on and reports: the writer's fence keeps every value out."""
+    tasks = trioq.Registry()
+    stolen = trio.Event()
+    reported = trio.Event()
+    stopped = trio.Event()
+
+    @tasks.task
+    async def victim(job: trioq.JobContext) -> None:
+        try:
+            await job.progress("before")
+            await stolen.wait()
+            await job.progress("after the theft")
+            reported.set()
+            await trio.sleep_forever()
+        finally:
+            stopped.set()
+
+    # A heartbeat far apart: the old handler reports long before it is told.
+    async with serving(dsn, tasks, progress_interval=0.05, heartbeat_interval=3,
+                       lease=60) as (conn, runtime):  # fmt: skip
+        await conn.execute(COUNT_WRITES)
+        job_id = (await trioq.enqueue(conn, "victim")).job_id
+
+        async def before() -> bool:
+            return (await trioq.job_status(conn, job_id)).progress == "before"
+
+        await wait_until(before)
+        await conn.execute("UPDATE trioq.jobs SET lease_owner = 'thief', attempt = 2 "
+                           "WHERE id = %s", (job_id,))  # fmt: skip
+        writes_before = await writes(conn, job_id)
+        progress = runtime._services.progress_writer
+        rounds = progress.rounds
+        stolen.set()
+        await reported.wait()
+        with trio.fail_after(10):
+            while progress.rounds <= rounds:  # a round has tried the new value
+                await trio.sleep(0.01)
+        assert not stopped.is_set()  # the handler still runs: only the fence kept it out
+        assert await writes(conn, job_id) == writes_before
+        assert (await trioq.job_status(conn, job_id)).progress == "before"
+        assert len(runtime._services.progress) == 0  # dropped, not retried for ever
+        await conn.execute("UPDATE trioq.jobs SET lease_owner = NULL, state = 'cancelled', "
+                           "finished_at = now() WHERE id = %s", (job_id,))  # fmt: skip
+        runtime._services.heartbeat.wake()  # the lease is lost: its handler is cancelled
+        await stopped.wait()
+
+
 async def test_a_job_committing_its_completion_holds_back_no_other_progress(dsn: str) -> None:
     """Its row is locked by its own transaction until it commits: the writer leaves its value
     for later rather than wait for that lock with every other job's value."""
