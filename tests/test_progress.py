@@ -23,7 +23,9 @@ from helpers import migrated, rows, scalar, serving, wait_until
 import trioq
 import trioq.testing as tt
 import trioq.web
+from trioq._outcome import Kind, Outcome
 from trioq._progress import MAX_PROGRESS_BYTES, ProgressBuffer, UnreadableProgress
+from trioq._worker.completer import Completer
 from trioq._worker.services.progress import ProgressWriter
 
 LEASE = dt.timedelta(minutes=5)
@@ -145,6 +147,38 @@ async def test_a_value_the_schema_refuses_does_not_hold_the_others_back(dsn: str
         assert done.written == 1 and len(buffer) == 0
         assert (await trioq.job_status(conn, good.job_id)).progress == "fine"
         assert (await trioq.job_status(conn, bad.job_id)).progress is None
+
+
+async def test_the_completer_writes_the_last_value_and_a_refused_one_costs_no_outcome(
+    dsn: str,
+) -> None:
+    async with migrated(dsn) as conn, trioq.pg.Pool(dsn, max_size=2, connect_kwargs=AUTO) as pool:
+        await conn.execute(COUNT_WRITES)
+        kept, deleted, refused = await claimed(conn, 3)
+        buffer = ProgressBuffer()
+        buffer.record(kept, '"last"')
+        buffer.record(deleted, '"gone with its row"')
+        outcomes = [Outcome(kind=Kind.KEEP, lease=kept, result=1),
+                    Outcome(kind=Kind.COMPLETE, lease=deleted)]  # fmt: skip
+        completer = Completer(pool, trioq.Queue().driver, "w", capacity=4,
+                              written=lambda batch: None, progress=buffer)  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(completer.run)
+            for outcome in outcomes:
+                await completer.submit(outcome)
+            await completer.close()
+        assert (await trioq.job_status(conn, kept.job_id)).progress == "last"
+        assert await writes(conn) == 1  # the deleted job's value was not written first
+        # A value over the schema's check: dropped, the outcome written all the same.
+        buffer.record(refused, json.dumps([1] * (2 * 1024 * 1024)))
+        completer = Completer(pool, trioq.Queue().driver, "w", capacity=4,
+                              written=lambda batch: None, progress=buffer)  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(completer.run)
+            await completer.submit(Outcome(kind=Kind.KEEP, lease=refused, result=2))
+            await completer.close()
+        status = await trioq.job_status(conn, refused.job_id)
+        assert (status.state, status.result, status.progress) == ("done", 2, None)
 
 
 # -- the worker: rate, final value, retries, dead jobs, sync handlers ---------------------------

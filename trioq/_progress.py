@@ -24,6 +24,8 @@ import json
 import threading
 from collections.abc import Iterable, Sequence
 
+import psycopg
+
 from ._job import JSONValue, Lease, encode_args
 from ._sanitize import UndecodableArgs, decode_args, safe_text
 
@@ -31,6 +33,7 @@ __all__ = [
     "DEFAULT_MAX_PROGRESS",
     "DEFAULT_PROGRESS_INTERVAL",
     "MAX_PROGRESS_BYTES",
+    "REFUSED",
     "ProgressBuffer",
     "UnreadableProgress",
     "check_max_progress",
@@ -46,6 +49,12 @@ DEFAULT_MAX_PROGRESS = 64 * 1024
 MAX_PROGRESS_BYTES = 1024 * 1024
 #: ``Config.progress_interval``: seconds between two writes of one job's progress.
 DEFAULT_PROGRESS_INTERVAL = 1.0
+#: Errors of a value the schema refuses (migration 18's size check, a value Postgres cannot
+#: hold): such a value is dropped, never retried (the writer and the completer). It cannot
+#: happen to a value `encode_progress` took, but the schema has the last word.
+REFUSED: tuple[type[BaseException], ...] = (
+    psycopg.DataError, psycopg.errors.CheckViolation, psycopg.errors.ProgramLimitExceeded
+)
 
 
 def check_max_progress(value: object, field: str = "max_progress_bytes") -> int:

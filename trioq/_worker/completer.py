@@ -32,14 +32,13 @@ from .._db.driver import Driver, FailResult
 from .._job import MAX_RETRY_DELAY, Failure, Lease, encode_args
 from .._outcome import CANCELLED, DEAD, DISCARDED, RETRIED, Kind, Outcome
 from .._pg.pool import Pool
-from .._progress import ProgressBuffer
+from .._progress import REFUSED, ProgressBuffer
 from .._sanitize import DATA_ERRORS as VALUE_ERRORS
 from .._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, safe_text
 
 __all__ = [
     "DATA_ERRORS",
     "KEEPS_PROGRESS",
-    "PROGRESS_REFUSED",
     "Completer",
     "dead_letter",
     "sanitized",
@@ -59,11 +58,6 @@ DATA_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.DataError,
     psycopg.errors.ProgramLimitExceeded,
     *VALUE_ERRORS,
-)
-#: Errors of a progress value the schema refuses (migration 18's check, a value Postgres
-#: cannot hold): the value is dropped, never retried.
-PROGRESS_REFUSED: tuple[type[BaseException], ...] = (
-    psycopg.DataError, psycopg.errors.CheckViolation, psycopg.errors.ProgramLimitExceeded
 )
 
 
@@ -232,7 +226,7 @@ async def write_progress(
             conn, owner=owner, leases=[lease for lease, _ in pending],
             values=[text for _, text in pending],
         )  # fmt: skip
-    except PROGRESS_REFUSED as ex:
+    except REFUSED as ex:
         logger.warning("the last progress of %d jobs cannot be stored (%s): dropped",
                        len(pending), _one_line(ex))  # fmt: skip
         written = frozenset()

@@ -7,8 +7,8 @@ handler that reports in a tight loop costs the database one write per job per
 like every write after the claim: a job whose lease was lost writes nothing, and its value
 is dropped. A round that fails (the database) leaves every value pending: the next round
 writes the latest of them; nothing is raised to the handler. A value the schema refuses
-(`REFUSED`: it cannot happen to a value `job.progress()` took, but the schema is the last
-word) is dropped alone, after the others are written one by one.
+(`trioq._progress.REFUSED`: it cannot happen to a value `job.progress()` took, but the
+schema is the last word) is dropped alone, after the others are written one by one.
 """
 
 from __future__ import annotations
@@ -17,25 +17,18 @@ import logging
 from collections.abc import Callable, Sequence
 
 import attrs
-import psycopg
 import trio
 
 from ..._db.driver import Driver
 from ..._job import Lease
 from ..._pg.conn import Conn
 from ..._pg.pool import Pool
-from ..._progress import ProgressBuffer
+from ..._progress import REFUSED, ProgressBuffer
 from .loop import every
 
-__all__ = ["REFUSED", "ProgressRound", "ProgressWriter"]
+__all__ = ["ProgressRound", "ProgressWriter"]
 
 logger = logging.getLogger("trioq.runtime")
-
-#: Errors of a value the schema refuses (migration 18's size check, a value Postgres cannot
-#: hold): written alone, each such value is dropped, the others written.
-REFUSED: tuple[type[BaseException], ...] = (
-    psycopg.DataError, psycopg.errors.CheckViolation, psycopg.errors.ProgramLimitExceeded
-)
 
 
 @attrs.frozen(kw_only=True)
