@@ -173,10 +173,11 @@ async def test_the_completer_writes_the_last_value_and_a_refused_one_costs_no_ou
         buffer.record(refused, json.dumps([1] * (2 * 1024 * 1024)))
         completer = Completer(pool, trioq.Queue().driver, "w", capacity=4,
                               written=lambda batch: None, progress=buffer)  # fmt: skip
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(completer.run)
-            await completer.submit(Outcome(kind=Kind.KEEP, lease=refused, result=2))
-            await completer.close()
+        with trio.fail_after(10):  # not retried for ever
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(completer.run)
+                await completer.submit(Outcome(kind=Kind.KEEP, lease=refused, result=2))
+                await completer.close()
         status = await trioq.job_status(conn, refused.job_id)
         assert (status.state, status.result, status.progress) == ("done", 2, None)
 
