@@ -32,7 +32,8 @@ APP = trioq.Config(
             "b": trioq.QueueConfig(concurrency=4)},
     lease=600, heartbeat_interval=10, poll_interval=3, sweep_interval=6, liveness_interval=0.7,
     liveness_grace=5, shutdown_grace=40, sync_threads=11, pool_size=9, app_pool_size=12,
-    max_payload_bytes=2000, max_result_bytes=3000, shared_transactions=3,
+    max_payload_bytes=2000, max_result_bytes=3000, max_progress_bytes=4000,
+    progress_interval=2, shared_transactions=3,
     shared_transaction_jobs=33, unknown_task_timeout=1000, loop_blocked_warning=6,
     history_interval=7, history_retention=dt.timedelta(days=3), retain_done=100,
     retain_cancelled=200, retain_dead=300, prune_interval=70, prune_batch=500,
@@ -71,11 +72,12 @@ SAMPLES: dict[str, tuple[str, Any, str, Any]] = {
     **{flag: _seconds("13s", "2m") for flag in (
         "--poll-interval", "--sweep-interval", "--unknown-task-timeout",
         "--loop-blocked-warning", "--history-interval", "--hook-timeout",
-        "--metrics-depth-interval")},
+        "--metrics-depth-interval", "--progress-interval")},
     **{flag: ("13", 13, "14", 14) for flag in (
         "--sync-threads", "--pool-size", "--app-pool-size", "--max-payload-bytes",
-        "--max-result-bytes", "--shared-transactions", "--shared-transaction-jobs",
-        "--prune-batch", "--hook-concurrency", "--hook-buffer", "--metrics-depth-cap")},
+        "--max-result-bytes", "--max-progress-bytes", "--shared-transactions",
+        "--shared-transaction-jobs", "--prune-batch", "--hook-concurrency", "--hook-buffer",
+        "--metrics-depth-cap")},
 }  # fmt: skip
 
 _BAD_NUMBER = ["", "  ", "abc", "-5", "nan", "inf", "NaN", "1e400", "9" * 400, "5\x00", "٣",

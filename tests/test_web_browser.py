@@ -256,6 +256,26 @@ def test_cancel_a_running_job(stack: Stack, web: str, watched: Watched) -> None:
     watched.assert_clean(web)
 
 
+def test_a_running_jobs_progress_updates_live(stack: Stack, web: str, watched: Watched) -> None:
+    """``job.progress()`` on the job's page, and its bar, move with no reload."""
+    page = watched.page
+    stack.start_worker()
+    (job_id,) = stack.enqueue("slow", "stepper", '{"name": "p", "steps": 4}')
+    stack.wait_for("SELECT progress FROM trioq.jobs WHERE id = %s",
+                   [({"done": 1, "of": 4},)], job_id)  # fmt: skip
+    page.goto(f"{web}/jobs/{job_id}")
+    expect(page.locator("#progress-value")).to_contain_text('"done": 1')
+    expect(page.locator("#progress-bar")).to_have_attribute("value", "0.25")
+    stack.sql("INSERT INTO web_switch VALUES ('p-1', false), ('p-2', false)")
+    expect(page.locator("#progress-value")).to_contain_text('"done": 3', timeout=LIVE)
+    expect(page.locator("#progress-bar")).to_have_attribute("value", "0.75")
+    stack.sql("INSERT INTO web_switch VALUES ('p-3', false), ('p-4', false)")
+    expect(page.locator("#state")).to_have_text("done", timeout=LIVE)
+    expect(page.locator("#progress-value")).to_contain_text('"done": 4')  # kept with the result
+    expect(page.locator("#progress-bar")).to_have_attribute("value", "1.0")
+    watched.assert_clean(web)
+
+
 def test_pause_a_queue_and_see_claims_stop(stack: Stack, web: str, watched: Watched) -> None:
     """Paused from the overview, the queue's new jobs stay available while the same worker
     runs another queue's job (so it is alive and claiming); resumed, they run."""

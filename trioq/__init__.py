@@ -12,7 +12,8 @@ test checks that every module is named here and there):
   ``_unique``, ``_retry``, ``_outcome``, ``_sanitize``, ``_registry``, ``_hooks``,
   ``_config``, ``_cron``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
   ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_producer``,
-  ``_group_producer``, ``_context``, ``_job_transaction``, ``_complete_with``, ``_lanes``.
+  ``_group_producer``, ``_context``, ``_job_transaction``, ``_complete_with``, ``_lanes``,
+  ``_progress``.
 - ``_pg/`` (psycopg 3 on trio): ``conn``, ``connection``, ``wait``, ``pipeline``, ``pool``,
   ``errors``, ``dsn``, ``embedded``, ``times``.
 - ``_db/`` (trioq's tables): ``adapters``, ``statements``, ``insert``, ``driver``, ``params``,
@@ -25,7 +26,7 @@ test checks that every module is named here and there):
   ``tracing``, ``pooling``.
 - ``_worker/services/`` (one module a maintenance service): ``loop``, ``listener``,
   ``heartbeat``, ``liveness``, ``sweeper``, ``scheduler``, ``governor``,
-  ``history_writer``, ``pruner``, ``stranded``, ``lifecycle``.
+  ``history_writer``, ``pruner``, ``stranded``, ``lifecycle``, ``progress``.
 - ``_obs/`` (seeing what it does): ``metrics``, ``prometheus``, ``history``, ``depth``,
   ``carrier``.
 - Tools built on all this, which no library module imports: ``_cli`` (the ``trioq``

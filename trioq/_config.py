@@ -20,6 +20,7 @@ from ._db.statements import validate_schema_name
 from ._flow import RateLimit, check_limit, to_rate_limit
 from ._job import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT, check_max_payload, check_queue_name
 from ._pg.errors import check_dsn, redact_dsn
+from ._progress import DEFAULT_MAX_PROGRESS, DEFAULT_PROGRESS_INTERVAL, check_max_progress
 from ._registry import Registry
 from ._rules import (
     boolean,
@@ -255,6 +256,16 @@ class Config:
     #: worker's other jobs for seconds and every dashboard refresh read it whole).
     max_result_bytes: int = attrs.field(
         default=DEFAULT_MAX_RESULT, validator=rule(check_max_payload)
+    )
+    #: The most bytes of JSON one ``job.progress()`` value may have (at most 1 MiB): a larger
+    #: one is a ValueError to the handler, naming both sizes (docs/progress.md).
+    max_progress_bytes: int = attrs.field(
+        default=DEFAULT_MAX_PROGRESS, validator=rule(check_max_progress)
+    )
+    #: How often the latest progress of each running job is written: a handler may call
+    #: ``job.progress()`` in a tight loop, the database sees one write per job per interval.
+    progress_interval: float = attrs.field(
+        default=DEFAULT_PROGRESS_INTERVAL, converter=seconds, validator=_positive
     )
     #: ``job.transaction(shared=True)``: how many shared transactions may be open at once,
     #: each on a connection of the app pool (docs/transactions.md).

@@ -10,6 +10,7 @@ a real pool without running a worker.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import operator
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -17,6 +18,7 @@ from typing import Any, Concatenate, NoReturn, ParamSpec, Protocol, TypeVar
 
 import attrs
 import psycopg
+import trio
 
 from ._complete_with import SharedCompletions, check_statement, complete_with
 from ._dependencies import Dependency
@@ -28,6 +30,7 @@ from ._job_transaction import Committing, SharedTransactions, own_transaction
 from ._pg.connection import Conn, TrioConnection
 from ._pg.errors import connection_fault
 from ._pg.pool import Pool
+from ._progress import DEFAULT_MAX_PROGRESS, ProgressBuffer, encode_progress
 from ._queue import Queue
 
 __all__ = ["JobContext", "JobServices"]
@@ -53,6 +56,11 @@ class JobServices:
     completions: SharedCompletions | None = None
     #: The largest JSON a durable step may record (``Config.max_result_bytes``).
     max_result_bytes: int = DEFAULT_MAX_RESULT
+    #: Where ``job.progress()`` puts the latest value of each job until the worker writes it
+    #: (`trioq._worker.services.progress`); a context without a worker keeps it there.
+    progress: ProgressBuffer = attrs.field(factory=ProgressBuffer)
+    #: The largest JSON ``job.progress()`` takes (``Config.max_progress_bytes``).
+    max_progress_bytes: int = DEFAULT_MAX_PROGRESS
 
 
 class TaskLike(Protocol):
@@ -149,6 +157,32 @@ class JobContext:
                 "snoozes for nothing runs again at once, forever; give the time to wait"
             )
         raise Snooze(wait)
+
+    # -- progress (docs/progress.md) ------------------------------------------------------------
+
+    async def progress(self, value: JSONValue) -> None:
+        """Report this job's progress: any JSON value (``{"done": 40, "of": 100}``), readable by
+        `trioq.job_status`, ``trioq jobs show`` and the dashboard's job page.
+
+        Call it as often as you like: it only keeps the value in memory, and the worker
+        writes the latest one at most once per ``Config.progress_interval`` (fenced by the
+        lease), so it never waits for the database and never fails because of it. Raises
+        `ValueError` for a value that is not JSON or is over ``Config.max_progress_bytes``."""
+        self.progress_nowait(value)
+        await trio.lowlevel.checkpoint()
+
+    def progress_nowait(self, value: JSONValue) -> None:
+        """`progress` without the checkpoint: for a sync handler (it may be called from its
+        thread) and for code that must not yield."""
+        text = encode_progress(value, self.services.max_progress_bytes)
+        self.services.progress.record(self.lease, text)
+
+    @property
+    def last_progress(self) -> JSONValue:
+        """The value this attempt reported last (written yet or not), None if none: for
+        tests of a handler (`trioq.testing.job_context`)."""
+        text = self.services.progress.last(self.lease)
+        return None if text is None else json.loads(text)
 
     # -- durable jobs (docs/durable.md) -----------------------------------------------------------
 

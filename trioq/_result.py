@@ -37,6 +37,7 @@ from ._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
 from ._job import JSONValue, check_job_id, to_delay
 from ._pg.conn import Conn
 from ._pg.times import tolerant
+from ._progress import UnreadableProgress, read_progress
 
 __all__ = [
     "FINAL_STATES",
@@ -90,12 +91,22 @@ class JobStatus:
     #: Its deadline to start while it has not started (the claim that starts it clears it),
     #: and for a job that died of it (``docs/flow-control.md``, "Deadlines to start").
     start_by: dt.datetime | None = None
+    #: What the job reported last with ``job.progress()`` (docs/progress.md), None if nothing;
+    #: a retry shows the previous attempt's until it reports its own; a dead job its last. A
+    #: stored value no reader can show (written by hand: too large, nested too deep) is an
+    #: ``UnreadableProgress`` whose ``str`` says why.
+    progress: JSONValue | UnreadableProgress = None
+    #: When ``progress`` was written (by the database's clock).
+    progress_at: dt.datetime | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> JobStatus:
-        """From `trioq._db.statements`'s status columns, in field order."""
-        names = [f.name for f in attrs.fields(cls)]
-        return cls(**dict(zip(names, row, strict=True)))
+        """From `trioq._db.statements`'s status columns, in field order (the progress: its
+        text, its stored size and its time, `trioq._db.sql.common.PROGRESS_COLUMNS`)."""
+        *fields, progress, stored, progress_at = row
+        names = [f.name for f in attrs.fields(cls)][:-2]
+        return cls(**dict(zip(names, fields, strict=True)),
+                   progress=read_progress(progress, stored), progress_at=progress_at)  # fmt: skip
 
     @property
     def final(self) -> bool:
@@ -110,9 +121,10 @@ class JobStatus:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times in ISO 8601)."""
         return {
-            k: v.isoformat() if isinstance(v, dt.datetime) else v
+            k: v.isoformat() if isinstance(v, dt.datetime)
+            else str(v) if isinstance(v, UnreadableProgress) else v
             for k, v in attrs.asdict(self).items()
-        }
+        }  # fmt: skip
 
 
 async def job_status(conn: Conn, sql: Statements, job_id: int) -> JobStatus:

@@ -20,6 +20,7 @@ from .._db.sql.lists import WINDOW as LIST_WINDOW
 from .._db.statements import statements
 from .._durable import StepRecord
 from .._exceptions import JobCancelledError, JobDeadError, JobNotFoundError
+from .._progress import shown
 from .._queue import Queue
 from .._result import JobStatus
 from .ops import EXIT_NOT_FOUND, EXIT_OK, _command
@@ -127,6 +128,8 @@ def step_json(step: StepRecord) -> dict[str, Any]:
 
 #: Steps `trioq jobs show` prints (the JSON has them all), and the width of a shown result.
 SHOWN_STEPS, SHOWN_RESULT = 50, 60
+#: Characters of a job's progress ``show`` prints (``--json`` has all of it).
+SHOWN_PROGRESS = 500
 
 
 def _step_line(step: StepRecord) -> str:
@@ -172,6 +175,8 @@ def describe(s: JobStatus, steps: Sequence[StepRecord] = ()) -> str:
         f"  attempt:   {s.attempt} of {s.max_attempts}",
         f"  enqueued:  {s.enqueued_at}",
     ]
+    if s.progress is not None or s.progress_at is not None:
+        lines.append(f"  progress:  {shown(s.progress, SHOWN_PROGRESS)} (at {s.progress_at})")
     if s.run_at is not None and s.state in ("scheduled", "available"):
         lines.append(f"  run at:    {s.run_at}")
     if s.start_by is not None:

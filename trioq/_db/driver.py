@@ -184,6 +184,13 @@ class Driver:
         return await self._fenced(conn, "complete_keep", owner, leases,
                                   results=[encode_args(r) for r in results])  # fmt: skip
 
+    async def progress_many(
+        self, conn: Conn, *, owner: str, leases: Sequence[Lease], values: Sequence[str]
+    ) -> frozenset[int]:
+        """Write the latest progress of running jobs (JSON texts `trioq._progress` encoded
+        and checked), fenced: the ids written (a lost lease writes nothing)."""
+        return await self._fenced(conn, "progress", owner, leases, values=list(values))
+
     async def fail_many(self, conn: Conn, *, owner: str, failures: Sequence[Failure]) -> FailResult:
         """Record failed attempts: retry after each one's delay, or move to dead_jobs.
 

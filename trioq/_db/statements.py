@@ -162,6 +162,7 @@ _FRAGMENTS = {
     "lost_unless_one": common.LOST_UNLESS_ONE.strip(),
     "job_columns": _JOB_COLUMNS,
     "status_columns": common.STATUS_COLUMNS,
+    "dead_progress": common.PROGRESS_COLUMNS.replace("{row}", "d"),
     "job_row": lists.JOB_ROW,
     "dead_row": lists.DEAD_ROW,
     "filters": lists.FILTERS,
@@ -269,6 +270,7 @@ class Statements:
     release = Statement(leases.RELEASE)
     release_unknown = Statement(leases.RELEASE_UNKNOWN)
     cancel_running = Statement(leases.CANCEL_RUNNING)
+    progress = Statement(leases.PROGRESS)
     # -- maintenance: due jobs, expired leases, dead workers, retention --------------------------
     promote = Statement(maintenance.PROMOTE)
     next_due = Statement(maintenance.NEXT_DUE)
@@ -299,6 +301,7 @@ class Statements:
     list_jobs = Statement(jobs.LIST_JOBS)
     first_scheduled = Statement(jobs.FIRST_SCHEDULED)
     job = Statement(jobs.JOB)
+    job_progress = Statement(jobs.JOB_PROGRESS)
     # -- counts: queue status, the depth sample (metrics, CLI, dashboard) ------------------------
     status_queues = Statement(status.STATUS_QUEUES)
     status_leases = Statement(status.STATUS_LEASES)

@@ -32,10 +32,19 @@ from .._db.driver import Driver, FailResult
 from .._job import MAX_RETRY_DELAY, Failure, Lease, encode_args
 from .._outcome import CANCELLED, DEAD, DISCARDED, RETRIED, Kind, Outcome
 from .._pg.pool import Pool
+from .._progress import REFUSED, ProgressBuffer
 from .._sanitize import DATA_ERRORS as VALUE_ERRORS
 from .._sanitize import ERROR_LIMIT, TRACEBACK_LIMIT, safe_text
 
-__all__ = ["DATA_ERRORS", "Completer", "dead_letter", "sanitized", "write_kind"]
+__all__ = [
+    "DATA_ERRORS",
+    "KEEPS_PROGRESS",
+    "Completer",
+    "dead_letter",
+    "sanitized",
+    "write_kind",
+    "write_progress",
+]
 
 logger = logging.getLogger("trioq.runtime")
 
@@ -62,8 +71,10 @@ class Completer:
         capacity: int,
         written: Callable[[Sequence[Outcome]], None],
         unknown_task_timeout: dt.timedelta = dt.timedelta(days=1),
+        progress: ProgressBuffer | None = None,
     ) -> None:
         self._pool = pool
+        self._progress = progress  # written before the outcomes that keep the job's row
         self._driver = driver
         self._owner = owner
         self._written = written
@@ -182,6 +193,8 @@ class Completer:
             if outcome.kind not in done:
                 by_kind.setdefault(outcome.kind, []).append(outcome)
         async with self._pool.connection() as conn:
+            if self._progress is not None:
+                await write_progress(conn, self._driver, self._progress, batch, owner=self._owner)
             for kind, items in by_kind.items():
                 written = await write_kind(
                     conn, self._driver, kind, items, owner=self._owner,
@@ -189,6 +202,36 @@ class Completer:
                 )  # fmt: skip
                 done.add(kind)
                 _log_unwritten(kind, items, written)
+
+
+#: The outcomes after which the job's row stays (kept, retried, dead, given back, cancelled):
+#: a progress value still pending is written just before them, so the last one is seen.
+KEEPS_PROGRESS = frozenset({Kind.KEEP, Kind.FAIL, Kind.RELEASE, Kind.CANCELLED})
+
+
+async def write_progress(
+    conn: Any, q: Driver, buffer: ProgressBuffer, batch: Sequence[Outcome], *, owner: str
+) -> int:
+    """Write the pending progress of the jobs of ``batch`` whose outcome keeps their row
+    (`KEEPS_PROGRESS`), fenced, in one statement: how many were written. A value the schema
+    refuses is dropped (logged): the outcome matters more than the last progress."""
+    if not len(buffer):  # no job of the process has reported anything unwritten
+        return 0
+    leases = [o.lease for o in batch if o.kind in KEEPS_PROGRESS]
+    pending = buffer.snapshot(leases) if leases else []
+    if not pending:
+        return 0
+    try:
+        written = await q.progress_many(
+            conn, owner=owner, leases=[lease for lease, _ in pending],
+            values=[text for _, text in pending],
+        )  # fmt: skip
+    except REFUSED as ex:
+        logger.warning("the last progress of %d jobs cannot be stored (%s): dropped",
+                       len(pending), _one_line(ex))  # fmt: skip
+        written = frozenset()
+    buffer.written(pending)
+    return len(written)
 
 
 async def write_kind(

@@ -86,6 +86,11 @@ class HeldJobs:
         self._jobs.pop(lease, None)
         job.committing = False
 
+    def is_committing(self, lease: Lease) -> bool:
+        """Whether ``lease``'s job commits its completion in its own transaction now."""
+        job = self._jobs.get(lease)
+        return job is not None and job.committing
+
     def lose(self, lease: Lease) -> HeldJob | None:
         """The lease was reclaimed: forget it and cancel its handler. None if its outcome
         was written meanwhile (the heartbeat that noticed raced the completer)."""

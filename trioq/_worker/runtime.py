@@ -502,8 +502,10 @@ class Runtime:
         services.lifecycle.written(batch)  # logs, events and counts of retries, deaths, ...
         queues = self._queues_of(batch) if services.governor.waiting else None
         forget = self._held.forget
+        progress = services.progress
         for outcome in batch:
             forget(outcome.lease)
+            progress.forget(outcome.lease)  # what it reported is written, or not ours
         services.governor.outcomes_written(queues)
         if any(o.kind in _SCHEDULES or (o.kind is Kind.RELEASE and o.delay) for o in batch):
             services.scheduler.wake()  # a retry or snooze may now be the next job due

@@ -33,6 +33,7 @@ from .._obs.prometheus import MetricsServer, trioq_version
 from .._outcome import Outcome
 from .._pg.pool import Pool
 from .._pg.times import TOLERANT
+from .._progress import ProgressBuffer
 from .._queue import Queue
 from .banner import banner
 from .completer import Completer
@@ -45,6 +46,7 @@ from .services.history_writer import HistoryWriter
 from .services.lifecycle import Lifecycle
 from .services.listener import Listener
 from .services.liveness import Liveness
+from .services.progress import ProgressWriter
 from .services.pruner import Pruner
 from .services.scheduler import Scheduler
 from .services.stranded import Stranded
@@ -111,12 +113,15 @@ class Services:
         lanes = {"lanes": config.shared_transactions, "max_jobs": config.shared_transaction_jobs}
         self.shared = SharedTransactions(self.app_pool, self.queue, owner, **lanes)
         self.completions = SharedCompletions(self.app_pool, self.queue, owner, **lanes)
+        #: What ``job.progress()`` recorded and the progress writer has not written yet.
+        self.progress = ProgressBuffer()
         self.executor = Executor(
             config.registry,
             JobServices(app_pool=self.app_pool, queue=self.queue, owner=owner,
                         committing=runtime.held.committing, shared=self.shared,
                         completions=self.completions,
-                        max_result_bytes=config.max_result_bytes),
+                        max_result_bytes=config.max_result_bytes, progress=self.progress,
+                        max_progress_bytes=config.max_progress_bytes),
             sync_threads=config.sync_threads,
             tracing=Tracing() if tracing_enabled(config.tracing) else None,
             max_result_bytes=config.max_result_bytes,
@@ -125,6 +130,7 @@ class Services:
             self.pool, driver, owner, capacity=sum(q.concurrency for q in served.values()),
             written=runtime.written,
             unknown_task_timeout=dt.timedelta(seconds=config.unknown_task_timeout),
+            progress=self.progress,
         )  # fmt: skip
         self.events = EventDispatcher(
             config.registry.hooks.callbacks, timeout=config.hook_timeout,
@@ -136,6 +142,10 @@ class Services:
         self.heartbeat = Heartbeat(
             self.pool, driver, runtime.held, owner=owner, lease=config.lease,
             interval=config.heartbeat_interval, on_lost=self.lifecycle.lease_lost,
+        )  # fmt: skip
+        self.progress_writer = ProgressWriter(
+            self.pool, driver, self.progress, owner=owner, interval=config.progress_interval,
+            committing=runtime.held.is_committing,
         )  # fmt: skip
         self.sweeper = Sweeper(
             self.pool, driver, interval=config.sweep_interval,
@@ -199,7 +209,8 @@ class Services:
         await nursery.start(self.liveness.run)
         await nursery.start(self.listener.run)
         await nursery.start(self.governor.run)
-        for run in (self.completer.run, self.heartbeat.run, self.sweeper.run,
+        for run in (self.completer.run, self.heartbeat.run, self.progress_writer.run,
+                    self.sweeper.run,
                     self.scheduler.run, self.watchdog.run, self.history_writer.run,
                     self.events.run, self.lifecycle.run):  # fmt: skip
             nursery.start_soon(run)

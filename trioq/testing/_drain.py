@@ -31,10 +31,11 @@ from .._job import Job, Lease, to_delay
 from .._outcome import Kind, Outcome
 from .._pg.connection import Conn, TrioConnection
 from .._pg.pool import Pool
+from .._progress import ProgressBuffer
 from .._queue import Queue
 from .._registry import Registry
 from .._result import job_status
-from .._worker.completer import write_kind
+from .._worker.completer import write_kind, write_progress
 from .._worker.execute import Executor
 
 __all__ = ["DrainResult", "Run", "advance_clock", "drain", "reset_clock", "set_clock"]
@@ -66,6 +67,9 @@ class Run:
     result: Any = None
     error: str | None = None
     traceback: str | None = None
+    #: The last ``job.progress()`` of the run, when the job's row stays (kept, retried,
+    #: dead, snoozed); None otherwise.
+    progress: Any = None
 
 
 @attrs.frozen
@@ -125,7 +129,7 @@ async def drain(
     names = sorted(set(queues) if queues is not None else registry.queues()) or ["default"]
     services = JobServices(
         app_pool=SharedConnection(conn), queue=queue, owner=OWNER,
-        committing=_no_heartbeat
+        committing=_no_heartbeat, progress=ProgressBuffer(),
     )
     executor = Executor(registry, services, sync_threads=sync_threads)
     runs: list[Run] = []
@@ -180,6 +184,11 @@ async def _first_scheduled(conn: Conn, queue: Queue, names: Sequence[str]) -> dt
 async def _run_one(conn: Conn, queue: Queue, executor: Executor, job: Job) -> Run:
     lease = Lease(job.id, job.attempt)
     outcome = await executor.run(job, lease)
+    # No writer runs beside a drained job: its last progress is written before its outcome
+    # (when the outcome keeps its row, as the worker's completer does).
+    progress = executor.services.progress
+    await write_progress(conn, queue.driver, progress, [outcome], owner=OWNER)
+    progress.forget(lease)
     await write_kind(conn, queue.driver, outcome.kind, [outcome], owner=OWNER)
     if outcome.kind is Kind.UNKNOWN:  # given back (as a worker would), but in a test a bug
         known = ", ".join(sorted(t.name for t in executor.registry)) or "none"
@@ -192,6 +201,7 @@ async def _run_one(conn: Conn, queue: Queue, executor: Executor, job: Job) -> Ru
     return Run(
         job_id=job.id, task=job.task, queue=job.queue, attempt=job.attempt, args=job.args,
         outcome=_what_became(outcome, status.state), result=status.result,
+        progress=status.progress,
         error=None if failure is None else failure.error,
         traceback=None if failure is None else failure.traceback,
     )  # fmt: skip

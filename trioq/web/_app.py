@@ -243,16 +243,18 @@ class Dashboard:
         job_id = int(request.path_params["job_id"])
         job: queries.JobDetail | DeadJob | None = None
         steps: list[Any] = []
+        progress: queries.JobProgress | None = None
         if job_id <= MAX_INT8:  # one connection for the job and its records (every 2 s)
             async with self._connection() as conn:
                 job = await queries.find_job(conn, self.statements, job_id)
                 if job is not None:
                     steps = await self.queue.steps(conn, job_id)
+                    progress = await queries.job_progress(conn, self.statements, job_id)
         status = 200 if job is not None else 404
         return self._render(
             request, template, status, job=job, job_id=job_id, done=_done_message(request),
             max_shown=MAX_SHOWN, state=_state(job), steps=steps[:MAX_STEPS_SHOWN],
-            steps_total=len(steps), signalable=_state(job) in LIVE_STATES,
+            steps_total=len(steps), signalable=_state(job) in LIVE_STATES, progress=progress,
         )  # fmt: skip
 
     async def _cron(self, request: Request) -> Response:

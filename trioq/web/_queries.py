@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -29,6 +30,7 @@ __all__ = [
     "HistoryPoint",
     "JobDetail",
     "JobFilter",
+    "JobProgress",
     "JobRow",
     "Overview",
     "QueueRow",
@@ -39,11 +41,14 @@ __all__ = [
     "find_job",
     "history",
     "job_page",
+    "job_progress",
     "overview",
 ]
 
 #: The most bytes of a stored result a job page reads (`JobDetail.result_stored`).
 LOAD_LIMIT = 1024 * 1024
+#: The longest progress text a job page decodes to draw a bar (`JobProgress.fraction`).
+FRACTION_READ = 10_000
 
 
 #: The states a job list can show (dead is the dead_jobs table).
@@ -384,6 +389,53 @@ async def find_job(conn: Conn, st: Statements, job_id: int) -> JobDetail | DeadJ
     cur = await conn.execute(st.dead_job, {"id": job_id})
     row = await cur.fetchone()
     return None if row is None else DeadJob.from_row(row)
+
+
+@attrs.frozen(kw_only=True)
+class JobProgress:
+    """What a job page shows of a job's progress (``job.progress()``, docs/progress.md)."""
+
+    #: Its JSON text, None when it is over `LOAD_LIMIT` where it is stored (``stored`` says).
+    text: str | None
+    #: Bytes it takes where it is stored.
+    stored: int
+    at: dt.datetime | None
+
+    @property
+    def fraction(self) -> float | None:
+        """``done / of`` (0 to 1) when the value is an object with those two numbers, for a
+        bar; None otherwise (any other value is shown as JSON only)."""
+        if self.text is None or len(self.text) > FRACTION_READ:
+            return None
+        try:
+            value = json.loads(self.text)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(value, dict):
+            return None
+        done, of = value.get("done"), value.get("of")
+        if not (_number(done) and _number(of)) or of <= 0:
+            return None
+        try:
+            return min(max(float(done / of), 0.0), 1.0)
+        except (OverflowError, ZeroDivisionError):  # a huge int over a tiny float
+            return None
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    """A finite JSON number (not a boolean)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+async def job_progress(conn: Conn, st: Statements, job_id: int) -> JobProgress | None:
+    """The job's progress, from jobs or dead_jobs; None if it has none (or no such job)."""
+    cur = await conn.execute(st.job_progress, {"id": job_id, "load": LOAD_LIMIT})
+    row = await cur.fetchone()
+    if row is None or row[1] is None:
+        return None
+    return JobProgress(text=row[0], stored=row[1], at=row[2])
 
 
 # -- dead-job actions ---------------------------------------------------------------------------

@@ -101,10 +101,24 @@ LOST_UNLESS_ONE = """
 SELECT CASE WHEN count(*) = 0 THEN {lease_lost}(ARRAY[%(id)s::int8], NULL) END FROM fenced
 """
 
-# The columns of `trioq.JobStatus`, in order, for a row of jobs (`j`).
+# A job's progress as readers take it (`trioq._progress.read_progress`): its JSON text only
+# when it is at most 2 MiB (the worker writes at most 1 MiB), else NULL; its stored size; and
+# when it was written. A value of over 8 MiB where it is stored (what migration 18's checks
+# refuse, in a row whose check was dropped by hand) is not even turned into text: its size
+# is read from its header. `{row}` is the table's alias.
+PROGRESS_COLUMNS = (
+    "CASE WHEN pg_catalog.pg_column_size({row}.progress) > 8388608 THEN NULL "
+    "WHEN pg_catalog.octet_length({row}.progress::text) > 2097152 THEN NULL "
+    "ELSE {row}.progress::text END AS progress, "
+    "pg_catalog.pg_column_size({row}.progress) AS progress_stored, {row}.progress_at"
+)
+
+# The columns of `trioq.JobStatus`, in order, for a row of jobs (`j`); the progress last
+# (`PROGRESS_COLUMNS`: three columns, read into two fields).
 STATUS_COLUMNS = (
     "j.id, j.state, j.queue, j.task, j.args, j.priority, j.attempt, j.max_attempts, j.run_at, "
     "j.enqueued_at, j.finished_at, j.lease_owner, j.lease_expires_at, j.cancel_requested, "
     "j.dedup_key, j.result, j.last_error, NULL::text AS reason, NULL::text AS traceback, "
-    "j.start_by"
+    "j.start_by, "
+    + PROGRESS_COLUMNS.replace("{row}", "j")
 )

@@ -45,7 +45,7 @@ SELECT {status_columns} FROM {jobs} j WHERE j.id = %(id)s
 UNION ALL
 SELECT d.id, 'dead', d.queue, d.task, d.args, d.priority, d.attempt, d.max_attempts, NULL,
        d.enqueued_at, d.died_at, NULL, NULL, false, d.dedup_key, NULL, d.last_error, d.reason,
-       d.traceback, d.start_by
+       d.traceback, d.start_by, {dead_progress}
   FROM {dead} d WHERE d.id = %(id)s
 """
 
@@ -87,4 +87,22 @@ SELECT id, queue, task, state, args::text, priority, run_at, attempt, max_attemp
        CASE WHEN pg_catalog.pg_column_size(result) <= %(load)s THEN result::text END,
        enqueued_at, finished_at, {now}, pg_catalog.pg_column_size(result)
   FROM {jobs} WHERE id = %(id)s
+"""
+
+# A job's progress alone, from jobs or dead_jobs (the dashboard's job page, every refresh):
+# its JSON text when it is at most %(load)s bytes (else NULL: the page says how big it is;
+# over 8 MiB stored it is not even turned into text), its stored size, when it was written.
+JOB_PROGRESS = """
+SELECT CASE WHEN pg_catalog.pg_column_size(progress) > 8388608 THEN NULL
+            WHEN pg_catalog.octet_length(progress::text) > %(load)s THEN NULL
+            ELSE progress::text END,
+       pg_catalog.pg_column_size(progress), progress_at
+  FROM {jobs} WHERE id = %(id)s
+UNION ALL
+SELECT CASE WHEN pg_catalog.pg_column_size(progress) > 8388608 THEN NULL
+            WHEN pg_catalog.octet_length(progress::text) > %(load)s THEN NULL
+            ELSE progress::text END,
+       pg_catalog.pg_column_size(progress), progress_at
+  FROM {dead} WHERE id = %(id)s
+ LIMIT 1
 """

@@ -203,6 +203,17 @@ SELECT id, 'dead' FROM buried
 UNION ALL SELECT id, state FROM released
 """
 
+# The latest progress of running jobs (`trioq._worker.services.progress`, and before an
+# outcome, `trioq._worker.completer`), each value the JSON text `job.progress()` encoded.
+# Fenced like every write after the claim: a worker that lost the lease writes nothing.
+PROGRESS = """
+UPDATE {jobs} j SET progress = f.progress, progress_at = {now}
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(values)s::text[]::jsonb[])
+       AS f(id, attempt, progress)
+ WHERE {fence}
+RETURNING j.id
+"""
+
 # A running job whose cancellation was requested and whose handler was stopped.
 CANCEL_RUNNING = """
 UPDATE {jobs} j
