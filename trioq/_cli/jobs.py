@@ -160,21 +160,9 @@ async def _wait(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int,
     return EXIT_OK, {**payload, "state": "done", "result": result}, json.dumps(result)
 
 
-def describe(s: JobStatus, steps: Sequence[StepRecord] = ()) -> str:
-    """The status as text: one headline, then one line per field that says something, then
-    a durable job's records (`SHOWN_STEPS` at most)."""
-    if s.state == "unknown":
-        return (
-            f"job {s.id}: unknown (no such job: never enqueued, completed without "
-            "keep_result, or deleted by retention)"
-        )
-    lines = [
-        f"job {s.id}: {s.state}" + (" (cancel requested)" if s.cancel_requested else ""),
-        f"  task:      {s.task} (queue {s.queue}, priority {s.priority})",
-        f"  args:      {json.dumps(s.args)}",
-        f"  attempt:   {s.attempt} of {s.max_attempts}",
-        f"  enqueued:  {s.enqueued_at}",
-    ]
+def _field_lines(s: JobStatus) -> list[str]:
+    """The lines of `describe` for the fields that say something about this job."""
+    lines = []
     if s.progress is not None or s.progress_at is not None:
         lines.append(f"  progress:  {shown(s.progress, SHOWN_PROGRESS)} (at {s.progress_at})")
     if s.run_at is not None and s.state in ("scheduled", "available"):
@@ -194,6 +182,25 @@ def describe(s: JobStatus, steps: Sequence[StepRecord] = ()) -> str:
         lines.append(f"  reason:    {s.reason}")
     if s.last_error is not None:
         lines.append(f"  error:     {s.last_error}")
+    return lines
+
+
+def describe(s: JobStatus, steps: Sequence[StepRecord] = ()) -> str:
+    """The status as text: one headline, then one line per field that says something, then
+    a durable job's records (`SHOWN_STEPS` at most)."""
+    if s.state == "unknown":
+        return (
+            f"job {s.id}: unknown (no such job: never enqueued, completed without "
+            "keep_result, or deleted by retention)"
+        )
+    lines = [
+        f"job {s.id}: {s.state}" + (" (cancel requested)" if s.cancel_requested else ""),
+        f"  task:      {s.task} (queue {s.queue}, priority {s.priority})",
+        f"  args:      {json.dumps(s.args)}",
+        f"  attempt:   {s.attempt} of {s.max_attempts}",
+        f"  enqueued:  {s.enqueued_at}",
+    ]
+    lines.extend(_field_lines(s))
     if s.traceback:
         lines.append("  traceback:")
         lines.extend(f"    {line}" for line in s.traceback.rstrip().splitlines())
