@@ -5,9 +5,9 @@
 The subcommands come from the real parser's tree (`build_parser`), not from a list here,
 so a new command or option is walked the day it is added. Each run must end in a clear
 error: a non-zero exit code, a message on stderr that names the argument, no traceback,
-and not one row changed in ``jobs``, ``dead_jobs``, ``queues`` or ``cron_entries``. The values an argument
-rightly takes (a JSON number is a job's args, ``-1`` a priority) are listed in `TAKEN`,
-each with its reason, and must succeed.
+and not one row changed in ``jobs``, ``dead_jobs``, ``queues`` or ``cron_entries``. The
+values an argument rightly takes (a JSON number is a job's args, ``-1`` a priority) are
+listed in `TAKEN`, each with its reason, and must succeed.
 
 The commands run in this process (`main`), against real Postgres (about 900 runs in 10 to
 15 s). Those that would run for long or start servers (`PARSED_ONLY`: serve, web, demo, db

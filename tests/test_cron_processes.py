@@ -11,6 +11,7 @@ by the one process that claimed it), each at ``clock_timestamp()``.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import pathlib
 import subprocess
@@ -115,7 +116,7 @@ def test_an_entry_added_at_run_time_fires_once_per_tick_until_removed(
     first_tick = ticks[0][0]
     assert first_tick - added <= 2 * TICK + dt.timedelta(seconds=1), (added, first_tick)
     # On schedule: consecutive ticks, none dropped, none twice.
-    gaps = {b - a for (a, _), (b, _) in zip(ticks, ticks[1:], strict=False)}
+    gaps = {b - a for (a, _), (b, _) in itertools.pairwise(ticks)}
     assert gaps == {TICK}, ticks
 
     removed = db_now(dsn)
@@ -139,3 +140,23 @@ def test_an_entry_added_at_run_time_fires_once_per_tick_until_removed(
     for name in names:
         log = (workers.logs / f"{name}.log").read_text(errors="replace")
         assert log.count("cron entry 'a-broken' of the database is skipped") == 1, log[-2000:]
+
+
+def test_an_entry_added_while_the_listener_was_cut_is_read_when_it_reconnects(
+    workers: Workers, dsn: str
+) -> None:
+    """The notification of this add reaches no one: it commits in the same round trip that
+    ends the worker's LISTEN session, before the worker can know. The worker reads the
+    entries again when its listener is back (its poll interval is 300 s)."""
+    name = workers.start(1)
+    workers.wait_ready([name])
+    cut = f"""
+        BEGIN;
+        SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = '{name}' AND query LIKE 'LISTEN%';
+        INSERT INTO trioq.cron_entries (name, schedule, task) VALUES ('cut', '{EVERY_2S}', 'beat');
+        NOTIFY trioq_trioq, '@cron';
+        COMMIT"""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(cut.encode())  # one round trip (the simple query protocol)
+    wait_fired(dsn, "cut", 2, timeout=30)
