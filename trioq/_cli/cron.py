@@ -132,7 +132,7 @@ async def _add(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int, 
                                   enabled=not args.disabled)  # fmt: skip
     now = await queue.clock(conn)
     row = _stored_row(stored, now)
-    verb = "replaced" if args.replace else "added"
+    verb = "replaced" if stored.updated_at != stored.created_at else "added"
     text = (f"cron entry {stored.name!r} {verb}: {row['schedule']!r} ({row['timezone']}) "
             f"enqueues {row['task']} on {row['queue']}; "
             + ("disabled" if args.disabled else f"next tick {_when(row['next_tick'])}"))
