@@ -39,21 +39,22 @@ SELECT DISTINCT ON (name) name, tick, job_id, fired_at FROM {ticks} ORDER BY nam
 
 # -- entries stored in the database (migration 19) ----------------------------------------------
 
-_ENTRY_COLUMNS = """name, schedule, task, args::text, queue, priority, max_attempts, misfire,
-       pg_catalog.date_part('epoch', misfire_grace), timezone, enabled, created_at, updated_at"""
-
 # Every entry, by name (at most %(limit)s: the scheduler's bound). args as text and the grace
-# as seconds: a row written by hand decodes whatever it holds (the reader judges it).
-CRON_ENTRIES = f"""
-SELECT {_ENTRY_COLUMNS} FROM {{cron_entries}} ORDER BY name LIMIT %(limit)s
+# as seconds: a row written by hand decodes whatever it holds (the reader judges it). The
+# columns are those `trioq._cron_store.StoredCronEntry.from_row` reads, as CRON_ENTRY_ADD
+# returns them.
+CRON_ENTRIES = """
+SELECT name, schedule, task, args::text, queue, priority, max_attempts, misfire,
+       pg_catalog.date_part('epoch', misfire_grace), timezone, enabled, created_at, updated_at
+  FROM {cron_entries} ORDER BY name LIMIT %(limit)s
 """
 
 # Adds an entry; an existing name is replaced only when %(replace)s (no row comes back
 # otherwise: the caller says it exists). Every worker hears of it through one notification.
-CRON_ENTRY_ADD = f"""
+CRON_ENTRY_ADD = """
 WITH up AS (
-    INSERT INTO {{cron_entries}} AS e (name, schedule, task, args, queue, priority, max_attempts,
-                                     misfire, misfire_grace, timezone, enabled)
+    INSERT INTO {cron_entries} AS e (name, schedule, task, args, queue, priority, max_attempts,
+                                    misfire, misfire_grace, timezone, enabled)
     VALUES (%(name)s, %(schedule)s, %(task)s, %(args)s::jsonb, %(queue)s, %(priority)s,
             %(max_attempts)s, %(misfire)s, %(misfire_grace)s, %(timezone)s, %(enabled)s)
     ON CONFLICT (name) DO UPDATE SET
@@ -64,7 +65,9 @@ WITH up AS (
         enabled = EXCLUDED.enabled,
         updated_at = GREATEST(pg_catalog.now(), e.updated_at + interval '1 microsecond')
      WHERE %(replace)s
-    RETURNING {_ENTRY_COLUMNS}
+    RETURNING name, schedule, task, args::text, queue, priority, max_attempts, misfire,
+              pg_catalog.date_part('epoch', misfire_grace), timezone, enabled, created_at,
+              updated_at
 )
 SELECT up.*, pg_catalog.pg_notify(%(channel)s, '@cron')::text FROM up
 """
