@@ -5,9 +5,9 @@
 The subcommands come from the real parser's tree (`build_parser`), not from a list here,
 so a new command or option is walked the day it is added. Each run must end in a clear
 error: a non-zero exit code, a message on stderr that names the argument, no traceback,
-and not one row changed in ``jobs``, ``dead_jobs`` or ``queues``. The values an argument
-rightly takes (a JSON number is a job's args, ``-1`` a priority) are listed in `TAKEN`,
-each with its reason, and must succeed.
+and not one row changed in ``jobs``, ``dead_jobs``, ``queues`` or ``cron_entries``. The
+values an argument rightly takes (a JSON number is a job's args, ``-1`` a priority) are
+listed in `TAKEN`, each with its reason, and must succeed.
 
 The commands run in this process (`main`), against real Postgres (about 900 runs in 10 to
 15 s). Those that would run for long or start servers (`PARSED_ONLY`: serve, web, demo, db
@@ -65,6 +65,13 @@ TAKEN: dict[tuple[tuple[str, ...], str], tuple[set[str], str]] = {
                               "a file may have any name but an empty one"),
     (("stress",), "--launcher"): ({"negative", "huge", "nan"},
                                   "a command prefix: only running it tells"),
+    (("cron", "add"), "name"): (TASK[0], "NaN is a cron entry name (the walk adds it)"),
+    (("cron", "add"), "--task"): TASK,
+    (("cron", "add"), "--queue"): QUEUE,
+    (("cron", "add"), "--args"): ({"negative", "huge"}, "a JSON number is a job's args"),
+    (("cron", "add"), "--priority"): ({"negative"}, "-100 to 100, lower runs first"),
+    (("cron", "remove"), "name"): (TASK[0], "NaN is a cron entry name: the one cron add "
+                                   "stored earlier in the walk"),
     **{
         (("db", verb), "--data-dir"): ({"negative", "huge", "nan", "junk"},
                                        "a directory may have any name but an empty one")
@@ -82,6 +89,10 @@ NEEDS: dict[tuple[str, ...], dict[str, list[str]]] = {
     ("dead", "purge"): {"--id": ["--id=1002"]},
     ("jobs", "show"): {"job_id": ["1001"]},
     ("jobs", "wait"): {"job_id": ["1003"]},  # done: wait returns at once
+    # --replace rides with the schedule: each run that succeeds replaces the one before.
+    ("cron", "add"): {"name": ["c"], "--schedule": ["--replace", "--schedule=* * * * *"],
+                      "--task": ["--task=t"]},
+    ("cron", "remove"): {"name": ["c"]},
     ("queue", "pause"): {"name": ["q"]},
     ("queue", "resume"): {"name": ["q"]},
     ("queue", "set"): {"name": ["q"], "--global-concurrency": ["--global-concurrency=2"]},
@@ -206,7 +217,8 @@ def test_every_argument_refuses_what_careless_hands_give(
 
     def counts() -> tuple[int, ...]:
         row = db.execute("SELECT (SELECT count(*) FROM trioq.jobs), (SELECT count(*) FROM"
-                         " trioq.dead_jobs), (SELECT count(*) FROM trioq.queues)").fetchone()
+                         " trioq.dead_jobs), (SELECT count(*) FROM trioq.queues),"
+                         " (SELECT count(*) FROM trioq.cron_entries)").fetchone()
         assert row is not None
         return tuple(row)
 

@@ -17,6 +17,7 @@ TOP_LEVEL = {
     "CancelOutcome",
     "Config",
     "CronEntry",
+    "StoredCronEntry",
     "FatalError",
     "JobContext",
     "JobServices",

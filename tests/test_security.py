@@ -390,6 +390,7 @@ async def test_job_args_are_stored_as_jsonb(dsn: str) -> None:
             " ORDER BY 1, 2"
         )
         assert await cur.fetchall() == [
+            ("cron_entries", "args", "jsonb"),
             ("dead_jobs", "args", "jsonb"),
             ("job_steps", "result", "jsonb"),
             ("jobs", "args", "jsonb"),

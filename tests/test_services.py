@@ -17,7 +17,7 @@ from trioq._worker.leases import HeldJob, HeldJobs
 from trioq._worker.services.heartbeat import Heartbeat, HeartbeatRound
 from trioq._worker.services.listener import Listener
 from trioq._worker.services.liveness import Liveness
-from trioq._worker.services.scheduler import MAX_SLEEP, Scheduler, ScheduleRound
+from trioq._worker.services.scheduler import MAX_SLEEP, CronSet, Scheduler, ScheduleRound
 from trioq._worker.services.sweeper import Sweeper
 
 UTC = dt.UTC
@@ -268,8 +268,8 @@ async def test_scheduler_promotes_due_jobs_and_says_how_long_to_sleep(dsn: str) 
         due: list[str] = []
         scheduler = Scheduler(pool, Q, (), poll_interval=1, on_due=due.append)
         assert await scheduler.run_once() == ScheduleRound(
-            promoted=(), fired=(), sleep=MAX_SLEEP
-        )
+            promoted=(), fired=(), sleep=MAX_SLEEP, read_entries=True, cron=CronSet()
+        )  # the first round reads the database's cron entries (none)
         soon = await trioq.enqueue(conn, "t", queue="mail", run_at=T0 + dt.timedelta(seconds=2))
         await trioq.enqueue(conn, "t", queue="sms", run_at=T0 + dt.timedelta(hours=1))
         first = await scheduler.run_once()

@@ -146,6 +146,41 @@ async def test_a_large_result_is_not_read_to_show_its_page(dsn: str) -> None:
         assert kept.status == 200 and "too large" not in kept.text
 
 
+async def test_the_cron_page_shows_the_databases_entries(dsn: str) -> None:
+    """Read-only: the app's entries, the database's (broken and shadowed ones marked, their
+    text escaped), and names only ticks are known of."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        q = trioq.Queue()
+        await q.add_cron(conn, trioq.CronEntry(name="stored", schedule="*/5 * * * *",
+                                               task="report", queue="reports"))  # fmt: skip
+        await q.add_cron(conn, trioq.CronEntry(name="nightly", schedule="@daily", task="x"))
+        await q.add_cron(conn, trioq.CronEntry(name="off", schedule="@daily", task="x"),
+                         enabled=False)  # fmt: skip
+        await conn.execute(
+            "INSERT INTO trioq.cron_entries (name, schedule, task, timezone) VALUES"
+            " ('odd', '0 0 * * *', 't', '<script>alert(1)</script>');"
+            " INSERT INTO trioq.cron_ticks (name, tick) VALUES ('retired', now())"
+        )
+    app_entry = trioq.CronEntry(name="nightly", schedule="0 3 * * *", task="report")
+    async with _dashboard(dsn, cron=[app_entry]) as app:
+        page = (await call(app, "GET", "/cron")).text
+
+    def row(name: str, source: str) -> str:
+        found = page[page.index(f'data-entry="{name}" data-source="{source}"'):]
+        return found[: found.index("</tr>")]
+
+    stored = row("stored", "database")
+    assert "*/5 * * * *" in stored and "reports" in stored and "UTC (in " in stored
+    assert "not run: the app's entry of this name wins" in row("nightly", "database")
+    assert "0 3 * * *" in row("nightly", "app")
+    assert ">disabled<" in row("off", "database")
+    odd = row("odd", "database")
+    assert "broken: cron entry &#39;odd&#39;: timezone &#39;&lt;script&gt;" in odd
+    assert "<script>" not in page
+    assert "not in this app" in row("retired", "")
+
+
 async def test_search_by_id_args_json_and_text(dsn: str) -> None:
     ids = await _jobs(dsn)
     async with _dashboard(dsn) as app:

@@ -10,7 +10,7 @@ test checks that every module is named here and there):
   imports no trio.
 - ``trioq/`` (the API users touch, one concept a module): ``_job``, ``_rules``,
   ``_unique``, ``_retry``, ``_outcome``, ``_sanitize``, ``_registry``, ``_hooks``,
-  ``_config``, ``_cron``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
+  ``_config``, ``_cron``, ``_cron_store``, ``_queue``, ``_enqueue``, ``_workflow``, ``_batch``,
   ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_producer``,
   ``_group_producer``, ``_context``, ``_job_transaction``, ``_complete_with``, ``_lanes``,
   ``_progress``.
@@ -42,6 +42,7 @@ from ._batch import BatchStatus as BatchStatus
 from ._batch import EnqueuedBatch as EnqueuedBatch
 from ._batch import batch_status as batch_status
 from ._cron import CronEntry as CronEntry
+from ._cron_store import StoredCronEntry as StoredCronEntry
 from ._db.migrate import MigrationResult as MigrationResult
 from ._db.migrate import migrate as migrate
 from ._db.version import check_schema as check_schema

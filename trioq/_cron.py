@@ -113,7 +113,9 @@ def _schedule(inst: CronEntry, _attribute: attrs.Attribute[str], value: str) -> 
     except CroniterBadDateError:
         raise ValueError(f"{where} never matches a date") from None
     except (ValueError, TypeError, KeyError, IndexError) as ex:
-        raise ValueError(f"{where} is invalid: {ex}") from None
+        reason = str(ex)  # croniter's, which quotes the schedule raw: escape what cannot print
+        raise ValueError(f"{where} is invalid: "
+                         f"{reason if reason.isprintable() else ascii(reason)[1:-1]}") from None
 
 
 def _json_args(value: JSONValue, field: str) -> None:

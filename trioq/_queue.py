@@ -1,4 +1,5 @@
-"""The queue as a library: enqueue, cancel, status, results, flow control, dead letters.
+"""The queue as a library: enqueue, cancel, status, results, flow control, cron entries of
+the database, dead letters.
 
 Everything runs on a connection the caller passes in, inside whatever transaction the
 caller has open (or autocommit). Applications mostly call `Queue.enqueue` (and the
@@ -19,6 +20,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 
+from ._cron import CronEntry
+from ._cron_store import StoredCronEntry, add_entry, read_entries, remove_entry
 from ._db import insert
 from ._db.driver import Driver, FailResult, HeartbeatResult, SweepResult
 from ._db.insert import GraphJob
@@ -479,6 +482,31 @@ class Queue:
     async def _change(self, conn: Conn, queue: str, changes: dict[str, Any]) -> QueueSettings:
         with migrated(conn, self.schema):
             return await change_settings(conn, self.sql, queue, changes)
+
+    # -- cron entries of the database (trioq._cron_store, docs/cron.md) ------------------------
+
+    async def add_cron(
+        self, conn: Conn, entry: CronEntry, *, replace: bool = False, enabled: bool = True
+    ) -> StoredCronEntry:
+        """Store ``entry`` for every worker's scheduler to run (beside ``Config.cron``). A
+        name already stored is refused unless ``replace``; ``enabled=False`` stores it
+        without running it. Every worker hears of it by notification once the caller
+        commits."""
+        with migrated(conn, self.schema):
+            return await add_entry(conn, self.sql, entry, replace=replace, enabled=enabled,
+                                   max_payload_bytes=self.max_payload_bytes)  # fmt: skip
+
+    async def remove_cron(self, conn: Conn, name: str) -> bool:
+        """Delete the stored entry ``name`` (False: there was none). Once the caller commits
+        no worker fires another of its ticks."""
+        with migrated(conn, self.schema):
+            return await remove_entry(conn, self.sql, name)
+
+    async def cron_entries(self, conn: Conn) -> list[StoredCronEntry]:
+        """Every stored entry, by name; a row trioq cannot serve has ``entry`` None and
+        ``error`` saying why."""
+        with migrated(conn, self.schema):
+            return await read_entries(conn, self.sql, max_payload_bytes=self.max_payload_bytes)
 
     # -- dead letters --------------------------------------------------------------------------
 

@@ -124,6 +124,7 @@ _OBJECTS = {
     "jobs": "jobs",
     "dead": "dead_jobs",
     "ticks": "cron_ticks",
+    "cron_entries": "cron_entries",
     "history": "job_history",
     "migrations": "migrations",
     "workers": "workers",
@@ -347,6 +348,9 @@ class Statements:
     cron_record_tick = Statement(cron.CRON_RECORD_TICK)
     cron_set_job = Statement(cron.CRON_SET_JOB)
     cron_last = Statement(cron.CRON_LAST)
+    cron_entries = Statement(cron.CRON_ENTRIES)
+    cron_entry_add = Statement(cron.CRON_ENTRY_ADD)
+    cron_entry_remove = Statement(cron.CRON_ENTRY_REMOVE)
     # -- the job history ---------------------------------------------------------------------------
     history_upsert = Statement(history.HISTORY_UPSERT)
     history_prune = Statement(history.HISTORY_PRUNE)

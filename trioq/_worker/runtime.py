@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from .._config import Config, QueueConfig
-from .._db.sql.common import CANCEL_PAYLOAD, QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
+from .._db.sql.common import CANCEL_PAYLOAD, CRON_PAYLOAD, QUEUES_PAYLOAD, SCHEDULED_PAYLOAD
 from .._flow import LimitedClaim
 from .._hooks import fields
 from .._job import Lease
@@ -518,12 +518,15 @@ class Runtime:
     # -- wake-ups -------------------------------------------------------------------------------
 
     def _wake(self, payload: str) -> None:
-        """A notification: a queue got due work, (``@scheduled``) a job for later, or
-        (``@cancel:<id>``) a cancel of a running job, maybe one of ours."""
+        """A notification: a queue got due work, (``@scheduled``) a job for later,
+        (``@queues``) queue settings changed, (``@cron``) the database's cron entries
+        changed, or (``@cancel:<id>``) a cancel of a running job, maybe one of ours."""
         if payload == SCHEDULED_PAYLOAD:
             self._services.scheduler.wake()
         elif payload == QUEUES_PAYLOAD:
             self._services.governor.wake()
+        elif payload == CRON_PAYLOAD:
+            self._services.scheduler.cron_changed()
         elif payload.startswith(CANCEL_PAYLOAD):
             self._cancel(payload[len(CANCEL_PAYLOAD) :])
         elif (state := self._queues.get(payload)) is not None:

@@ -164,7 +164,7 @@ class Services:
                                    on_due=runtime.wake)  # fmt: skip
         self.watchdog = Watchdog(threshold=config.loop_blocked_warning)
         self.listener = Listener(self.session_dsn, driver, on_notify=runtime.wake,
-                                 on_listening=runtime.wake_all)  # fmt: skip
+                                 on_listening=self._listening)  # fmt: skip
         #: Fed by the runtime's `written`, written by its own service.
         self.history = History(self.task_labels)
         self.history_writer = HistoryWriter(
@@ -190,6 +190,12 @@ class Services:
         self.metrics_url: str | None = None  # where /metrics is served, once serving
         self._runtime = runtime
         self._schema_version = 0  # checked at start
+
+    def _listening(self) -> None:
+        """LISTEN is (again) active: a notification may have been missed meanwhile, so
+        claim everywhere and read the database's cron entries again."""
+        self._runtime.wake_all()
+        self.scheduler.cron_changed()
 
     @asynccontextmanager
     async def pools(self) -> AsyncIterator[None]:

@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import jinja2
@@ -31,6 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from .._cron_store import StoredCronEntry
 from .._db.statements import statements
 from .._dead import DeadFilter, DeadJob
 from .._durable import check_step_name
@@ -260,8 +261,10 @@ class Dashboard:
     async def _cron(self, request: Request) -> Response:
         async with self._connection() as conn:
             ticks = await queries.cron_ticks(conn, self.statements)
+            stored = await self.queue.cron_entries(conn)
             now = await self.queue.clock(conn)
-        return self._render(request, "cron.html", entries=_cron_rows(self.config, ticks, now),
+        entries = _cron_rows(self.config, ticks, now, stored)
+        return self._render(request, "cron.html", entries=entries,
                             have_app=bool(self.config.cron))  # fmt: skip
 
     # -- actions ----------------------------------------------------------------------------
@@ -542,23 +545,39 @@ def _ms(value: float | None) -> float | None:
 
 def _cron_rows(
     config: DashboardConfig, ticks: dict[str, tuple[dt.datetime, int | None, dt.datetime]],
-    now: dt.datetime,
+    now: dt.datetime, stored: Sequence[StoredCronEntry] = (),
 ) -> list[queries.CronRow]:  # fmt: skip
+    """The app's entries, the database's (read-only: ``trioq cron`` changes them), and the
+    names only ticks are known of, by name."""
     rows = []
+
+    def last(name: str) -> dict[str, Any]:
+        tick, job_id, fired = ticks.get(name, (None, None, None))
+        return {"last_tick": tick, "last_job_id": job_id, "last_fired_at": fired}
+
     for entry in config.cron:
-        last = ticks.get(entry.name)
         rows.append(queries.CronRow(
             name=entry.name, schedule=entry.schedule, timezone=entry.timezone,
-            queue=entry.queue, task=entry.task, last_tick=last[0] if last else None,
-            last_job_id=last[1] if last else None, last_fired_at=last[2] if last else None,
-            next_tick=entry.next_tick(now),
+            queue=entry.queue, task=entry.task, next_tick=entry.next_tick(now),
+            **last(entry.name),
         ))  # fmt: skip
-    known = {entry.name for entry in config.cron}
-    for name, (tick, job_id, fired) in sorted(ticks.items()):
-        if name not in known:
-            rows.append(queries.CronRow(name=name, schedule=None, timezone=None, queue=None,
-                                        task=None, last_tick=tick, last_job_id=job_id,
-                                        last_fired_at=fired, next_tick=None))  # fmt: skip
+    in_app = {entry.name for entry in config.cron}
+    for item in stored:
+        e = item.entry
+        status = ("broken" if e is None else "shadowed" if item.name in in_app
+                  else "ok" if item.enabled else "disabled")  # fmt: skip
+        rows.append(queries.CronRow(
+            name=item.name, schedule=None if e is None else e.schedule,
+            timezone=None if e is None else e.timezone, queue=None if e is None else e.queue,
+            task=None if e is None else e.task,
+            next_tick=e.next_tick(now) if e is not None and status == "ok" else None,
+            source="database", status=status, error=item.error, **last(item.name),
+        ))  # fmt: skip
+    known = in_app | {item.name for item in stored}
+    for name in sorted(set(ticks) - known):
+        rows.append(queries.CronRow(name=name, schedule=None, timezone=None, queue=None,
+                                    task=None, next_tick=None, source=None, **last(name)))
+    rows.sort(key=lambda r: (r.name, r.source != "app"))
     return rows
 
 

@@ -476,6 +476,13 @@ class CronRow:
     last_job_id: int | None
     last_fired_at: dt.datetime | None
     next_tick: dt.datetime | None
+    #: "app" (the app the dashboard was given), "database" (``cron_entries``), or None (only
+    #: ticks are known).
+    source: str | None = "app"
+    #: "ok", "disabled", "broken" (``error`` says why) or "shadowed" (an app entry has its
+    #: name, and the workers run that one).
+    status: str = "ok"
+    error: str | None = None
 
 
 async def cron_ticks(

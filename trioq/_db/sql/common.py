@@ -34,6 +34,10 @@ CANCEL_PAYLOAD = "@cancel:"
 #: Notification payload when a queue's settings changed (paused, resumed, limits).
 QUEUES_PAYLOAD = "@queues"
 
+#: Notification payload when a cron entry of the database was added, replaced or removed:
+#: every scheduler reads the entries again (``trioq/_db/sql/cron.py``).
+CRON_PAYLOAD = "@cron"
+
 #: SQLSTATE of `lease_lost` when a lease was lost (its DETAIL: the job ids).
 LEASE_LOST_SQLSTATE = "TQ001"
 

@@ -9,15 +9,24 @@ processes: the tick's ``cron_ticks`` row is inserted (``ON CONFLICT DO NOTHING``
 same transaction as its job, so whichever process inserts the row enqueues the job and
 every other one sees the conflict. What an entry does at a given time is `trioq._cron`'s
 arithmetic (`decide`).
+
+The entries are the code's (``Config.cron``) and the database's (``cron_entries``,
+`trioq._cron_store`), read at the first round, again after `cron_changed` (an ``@cron``
+notification, the listener reconnected) and every ``poll_interval``. A database entry
+named like a code entry is not run (the code's wins: logged once); a row trioq cannot serve
+is skipped (logged once per version of the row); a disabled one is not run. A database
+entry's tick is claimed only if its row is still the one read (`fire_due`'s ``versions``),
+so a removal stops its ticks in every process as soon as it commits.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
+import trio
 
 from ..._cron import (
     TICK_RETENTION,
@@ -28,6 +37,7 @@ from ..._cron import (
     dedup_key,
     next_fire_time,
 )
+from ..._cron_store import MAX_STORED_ENTRIES, StoredCronEntry, read_entries
 from ..._db.statements import Statements, statements
 from ..._pg.conn import Conn
 from ..._pg.pool import Pool
@@ -36,7 +46,7 @@ from ..._unique import Unique
 from ..wakeup import Wakeup
 from .loop import every
 
-__all__ = ["MAX_SLEEP", "Fired", "ScheduleRound", "Scheduler", "fire_due"]
+__all__ = ["MAX_SLEEP", "CronSet", "Fired", "ScheduleRound", "Scheduler", "fire_due", "union"]
 
 logger = logging.getLogger("trioq.runtime")
 cron_logger = logging.getLogger("trioq.cron")
@@ -61,6 +71,44 @@ class ScheduleRound:
     promoted: tuple[str, ...]  # the queues that got due jobs
     fired: tuple[Fired, ...]  # cron ticks this process enqueued
     sleep: float  # seconds until the next due job or tick, at most MAX_SLEEP
+    #: Whether this round read the database's entries (else it used those read before).
+    read_entries: bool = False
+    #: The entries it ran, by name, and the database's it skipped (broken, or named like
+    #: an entry of the code).
+    cron: CronSet | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CronSet:
+    """The entries a scheduler runs: the code's and the database's, by name."""
+
+    entries: tuple[CronEntry, ...] = ()
+    #: The database entries' versions (``updated_at``), which `fire_due` fences ticks by.
+    versions: Mapping[str, dt.datetime] = attrs.field(factory=dict)
+    #: Database entries not run: broken (name -> why), shadowed by a code entry.
+    broken: Mapping[str, str] = attrs.field(factory=dict)
+    shadowed: tuple[str, ...] = ()
+    disabled: tuple[str, ...] = ()
+
+
+def union(code: Sequence[CronEntry], stored: Sequence[StoredCronEntry]) -> CronSet:
+    """The entries to run: every code entry, and each enabled, servable database entry
+    whose name no code entry has."""
+    names = {entry.name for entry in code}
+    entries, versions, broken = list(code), {}, {}
+    shadowed, disabled = [], []
+    for row in stored:
+        if row.name in names:
+            shadowed.append(row.name)
+        elif row.entry is None:
+            broken[row.name] = row.error or "broken"
+        elif not row.enabled:
+            disabled.append(row.name)
+        else:
+            entries.append(row.entry)
+            versions[row.name] = row.updated_at
+    return CronSet(entries=tuple(sorted(entries, key=lambda e: e.name)), versions=versions,
+                   broken=broken, shadowed=tuple(shadowed), disabled=tuple(disabled))  # fmt: skip
 
 
 class Scheduler:
@@ -74,9 +122,18 @@ class Scheduler:
         self._poll_interval = poll_interval
         self._on_due = on_due  # a queue got due jobs: wake its fetcher
         self._wakeup = Wakeup()
+        self._set = CronSet(entries=tuple(sorted(self._cron, key=lambda e: e.name)))
+        self._read_at: float | None = None  # trio.current_time() of the last read
+        self._reported: set[tuple[str, str]] = set()  # (name, what) already logged
 
     def wake(self) -> None:
         """Run a round now: a job may have become due sooner than the scheduler thought."""
+        self._wakeup.set()
+
+    def cron_changed(self) -> None:
+        """The database's entries may have changed (``@cron``, or the listener reconnected
+        and may have missed one): read them in a round now."""
+        self._read_at = None
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -101,24 +158,60 @@ class Scheduler:
             sleep = MAX_SLEEP
             if due_in is not None:
                 sleep = min(sleep, max(due_in.total_seconds(), 0.0))
-            if self._cron:
+            read = await self._read_entries(conn)
+            cron = self._set
+            if cron.entries:
                 now = await self._queue.driver.clock(conn)
-                fired = await fire_due(conn, self._queue, self._cron, now=now)
-                upcoming = next_fire_time(self._cron, now)
+                fired = await fire_due(conn, self._queue, cron.entries, now=now,
+                                       versions=cron.versions)  # fmt: skip
+                upcoming = next_fire_time(cron.entries, now)
                 if upcoming is not None:
                     sleep = min(sleep, max((upcoming - now).total_seconds(), 0.0))
-        return ScheduleRound(promoted=tuple(promoted), fired=tuple(fired), sleep=sleep)
+        return ScheduleRound(promoted=tuple(promoted), fired=tuple(fired), sleep=sleep,
+                             read_entries=read, cron=cron)  # fmt: skip
+
+    async def _read_entries(self, conn: Conn) -> bool:
+        """Read the database's entries if they may have changed or ``poll_interval`` has
+        passed since the last read; whether it read them."""
+        clock = trio.current_time()
+        if self._read_at is not None and clock - self._read_at < self._poll_interval:
+            return False
+        stored = await read_entries(conn, self._queue.sql, limit=MAX_STORED_ENTRIES + 1,
+                                    max_payload_bytes=self._queue.max_payload_bytes)  # fmt: skip
+        self._read_at = clock
+        if len(stored) > MAX_STORED_ENTRIES:
+            self._report("", "too many", "cron: the database has more than %d entries: "
+                         "only the first %d by name run", MAX_STORED_ENTRIES, MAX_STORED_ENTRIES)
+            stored = stored[:MAX_STORED_ENTRIES]
+        self._set = union(self._cron, stored)
+        for name in self._set.shadowed:
+            self._report(name, "shadowed", "cron entry %r of the database is not run: an entry "
+                         "of this worker's code has its name (the code's wins)", name)
+        for name, why in self._set.broken.items():
+            version = next(r.updated_at for r in stored if r.name == name)
+            self._report(name, f"broken {version.isoformat()}", "cron entry %r of the database "
+                         "is skipped, it cannot be served: %s", name, why)
+        return True
+
+    def _report(self, name: str, what: str, message: str, *args: object) -> None:
+        """Log a warning once per entry and finding (not every round)."""
+        if (name, what) not in self._reported:
+            self._reported.add((name, what))
+            cron_logger.warning(message, *args)
 
 
 async def fire_due(
-    conn: Conn, queue: Queue, entries: Iterable[CronEntry], *, now: dt.datetime
-) -> list[Fired]:
+    conn: Conn, queue: Queue, entries: Iterable[CronEntry], *, now: dt.datetime,
+    versions: Mapping[str, dt.datetime] | None = None,
+) -> list[Fired]:  # fmt: skip
     """Enqueue the due tick of each entry, once across all processes; return those fired here.
 
     ``now`` is the database clock (`trioq._db.statements.Statements.clock`). Each tick is
     decided in its own ``conn.transaction()`` (a savepoint if the caller has a
     transaction open): its ``cron_ticks`` row is inserted and, only if this
-    call inserted it, the job is enqueued and its id stored in the row.
+    call inserted it, the job is enqueued and its id stored in the row. ``versions``: the
+    ``updated_at`` each database entry was read at; its tick is claimed only while the row
+    is still there, enabled and unchanged (entries not named there are the code's).
     """
     check_now("now", now)
     checked = check_entries(entries, max_payload_bytes=queue.max_payload_bytes)
@@ -129,15 +222,17 @@ async def fire_due(
         cur = await conn.execute(st.cron_last_ticks, {"names": [e.name for e in checked]})
         last: dict[str, dt.datetime] = dict(await cur.fetchall())
     fired: list[Fired] = []
+    versions = versions or {}
     for entry in checked:
         decision = decide(entry, last.get(entry.name), now)
         if decision is None:
             continue
         tick, fire = decision
+        version = versions.get(entry.name)
         if fire:
-            if (job := await _fire(conn, queue, st, entry, tick)) is not None:
+            if (job := await _fire(conn, queue, st, entry, tick, version=version)) is not None:
                 fired.append(job)
-        elif await _record(conn, st, entry.name, tick) and entry.name in last:
+        elif await _record(conn, st, entry.name, tick, version) and entry.name in last:
             cron_logger.info(
                 "cron entry %r: tick %s missed by %s (misfire_grace %s): skipped",
                 entry.name, tick.isoformat(), now - tick, entry.misfire_grace,
@@ -145,18 +240,22 @@ async def fire_due(
     return fired
 
 
-async def _record(conn: Conn, st: Statements, name: str, tick: dt.datetime) -> bool:
-    """Insert the tick's row; False if some process already recorded this tick."""
-    params = {"name": name, "tick": tick, "keep": TICK_RETENTION}
+async def _record(
+    conn: Conn, st: Statements, name: str, tick: dt.datetime, version: dt.datetime | None
+) -> bool:
+    """Insert the tick's row; False if some process already recorded this tick (or the
+    database entry read at ``version`` was removed, disabled or replaced since)."""
+    params = {"name": name, "tick": tick, "keep": TICK_RETENTION, "version": version}
     cur = await conn.execute(st.cron_record_tick, params)
     return await cur.fetchone() is not None
 
 
 async def _fire(
-    conn: Conn, queue: Queue, st: Statements, entry: CronEntry, tick: dt.datetime
+    conn: Conn, queue: Queue, st: Statements, entry: CronEntry, tick: dt.datetime, *,
+    version: dt.datetime | None,
 ) -> Fired | None:
     async with conn.transaction():
-        if not await _record(conn, st, entry.name, tick):
+        if not await _record(conn, st, entry.name, tick, version):
             return None
         result = await queue.enqueue(
             conn, entry.task, entry.args, queue=entry.queue, priority=entry.priority,
