@@ -55,6 +55,7 @@ TOP_LEVEL = {
     "JobSpec",
     "Lease",
     "LimitedClaim",
+    "DEFAULT_AGING",
     "QueueSettings",
     "RateLimit",
     "Unique",

@@ -443,16 +443,20 @@ class Queue:
         rate_limit: RateLimit | str | Unset | None = UNSET,
         key_concurrency: int | Unset | None = UNSET,
         key_rate_limit: RateLimit | str | Unset | None = UNSET,
+        aging: dt.timedelta | float | Unset | None = UNSET,
     ) -> QueueSettings:
         """Change the limits of ``queue`` that are given (None removes one); the others stay.
 
         Takes effect for every claim that starts after the caller commits, in every process.
+        ``aging`` is the wait that earns a waiting job one priority level (a timedelta or
+        seconds; None turns aging off; `trioq.DEFAULT_AGING` when never set).
         """
         given = {
             "global_concurrency": global_concurrency,
             "rate_limit": rate_limit,
             "key_concurrency": key_concurrency,
             "key_rate_limit": key_rate_limit,
+            "aging": aging,
         }
         return await self._change(conn, queue, {k: v for k, v in given.items() if v is not UNSET})
 

@@ -267,6 +267,7 @@ class Statements:
     cancel_running = Statement(leases.CANCEL_RUNNING)
     # -- maintenance: due jobs, expired leases, dead workers, retention --------------------------
     promote = Statement(maintenance.PROMOTE)
+    age = Statement(maintenance.AGE)
     next_due = Statement(maintenance.NEXT_DUE)
     sweep = Statement(maintenance.SWEEP_EXPIRED + maintenance.SWEEP_OUTCOMES)
     reclaim = Statement(maintenance.RECLAIM_EXPIRED + maintenance.SWEEP_OUTCOMES)

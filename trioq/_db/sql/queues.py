@@ -2,7 +2,7 @@
 
 QUEUE_SETTINGS = """
 SELECT name, paused, global_concurrency, rate_limit, rate_period, key_concurrency,
-       key_rate_limit, key_rate_period
+       key_rate_limit, key_rate_period, aging
   FROM {queues}
  WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])
  ORDER BY name
@@ -14,10 +14,10 @@ SELECT name, paused, global_concurrency, rate_limit, rate_period, key_concurrenc
 CHANGE_QUEUE = """
 WITH up AS (
     INSERT INTO {queues} AS q (name, paused, global_concurrency, rate_limit, rate_period,
-                               key_concurrency, key_rate_limit, key_rate_period)
+                               key_concurrency, key_rate_limit, key_rate_period, aging)
     VALUES (%(name)s, coalesce(%(paused)s::bool, false), %(global_concurrency)s::int4,
             %(rate_limit)s::int4, %(rate_period)s::interval, %(key_concurrency)s::int4,
-            %(key_rate_limit)s::int4, %(key_rate_period)s::interval)
+            %(key_rate_limit)s::int4, %(key_rate_period)s::interval, %(aging)s::interval)
     ON CONFLICT (name) DO UPDATE SET
         paused = CASE WHEN %(set_paused)s THEN EXCLUDED.paused ELSE q.paused END,
         global_concurrency = CASE WHEN %(set_global_concurrency)s
@@ -33,9 +33,10 @@ WITH up AS (
                               ELSE q.key_rate_limit END,
         key_rate_period = CASE WHEN %(set_key_rate_limit)s THEN EXCLUDED.key_rate_period
                                ELSE q.key_rate_period END,
+        aging = CASE WHEN %(set_aging)s THEN EXCLUDED.aging ELSE q.aging END,
         updated_at = now()
     RETURNING q.name, q.paused, q.global_concurrency, q.rate_limit, q.rate_period,
-              q.key_concurrency, q.key_rate_limit, q.key_rate_period
+              q.key_concurrency, q.key_rate_limit, q.key_rate_period, q.aging
 ), cleared AS (
     DELETE FROM {rate_starts} s USING up
      WHERE s.queue = up.name
