@@ -212,7 +212,8 @@ async def test_the_schema_refuses_what_aging_cannot_use_and_readers_survive(dsn:
         mine = await enqueue(conn, 3)
         await conn.execute(
             "INSERT INTO trioq.jobs (queue, task, priority, aged, run_at) VALUES "
-            "('q', 't', 32767, 200, %(t)s), ('q', 't', 150, 0, %(t)s), ('q', 't', -32768, 0, %(t)s)",
+            "('q', 't', 32767, 200, %(t)s), ('q', 't', 150, 0, %(t)s), "
+            "('q', 't', -32768, 0, %(t)s)",
             {"t": T0},
         )
         await set_clock(conn, T0 + 2 * MIN)  # the best is -32768, taken as trioq's -100

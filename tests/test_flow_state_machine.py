@@ -188,7 +188,7 @@ class FlowMachine(LeaseMachine[FlowJob]):
         batch=st.lists(specs, min_size=1, max_size=10), gc=GC, rate=RATE, kc=KC, key_rate=KEY_RATE,
         aging=AGING,
     )
-    def prefill(self, batch: list[tuple[str | None, int, int]], gc: Any, rate: Any, kc: Any,
+    def prefill(self, batch: list[tuple[str | None, int, int]], *, gc: Any, rate: Any, kc: Any,
                 key_rate: Any, aging: Any) -> None:  # fmt: skip
         self._apply({"gc": gc, "rate": rate, "kc": kc, "key_rate": key_rate, "aging": aging})
         for spec in batch:
