@@ -28,7 +28,15 @@ from ._db.version import check_schema, migrated, schema_version
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, read_dependencies
 from ._durable import StepRecord, job_steps, send_signal
-from ._flow import UNSET, QueueSettings, RateLimit, Unset, change_settings, read_settings
+from ._flow import (
+    UNSET,
+    QueueSettings,
+    RateLimit,
+    Unset,
+    age_queue,
+    change_settings,
+    read_settings,
+)
 from ._job import (
     DEFAULT_MAX_PAYLOAD,
     EnqueueResult,
@@ -459,6 +467,13 @@ class Queue:
             "aging": aging,
         }
         return await self._change(conn, queue, {k: v for k, v in given.items() if v is not UNSET})
+
+    async def age(self, conn: Conn, queue: str) -> int:
+        """One round of aging for ``queue``, what every worker serving it does every few
+        seconds (docs/flow-control.md, "Aging"): the waiting jobs whose wait has earned a
+        better priority get it. How many climbed. For tests on a frozen clock."""
+        with migrated(conn, self.schema):
+            return await age_queue(conn, self.sql, queue)
 
     async def _change(self, conn: Conn, queue: str, changes: dict[str, Any]) -> QueueSettings:
         with migrated(conn, self.schema):
