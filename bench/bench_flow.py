@@ -19,6 +19,13 @@ a complete, and jobs/s. Variants, interleaved over ``--repeat`` repetitions:
 ``--contend N`` adds the same drain by N connections at once on ``global`` (each claim waits
 for the queue's row lock): how many claims a second one controlled queue takes, serialized.
 
+``--aging`` measures the aging round instead (the claim does not change with aging: same
+statement, index and plan), on backlogs of ``--aging-backlogs`` jobs (default 10,000 and
+100,000): a round with nothing to do (every waiting job in the best class: a queue that
+uses no priorities), a round that finds jobs due but all at the best already, and rounds
+that move a full batch (1,000 jobs a level, three levels), each the median of ``--repeat``
+rounds, server time from ``EXPLAIN ANALYZE`` beside the client's.
+
 Usage::
 
     python bench/bench_flow.py --dsn postgresql://postgres@127.0.0.1:55432/postgres --repeat 3
@@ -44,6 +51,7 @@ from _common import (
     wait_quiet,
     write_json,
 )
+from psycopg import sql
 
 import trioq
 from trioq import Lease
@@ -126,7 +134,60 @@ async def measure(dsn: str, variant: str, opts: argparse.Namespace, workers: int
     }
 
 
+async def _aging_fill(conn: Any, jobs: int, mixed: bool) -> None:
+    """``jobs`` waiting jobs an hour old: all priority 0, or a tenth at priorities 3, 5, 7."""
+    await conn.execute("TRUNCATE trioq.jobs, trioq.queues")
+    await conn.execute(
+        "INSERT INTO trioq.jobs (queue, task, args, priority, run_at)"
+        " SELECT %s, 't', '{}', CASE WHEN %s AND g %% 10 = 0 THEN 3 + 2 * (g %% 3) ELSE 0 END,"
+        "        now() - interval '1 hour' FROM generate_series(1, %s) AS g",
+        (QUEUE, mixed, jobs),
+    )
+    await conn.execute("VACUUM ANALYZE trioq.jobs")
+
+
+async def _aging_round(conn: Any) -> tuple[float, float, int]:
+    """One round: client ms, server ms (EXPLAIN ANALYZE of the same statement on the same
+    rows, first, rolled back), jobs moved."""
+    params = {"queue": QUEUE, "default": trioq.DEFAULT_AGING, "limit": 1000, "lowest": -100,
+              "highest": 100, "most": 200}  # fmt: skip
+    async with conn.transaction(force_rollback=True):
+        cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + Q.sql.age, params)
+        row = await cur.fetchone()
+    assert row is not None
+    t0 = time.perf_counter()
+    moved = await Q.age(conn, QUEUE)
+    return (time.perf_counter() - t0) * 1000, float(row[0][0]["Execution Time"]), moved
+
+
+async def aging(opts: argparse.Namespace) -> None:
+    dsn = await create_bench_db(opts.dsn, DATABASE)
+    columns = [("backlog", 9, ">"), ("round", 28, "<"), ("moved", 6, ">"),
+               ("client ms", 9, ">"), ("server ms", 9, ">")]  # fmt: skip
+    table = Table(columns, markdown=opts.markdown)
+    out = []
+    try:
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            for backlog in opts.aging_backlogs:
+                for label, mixed in (("nothing to do (one class)", False),
+                                     ("moving 1,000 a level", True)):  # fmt: skip
+                    samples = []
+                    for _ in range(opts.repeat):
+                        await _aging_fill(conn, backlog, mixed)
+                        samples.append(await _aging_round(conn))
+                    out.append([f"{backlog:,}", label, str(samples[0][2]),
+                                fmt(statistics.median(s[0] for s in samples), ".2f"),
+                                fmt(statistics.median(s[1] for s in samples), ".2f")])  # fmt: skip
+                    print(out[-1], flush=True)
+    finally:
+        await drop_bench_db(opts.dsn, DATABASE)
+    print("\naging rounds (medians):\n" + table.render(out))
+
+
 async def main(opts: argparse.Namespace) -> None:
+    if opts.aging:
+        await aging(opts)
+        return
     dsn = await create_bench_db(opts.dsn, DATABASE)
     rows: list[dict[str, Any]] = []
     try:
@@ -175,6 +236,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--contend", type=int, default=2, help="connections for the contended cell")
     p.add_argument("--markdown", action="store_true", help="the table as markdown")
+    p.add_argument("--aging", action="store_true", help="measure the aging round instead")
+    p.add_argument("--aging-backlogs", type=int, nargs="+", default=[10_000, 100_000])
     return p.parse_args(argv)
 
 

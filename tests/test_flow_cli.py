@@ -25,7 +25,8 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
     text = ok("queue", "set", "email", "--global-concurrency", "5", "--rate", "100/1m",
               "--key-concurrency", "1", "--dsn", dsn)  # fmt: skip
     assert text.strip() == (
-        "queue 'email': not paused, global concurrency 5, rate 100/1m, per-key concurrency 1"
+        "queue 'email': not paused, global concurrency 5, rate 100/1m, per-key concurrency 1, "
+        "aging 1m"
     )
     changed = json.loads(ok("queue", "set", "email", "--rate", "none", "--key-rate", "2/500ms",
                             "--dsn", dsn, "--json"))  # fmt: skip
@@ -37,7 +38,13 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
         "key_concurrency": 1,
         "key_rate_limit": "2/500ms",
         "paused_until": None,
+        "aging": 60.0,
     }
+    text = ok("queue", "set", "email", "--aging", "5m", "--dsn", dsn)
+    assert text.strip().endswith("per-key rate 2/500ms, aging 5m")
+    assert json.loads(ok("queue", "set", "email", "--aging", "none", "--dsn", dsn, "--json"))[
+        "aging"
+    ] is None
     ok("queue", "pause", "sync", "--create", "--dsn", dsn)  # no jobs yet: --create on purpose
     listed = json.loads(ok("queue", "list", "--dsn", dsn, "--json"))
     assert [(q["name"], q["paused"], q["available"]) for q in listed] == [
@@ -45,7 +52,7 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
         ("sync", True, 0),
     ]
     lines = ok("queue", "list", "--dsn", dsn).splitlines()
-    assert lines[1].split() == ["email", "no", "5", "-", "1", "2/500ms", "1", "0"]
+    assert lines[1].split() == ["email", "no", "5", "-", "1", "2/500ms", "off", "1", "0"]
     assert lines[2].split()[:2] == ["sync", "yes"]
     status = json.loads(ok("status", "--dsn", dsn, "--json"))
     assert status["paused"] == ["sync"]
@@ -59,7 +66,9 @@ def test_a_timed_pause_is_set_shown_and_cleared(dsn: str) -> None:
     ok("migrate", "--dsn", dsn)
     ok("enqueue", "t", "--queue", "email", "--dsn", dsn)
     text = ok("queue", "pause", "email", "--until", "2126-12-03T07:00+01:00", "--dsn", dsn)
-    assert text.strip() == "queue 'email' paused: paused until 2126-12-03T06:00:00+00:00, no limits"
+    assert text.strip() == (
+        "queue 'email' paused: paused until 2126-12-03T06:00:00+00:00, no limits, aging 1m"
+    )
     listed = json.loads(ok("queue", "list", "--dsn", dsn, "--json"))
     assert [(q["paused"], q["paused_until"]) for q in listed] == [
         (True, "2126-12-03T06:00:00+00:00")
@@ -119,6 +128,12 @@ def test_a_bad_end_of_a_pause_is_refused_and_changes_nothing(
         (["queue", "set", "q", "--rate", "5/x"], 2, "use N/PERIOD"),
         (["queue", "set", "q", "--rate", "0/1s"], 2, "rate limit must be between"),
         (["queue", "set", "q", "--key-rate", "1/999d"], 2, "366 days"),
+        (["queue", "set", "q", "--aging", "0"], 2, "aging '0': must be more than 0"),
+        (["queue", "set", "q", "--aging", "0.5s"], 2, "aging must be between 1 s and 366 days"),
+        (["queue", "set", "q", "--aging", "400d"], 2, "aging must be between 1 s and 366 days"),
+        (["queue", "set", "q", "--aging=-1m"], 2, "aging '-1m': use seconds"),
+        (["queue", "set", "q", "--aging", "nan"], 2, "aging 'nan': use seconds"),
+        (["queue", "set", "q", "--aging", "\udcff"], 2, "aging"),
         (["queue", "pause", "bad name"], 2, "queue 'bad name' is invalid"),
         (["queue", "pause", "a" * 65], 2, "is invalid"),
         (["queue", "pause"], 2, "required: name"),

@@ -5,9 +5,10 @@ change at random (paused, a global concurrency limit, a rate limit, per-key conc
 rate limits, each set, changed or removed), jobs with and without concurrency keys are
 enqueued, workers claim with ``claim_limited``, complete, fail, release, crash (their jobs
 keep their slots until the sweeper returns them), jobs are cancelled, unique-window jobs are
-enqueued, queues are paused until a time (which the clock then passes), and time passes
-(``trioq.now``). The model computes what every claim must take (the plain claim's too: it
-takes a queue whose only setting is a timed pause that has ended):
+enqueued, queues are paused until a time (which the clock then passes), waiting jobs are
+aged (the aging service's round, with the queue's aging set, changed or off), and time
+passes (``trioq.now``). The model computes what every claim must take (the plain claim's
+too: it takes a queue whose only setting is a timed pause that has ended):
 
 - exactly those jobs, in claim order, the reason it stopped short and when the rate window
   opens (``retry_in``), so a claim is never more *or less* generous than the rules;
@@ -16,7 +17,9 @@ takes a queue whose only setting is a timed pause that has ended):
 - there is no running counter to drift: the claim counts the jobs that run. The one stored
   count, the log of rate-limited starts, is compared with the model's after every step;
 - the usual ones: every job is where the model says, attempts are bounded, and a job waiting
-  on a limit spends no attempt (attempts change only by claims the model expects).
+  on a limit spends no attempt (attempts change only by claims the model expects);
+- aging moves exactly the jobs the model says, each to the priority its wait has earned and
+  never past the best waiting; every job's priority and levels climbed are the model's.
 
 Examples per CI run: 150 machines of up to 40 steps; ``TRIOQ_HYPOTHESIS=long`` runs 3,000 of
 up to 80. Mutation check done by hand when this was written: dropping the global count,
@@ -38,6 +41,7 @@ from machines import LEASE, LeaseMachine, ModelJob, Q, prove
 
 import trioq
 from trioq import RateLimit, Unique
+from trioq._flow import age_queue
 
 WORKERS = ("w0", "w1")
 KEYS = (None, "a", "a", "b")
@@ -45,6 +49,7 @@ GC = st.sampled_from([None, 1, 2, 3])
 RATE = st.sampled_from([None, (1, 10), (2, 10), (3, 30)])
 KC = st.sampled_from([None, 1, 2])
 KEY_RATE = st.sampled_from([None, (1, 10), (2, 30)])
+AGING = st.sampled_from([None, 10, 30, 60])  # seconds a level; None: off (60: the default)
 WINDOW = dt.timedelta(seconds=60)
 INF = math.inf
 
@@ -54,6 +59,7 @@ class FlowJob(ModelJob):
     """States: available, running, done, dead, cancelled (no delays here)."""
 
     key: str | None
+    aged: int = 0  # priority levels climbed by aging
 
 
 @attrs.define
@@ -64,6 +70,7 @@ class Settings:
     rate: tuple[int, int] | None = None  # (limit, period seconds)
     kc: int | None = None
     key_rate: tuple[int, int] | None = None
+    aging: int | None = 60
 
     @property
     def keyed(self) -> bool:
@@ -189,11 +196,12 @@ class FlowMachine(LeaseMachine[FlowJob]):
     specs = st.tuples(st.sampled_from(KEYS), st.integers(-1, 1), st.integers(1, 3))
 
     @initialize(
-        batch=st.lists(specs, min_size=1, max_size=10), gc=GC, rate=RATE, kc=KC, key_rate=KEY_RATE
+        batch=st.lists(specs, min_size=1, max_size=10), gc=GC, rate=RATE, kc=KC, key_rate=KEY_RATE,
+        aging=AGING,
     )
-    def prefill(self, batch: list[tuple[str | None, int, int]], gc: Any, rate: Any, kc: Any,
-                key_rate: Any) -> None:  # fmt: skip
-        self._apply({"gc": gc, "rate": rate, "kc": kc, "key_rate": key_rate})
+    def prefill(self, batch: list[tuple[str | None, int, int]], *, gc: Any, rate: Any, kc: Any,
+                key_rate: Any, aging: Any) -> None:  # fmt: skip
+        self._apply({"gc": gc, "rate": rate, "kc": kc, "key_rate": key_rate, "aging": aging})
         for spec in batch:
             self.enqueue(spec)
 
@@ -230,7 +238,7 @@ class FlowMachine(LeaseMachine[FlowJob]):
     @rule(change=st.one_of(
         st.tuples(st.just("gc"), GC), st.tuples(st.just("rate"), RATE),
         st.tuples(st.just("kc"), KC), st.tuples(st.just("key_rate"), KEY_RATE),
-        st.tuples(st.just("paused"), st.booleans()),
+        st.tuples(st.just("paused"), st.booleans()), st.tuples(st.just("aging"), AGING),
     ))  # fmt: skip
     def change_settings(self, change: tuple[str, Any]) -> None:
         """One setting set, changed or removed (or the queue paused or resumed)."""
@@ -244,7 +252,7 @@ class FlowMachine(LeaseMachine[FlowJob]):
     def _apply(self, changes: dict[str, Any]) -> None:
         s = self.settings
         names = {"gc": "global_concurrency", "rate": "rate_limit", "kc": "key_concurrency",
-                 "key_rate": "key_rate_limit"}  # fmt: skip
+                 "key_rate": "key_rate_limit", "aging": "aging"}  # fmt: skip
         given: dict[str, Any] = {}
         for name, value in changes.items():
             setattr(s, name, value)
@@ -339,9 +347,42 @@ class FlowMachine(LeaseMachine[FlowJob]):
         """The worker dies: its jobs keep their slots until their leases expire."""
         self.beliefs[worker].clear()
 
-    @rule(seconds=st.sampled_from([1, 4, 10, 31]))
+    @rule(seconds=st.sampled_from([1, 4, 10, 31, 61]))
     def time_passes(self, seconds: int) -> None:
         self.advance(seconds)
+
+    @rule(limit=st.sampled_from([1, 2, 1000]))
+    def age(self, limit: int) -> None:
+        """One round of the aging service: exactly the model's jobs climb, as far as it says."""
+        got = self.call(lambda: age_queue(self.conn, Q.sql, "q", limit=limit))
+        assert got == self._aged(limit), (self.settings, self.clock)
+
+    def _aged(self, limit: int) -> int:
+        """What a round does: every available job that has waited (aged + 1) levels climbs
+        to what its wait earned, never past the best due priority; each level's oldest
+        ``limit`` of those."""
+        step = self.settings.aging
+        due = self._due()
+        if step is None or not due:
+            return 0
+        best = max(due[0].priority, -100)
+        levels: dict[int, list[FlowJob]] = {}
+        for job in self.jobs.values():
+            wait = (self.clock - job.run_at).total_seconds()
+            if job.state == "available" and best < job.priority <= 100 and (
+                wait >= step * (job.aged + 1)
+            ):
+                levels.setdefault(job.priority, []).append(job)
+        moved = 0
+        for jobs in levels.values():
+            for job in sorted(jobs, key=lambda j: (j.run_at, j.id))[:limit]:
+                original = job.priority + job.aged
+                wait = (self.clock - job.run_at).total_seconds()
+                new = max(best, original - min(int(wait // step), 1000))
+                if new < job.priority:
+                    job.priority, job.aged = new, original - new
+                    moved += 1
+        return moved
 
     # -- invariants (and those of every machine) -----------------------------------------------
 
@@ -363,6 +404,18 @@ class FlowMachine(LeaseMachine[FlowJob]):
         for at, key, n in self.starts:
             mine[(at, key)] = mine.get((at, key), 0) + n
         assert logged == mine
+
+    @invariant()
+    def priorities_are_the_models(self) -> None:
+        """Every live job's priority, and the levels it climbed, are the model's."""
+        found = self.call(self._priorities)
+        assert found == {j.id: (j.priority, j.aged) for j in self.jobs.values() if j.id in found}
+        assert set(found) >= {j.id for j in self.jobs.values() if j.state in ("available",
+                                                                              "running")}
+
+    async def _priorities(self) -> dict[int, tuple[int, int]]:
+        query = "SELECT id, priority, aged FROM trioq.jobs"
+        return {i: (p, a) for i, p, a in await rows(self.conn, query)}
 
     async def _rate_log(self) -> dict[tuple[dt.datetime, str], int]:
         query = "SELECT started_at, key, sum(n) FROM trioq.rate_starts GROUP BY 1, 2"

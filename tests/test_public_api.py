@@ -56,6 +56,7 @@ TOP_LEVEL = {
     "JobSpec",
     "Lease",
     "LimitedClaim",
+    "DEFAULT_AGING",
     "QueueSettings",
     "RateLimit",
     "Unique",

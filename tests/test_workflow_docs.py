@@ -1,5 +1,5 @@
-"""The runnable examples of docs/workflows.md, docs/durable.md, docs/producers.md and
-docs/progress.md print what the pages say they print.
+"""The runnable examples of docs/workflows.md, docs/durable.md, docs/producers.md,
+docs/progress.md and docs/flow-control.md print what the pages say they print.
 
 Each ```python block that ends in ``trio.run(main)`` (or ``asyncio.run(main())``, or
 ``main()``) is run as a script on a fresh database (``TRIOQ_DSN``; migrated first for the
@@ -21,7 +21,8 @@ import trioq
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs"
 #: The pages, and how many examples each has.
-PAGES = {"workflows.md": 5, "durable.md": 2, "producers.md": 2, "progress.md": 1}
+PAGES = {"workflows.md": 5, "durable.md": 2, "producers.md": 2, "progress.md": 1,
+         "flow-control.md": 1}
 #: The pages whose examples run on a migrated database.
 MIGRATED = {"producers.md"}
 _EXAMPLE = re.compile(

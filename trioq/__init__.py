@@ -25,7 +25,7 @@ test checks that every module is named here and there):
   ``completer``, ``leases``, ``task_settings``, ``wakeup``, ``watchdog``, ``banner``,
   ``tracing``, ``pooling``.
 - ``_worker/services/`` (one module a maintenance service): ``loop``, ``listener``,
-  ``heartbeat``, ``liveness``, ``sweeper``, ``scheduler``, ``governor``,
+  ``heartbeat``, ``liveness``, ``sweeper``, ``scheduler``, ``governor``, ``aging``,
   ``history_writer``, ``pruner``, ``stranded``, ``lifecycle``, ``progress``.
 - ``_obs/`` (seeing what it does): ``metrics``, ``prometheus``, ``history``, ``depth``,
   ``carrier``.
@@ -83,6 +83,7 @@ from ._exceptions import UnknownDependencyError as UnknownDependencyError
 from ._exceptions import Waiting as Waiting
 from ._exceptions import WaitTimeout as WaitTimeout
 from ._exceptions import WorkflowError as WorkflowError
+from ._flow import DEFAULT_AGING as DEFAULT_AGING
 from ._flow import LimitedClaim as LimitedClaim
 from ._flow import QueueSettings as QueueSettings
 from ._flow import RateLimit as RateLimit

@@ -17,7 +17,7 @@ import attrs
 from ._cron import CronEntry, check_entries
 from ._db.sql.status import DEPTH_CAP
 from ._db.statements import validate_schema_name
-from ._flow import RateLimit, check_limit, to_rate_limit
+from ._flow import UNSET, RateLimit, Unset, check_limit, to_aging, to_rate_limit
 from ._job import DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_RESULT, check_max_payload, check_queue_name
 from ._pg.errors import check_dsn, redact_dsn
 from ._progress import DEFAULT_MAX_PROGRESS, DEFAULT_PROGRESS_INTERVAL, check_max_progress
@@ -64,6 +64,10 @@ def _limit(_inst: object, attribute: attrs.Attribute[Any], value: object) -> Non
 
 def _rate(value: object) -> RateLimit | None:
     return to_rate_limit(value, "rate_limit")
+
+
+def _aging(value: object) -> dt.timedelta | Unset | None:
+    return value if value is UNSET else to_aging(value, "aging")
 
 
 def _key_rate(value: object) -> RateLimit | None:
@@ -133,6 +137,8 @@ class QueueConfig:
     ``rate_limit``, ``key_concurrency``, ``key_rate_limit``) hold across every process;
     they live in the database, and `trioq.serve` writes those given here when it starts
     (None leaves the stored value alone). ``trioq queue set`` changes them at run time.
+    So does ``aging`` (anti-starvation), whose None turns it off and which is left alone
+    when not given.
     """
 
     concurrency: int = attrs.field(default=10, validator=_positive_int)
@@ -140,6 +146,10 @@ class QueueConfig:
     rate_limit: RateLimit | None = attrs.field(default=None, converter=_rate)
     key_concurrency: int | None = attrs.field(default=None, validator=_limit)
     key_rate_limit: RateLimit | None = attrs.field(default=None, converter=_key_rate)
+    #: The wait that earns a waiting job one priority level, across every process
+    #: (docs/flow-control.md, "Aging"): a timedelta or seconds, or None to turn aging off.
+    #: Left as stored when not given (`trioq.DEFAULT_AGING` if never set).
+    aging: dt.timedelta | Unset | None = attrs.field(default=UNSET, converter=_aging)
 
     def limits(self) -> dict[str, Any]:
         """The limits this config sets (the others are left as stored)."""
@@ -149,7 +159,10 @@ class QueueConfig:
             "key_concurrency": self.key_concurrency,
             "key_rate_limit": self.key_rate_limit,
         }
-        return {name: value for name, value in given.items() if value is not None}
+        limits: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        if self.aging is not UNSET:
+            limits["aging"] = self.aging
+        return limits
 
 
 def _queues(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -18,20 +19,23 @@ from typing import Any
 import attrs
 
 from ._db.statements import Statements
-from ._job import Job, check_aware, check_queue_name
+from ._job import PRIORITY_MAX, PRIORITY_MIN, Job, check_aware, check_queue_name
 from ._pg.conn import Conn
 from ._unique import to_period
 
 __all__ = [
+    "DEFAULT_AGING",
     "UNSET",
     "LimitedClaim",
     "QueueSettings",
     "RateLimit",
     "Unset",
+    "age_queue",
     "change_settings",
     "check_limit",
     "read_settings",
     "resume_due",
+    "to_aging",
     "to_pause_until",
     "to_rate_limit",
 ]
@@ -46,6 +50,13 @@ PAUSE_MAX = dt.timedelta(days=36525)
 PAUSE_MAX_TEXT = "100 years"
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: The aging of a queue that set none: a waiting job climbs one priority level a minute
+#: (docs/flow-control.md, "Aging").
+DEFAULT_AGING = dt.timedelta(minutes=1)
+#: The range of an aging setting (the schema's CHECK says the same).
+AGING_MIN, AGING_MAX = dt.timedelta(seconds=1), dt.timedelta(days=366)
+#: At most this many jobs of one priority level climb in one round of one queue.
+AGE_BATCH = 1000
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE_RE = re.compile(r"\s*(\d{1,10})\s*/\s*(\d{0,10}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)\s*")
@@ -75,7 +86,29 @@ def _setting_values(changes: dict[str, Any]) -> dict[str, Any]:
         rate = to_rate_limit(changes.get(field), field)
         values[f"{prefix}_limit"] = None if rate is None else rate.limit
         values[f"{prefix}_period"] = None if rate is None else rate.period
+    aging = to_aging(changes.get("aging"), "aging")
+    values["aging"] = dt.timedelta(0) if aging is None and "aging" in changes else aging
     return values
+
+
+def to_aging(value: object, field: str = "aging") -> dt.timedelta | None:
+    """None (aging off), or the wait that earns a job one priority level: a timedelta or
+    seconds, 1 s to 366 days."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        aging = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{field} must be a finite number of seconds, got {value!r}")
+        if not AGING_MIN.total_seconds() <= value <= AGING_MAX.total_seconds():
+            raise ValueError(f"{field} must be between 1 s and 366 days, got {value!r} s")
+        aging = dt.timedelta(seconds=value)
+    else:
+        raise TypeError(f"{field} must be a timedelta, seconds or None (off), got {value!r}")
+    if not AGING_MIN <= aging <= AGING_MAX:
+        raise ValueError(f"{field} must be between 1 s and 366 days, got {aging}")
+    return aging
 
 
 def check_limit(value: object, field: str) -> int | None:
@@ -180,10 +213,12 @@ class QueueSettings:
     #: until resumed. A timed pause that has ended reads as not paused, even before a
     #: worker's governor has tidied its row.
     paused_until: dt.datetime | None = None
+    #: The wait that earns a waiting job one priority level (None: aging is off).
+    aging: dt.timedelta | None = DEFAULT_AGING
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> QueueSettings:
-        name, paused, gc, rl, rp, kc, krl, krp, until = row[:9]
+        name, paused, gc, rl, rp, kc, krl, krp, until, aging = row[:10]
         return cls(
             name=name,
             paused=paused,
@@ -192,6 +227,7 @@ class QueueSettings:
             key_concurrency=kc,
             key_rate_limit=None if krl is None else RateLimit(krl, krp),
             paused_until=_from_epoch_us(until),
+            aging=DEFAULT_AGING if aging is None else (aging or None),
         )
 
     @property
@@ -239,7 +275,8 @@ async def read_settings(
 
 
 #: The settings `change_settings` takes, in the order of the statement's parameters.
-SETTINGS = ("paused", "global_concurrency", "rate_limit", "key_concurrency", "key_rate_limit")
+SETTINGS = ("paused", "global_concurrency", "rate_limit", "key_concurrency", "key_rate_limit",
+            "aging")  # fmt: skip
 
 
 async def change_settings(
@@ -247,8 +284,9 @@ async def change_settings(
 ) -> QueueSettings:
     """Set the given settings of ``name`` (the others stay), in one statement, and notify
     every worker. ``changes`` keys: paused, global_concurrency, rate_limit,
-    key_concurrency, key_rate_limit (None clears a limit), and with paused, until (the end
-    of the pause, `to_pause_until`; a pause without it, or a resume, clears it)."""
+    key_concurrency, key_rate_limit (None clears a limit), aging (None turns it off), and
+    with paused, until (the end of the pause, `to_pause_until`; a pause without it, or a
+    resume, clears it)."""
     check_queue_name(name)
     unknown = sorted(set(changes) - {*SETTINGS, "until"})
     if unknown:
@@ -267,7 +305,7 @@ async def change_settings(
     row = await cur.fetchone()
     assert row is not None
     if row[0] is None:  # the end of the pause was refused: nothing was written
-        now, end = row[10], row[11]
+        now, end = row[11], row[12]
         raise ValueError(
             f"until {end.isoformat()} must lie after the database's clock ({now.isoformat()}) "
             f"and at most {PAUSE_MAX_TEXT} ahead of it"
@@ -286,3 +324,14 @@ async def resume_due(
     assert row is not None
     resumed, ends_in, _ = row
     return list(resumed), None if ends_in is None else max(float(ends_in), 0.0)
+
+
+async def age_queue(conn: Conn, sql: Statements, queue: str, *, limit: int = AGE_BATCH) -> int:
+    """One round of aging for ``queue`` (docs/flow-control.md, "Aging"): how many waiting
+    jobs climbed. At most ``limit`` jobs of each priority level; rows a claim holds are
+    skipped (the next round takes them)."""
+    params = {"queue": check_queue_name(queue), "default": DEFAULT_AGING, "limit": limit,
+              "lowest": PRIORITY_MIN, "highest": PRIORITY_MAX,
+              "most": PRIORITY_MAX - PRIORITY_MIN}  # fmt: skip
+    cur = await conn.execute(sql.age, params)
+    return max(cur.rowcount, 0)

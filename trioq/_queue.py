@@ -31,7 +31,15 @@ from ._db.version import check_schema, migrated, schema_version
 from ._dead import DeadFilter, DeadJob, list_dead, purge_dead, retry_dead
 from ._dependencies import Dependency, read_dependencies
 from ._durable import StepRecord, job_steps, send_signal
-from ._flow import UNSET, QueueSettings, RateLimit, Unset, change_settings, read_settings
+from ._flow import (
+    UNSET,
+    QueueSettings,
+    RateLimit,
+    Unset,
+    age_queue,
+    change_settings,
+    read_settings,
+)
 from ._job import (
     DEFAULT_MAX_PAYLOAD,
     EnqueueResult,
@@ -466,18 +474,29 @@ class Queue:
         rate_limit: RateLimit | str | Unset | None = UNSET,
         key_concurrency: int | Unset | None = UNSET,
         key_rate_limit: RateLimit | str | Unset | None = UNSET,
+        aging: dt.timedelta | float | Unset | None = UNSET,
     ) -> QueueSettings:
         """Change the limits of ``queue`` that are given (None removes one); the others stay.
 
         Takes effect for every claim that starts after the caller commits, in every process.
+        ``aging`` is the wait that earns a waiting job one priority level (a timedelta or
+        seconds; None turns aging off; `trioq.DEFAULT_AGING` when never set).
         """
         given = {
             "global_concurrency": global_concurrency,
             "rate_limit": rate_limit,
             "key_concurrency": key_concurrency,
             "key_rate_limit": key_rate_limit,
+            "aging": aging,
         }
         return await self._change(conn, queue, {k: v for k, v in given.items() if v is not UNSET})
+
+    async def age(self, conn: Conn, queue: str) -> int:
+        """One round of aging for ``queue``, what every worker serving it does every few
+        seconds (docs/flow-control.md, "Aging"): the waiting jobs whose wait has earned a
+        better priority get it. How many climbed. For tests on a frozen clock."""
+        with migrated(conn, self.schema):
+            return await age_queue(conn, self.sql, queue)
 
     async def _change(self, conn: Conn, queue: str, changes: dict[str, Any]) -> QueueSettings:
         with migrated(conn, self.schema):

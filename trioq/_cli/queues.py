@@ -14,7 +14,7 @@ import attrs
 
 from .._db.sql.status import DEPTH_CAP
 from .._db.statements import statements
-from .._flow import QueueSettings, RateLimit, check_limit
+from .._flow import QueueSettings, RateLimit, check_limit, to_aging
 from .._job import check_aware
 from .._obs.depth import read_depths
 from .._queue import Queue
@@ -36,7 +36,8 @@ def add_queue_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
         "  trioq queue pause email --until 2026-12-03T06:00Z\n  trioq queue pause email --for 2h\n"
         "  trioq queue set email --global-concurrency 5 --rate 100/1m\n"
         "  trioq queue set sync --key-concurrency 1\n"
-        "  trioq queue set email --rate none   # remove the rate limit",
+        "  trioq queue set email --rate none   # remove the rate limit\n"
+        "  trioq queue set reports --aging 5m  # a waiting job climbs a priority level per 5 min",
     )  # fmt: skip
     _sub(subs, common, "list", _list, "show every queue's settings and depth")
     pause = _sub(subs, common, "pause", _pause, "stop every worker from claiming from a queue",
@@ -65,6 +66,9 @@ def add_queue_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
         ("--key-concurrency", _count, "K|none", "at most K running jobs per concurrency key"),
         ("--key-rate", _rate, "N/PERIOD|none",
          "at most N starts per concurrency key in any PERIOD"),
+        ("--aging", _aging, "DURATION|none",
+         "a waiting job climbs one priority level per DURATION of waiting, never past the "
+         "best priority waiting (anti-starvation; 1s to 366d, default 1m); none turns it off"),
     ):  # fmt: skip
         # SUPPRESS: a flag not given is absent from the namespace ("none" removes a limit).
         limits.add_argument(flag, type=kind, metavar=metavar, help=text,
@@ -146,6 +150,15 @@ def _rate(text: str) -> RateLimit | None:
         raise argparse.ArgumentTypeError(str(ex)) from None
 
 
+def _aging(text: str) -> dt.timedelta | None:
+    if text.strip().lower() == _NONE:
+        return None
+    try:
+        return to_aging(seconds(text, "aging"), "aging")
+    except ValueError as ex:
+        raise argparse.ArgumentTypeError(str(ex)) from None
+
+
 # -- the commands ---------------------------------------------------------------------------------
 
 
@@ -163,11 +176,12 @@ async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int,
     shown_paused = [_paused_cell(r) for r in rows]
     width = max([6, *map(len, shown_paused)])
     head = (f"{'queue':<20} {'paused':<{width}} {'global':>6} {'rate':>10} {'per key':>7} "
-            f"{'key rate':>10} {'available':>9} {'running':>7}")  # fmt: skip
+            f"{'key rate':>10} {'aging':>6} {'available':>9} {'running':>7}")  # fmt: skip
     lines = [head] + [
         f"{r['name']:<20} {cell:<{width}} {_dash(r['global_concurrency']):>6} "
         f"{_dash(r['rate_limit']):>10} {_dash(r['key_concurrency']):>7} "
-        f"{_dash(r['key_rate_limit']):>10} {r['available']:>9} {r['running']:>7}"
+        f"{_dash(r['key_rate_limit']):>10} {_aging_cell(r['aging']):>6} {r['available']:>9} "
+        f"{r['running']:>7}"
         for r, cell in zip(rows, shown_paused, strict=True)
     ]
     if not rows:
@@ -216,12 +230,13 @@ async def _resume(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[in
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
     """The limits ``trioq queue set`` was given (checked before connecting)."""
     flags = {"global_concurrency": "global_concurrency", "rate_limit": "rate",
-             "key_concurrency": "key_concurrency", "key_rate_limit": "key_rate"}  # fmt: skip
+             "key_concurrency": "key_concurrency", "key_rate_limit": "key_rate",
+             "aging": "aging"}  # fmt: skip
     changes = {k: getattr(args, dest) for k, dest in flags.items() if hasattr(args, dest)}
     if not changes:
         raise ValueError(
             "queue set: give at least one of --global-concurrency, --rate, --key-concurrency, "
-            "--key-rate"
+            "--key-rate, --aging"
         )
     for field in ("global_concurrency", "key_concurrency"):
         check_limit(changes.get(field), field)  # the bound the database holds
@@ -240,6 +255,7 @@ def _settings_dict(settings: QueueSettings) -> dict[str, Any]:
         row[key] = None if row[key] is None else str(row[key])
     until = settings.paused_until
     row["paused_until"] = None if until is None else until.isoformat()
+    row["aging"] = None if settings.aging is None else settings.aging.total_seconds()
     return row
 
 
@@ -262,6 +278,7 @@ def _describe(s: QueueSettings) -> str:
         parts.append(f"per-key rate {s.key_rate_limit}")
     if len(parts) == 1:
         parts.append("no limits")
+    parts.append("aging off" if s.aging is None else f"aging {_span(s.aging)}")
     return ", ".join(parts)
 
 
@@ -269,6 +286,19 @@ def _paused_cell(row: dict[str, Any]) -> str:
     if row["paused_until"] is not None:
         return f"until {row['paused_until']}"
     return "yes" if row["paused"] else "no"
+
+
+def _span(value: dt.timedelta) -> str:
+    """A duration as the command line writes it: 90s, 5m, 2h, 1d."""
+    total = value.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if total >= size and total % size == 0:
+            return f"{int(total // size)}{unit}"
+    return f"{total:g}s"
+
+
+def _aging_cell(value: float | None) -> str:
+    return "off" if value is None else _span(dt.timedelta(seconds=value))
 
 
 def _dash(value: object) -> str:

@@ -274,6 +274,7 @@ class Statements:
     progress = Statement(leases.PROGRESS)
     # -- maintenance: due jobs, expired leases, dead workers, retention --------------------------
     promote = Statement(maintenance.PROMOTE)
+    age = Statement(maintenance.AGE)
     next_due = Statement(maintenance.NEXT_DUE)
     sweep = Statement(maintenance.SWEEP_EXPIRED + maintenance.SWEEP_OUTCOMES)
     reclaim = Statement(maintenance.RECLAIM_EXPIRED + maintenance.SWEEP_OUTCOMES)

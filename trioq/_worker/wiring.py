@@ -40,6 +40,7 @@ from .completer import Completer
 from .execute import Executor
 from .leases import HeldJobs
 from .pooling import prepare_threshold, session_dsn
+from .services.aging import Aging
 from .services.governor import Governor
 from .services.heartbeat import Heartbeat
 from .services.history_writer import HistoryWriter
@@ -183,6 +184,7 @@ class Services:
             self.pool, self.queue, served, poll_interval=config.poll_interval,
             on_change=runtime.wake, on_paused=runtime.release_buffered,
         )  # fmt: skip
+        self.aging = Aging(self.pool, self.queue, list(served))
         #: Claims per queue and task, and their sizes (only when metrics are served).
         self.meter = None if config.metrics is None else ClaimMeter(self.task_labels)
         #: Failed claims per queue (the fetchers count them; ``/metrics`` shows them).
@@ -218,7 +220,7 @@ class Services:
         for run in (self.completer.run, self.heartbeat.run, self.progress_writer.run,
                     self.sweeper.run,
                     self.scheduler.run, self.watchdog.run, self.history_writer.run,
-                    self.events.run, self.lifecycle.run):  # fmt: skip
+                    self.events.run, self.lifecycle.run, self.aging.run):  # fmt: skip
             nursery.start_soon(run)
         if self.pruner is not None:
             nursery.start_soon(self.pruner.run)

@@ -179,3 +179,51 @@ WITH doomed AS (
 )
 DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """
+
+# Anti-starvation (docs/flow-control.md, "Aging"), one queue a statement: every available
+# job that has waited (aged + 1) x the queue's `aging` climbs to the priority its wait has
+# earned (one level per `aging`), but never past the best priority waiting in the queue now.
+# The levels present are found by a loose index scan of the claim's index (one probe a
+# level), and each level's due jobs oldest first, at most %(limit)s a level, rows locked by a
+# claim (or another worker's round) skipped: a job aged twice at once is impossible, and the
+# claim never waits for aging. %(default)s is the aging of a queue that set none; '0' is off.
+# Only priorities trioq writes (%(lowest)s to %(highest)s) are aged or aged to, in int4, so a
+# priority or `aged` written by hand out of range never makes the statement fail.
+AGE = """
+WITH RECURSIVE setting AS (
+    SELECT coalesce((SELECT q.aging FROM {queues} q WHERE q.name = %(queue)s),
+                    %(default)s::interval) AS step
+), best AS (
+    SELECT greatest((SELECT j.priority FROM {jobs} j
+                      WHERE j.queue = %(queue)s AND j.state = 'available' AND j.run_at <= {now}
+                      ORDER BY j.priority LIMIT 1)::int4, %(lowest)s::int4) AS p
+      FROM setting s WHERE s.step > interval '0'
+), levels AS (
+    SELECT b.p FROM best b WHERE b.p IS NOT NULL
+    UNION ALL
+    SELECT (SELECT j.priority FROM {jobs} j
+             WHERE j.queue = %(queue)s AND j.state = 'available' AND j.priority > l.p
+               AND j.priority <= %(highest)s::int4
+             ORDER BY j.priority LIMIT 1)::int4
+      FROM levels l WHERE l.p IS NOT NULL
+), due AS (
+    SELECT c.id, greatest(b.p, c.original - least(
+               pg_catalog.floor(pg_catalog.date_part('epoch', {now} - c.run_at)
+                                / pg_catalog.date_part('epoch', s.step)), 1000)::int4) AS p,
+           c.original
+      FROM setting s, best b, levels l,
+           LATERAL (SELECT j.id, j.priority::int4 + j.aged AS original, j.run_at
+                      FROM {jobs} j
+                     WHERE j.queue = %(queue)s AND j.state = 'available' AND j.priority = l.p
+                       AND j.run_at <= {now} - s.step
+                       AND j.run_at <= {now} - s.step * (j.aged + 1)
+                     ORDER BY j.run_at, j.id
+                     LIMIT %(limit)s
+                       FOR UPDATE SKIP LOCKED) AS c
+     WHERE l.p > b.p
+)
+UPDATE {jobs} j SET priority = d.p, aged = least(d.original - d.p, %(most)s::int4)
+  FROM due d
+ WHERE j.id = d.id AND d.p < j.priority
+RETURNING j.id
+"""
