@@ -185,7 +185,8 @@ def test_every_place_a_queue_is_known_from(
         )
     for queue in ("configured", "later", "busy", "served", "ran", "sms", "default"):
         code, out, err = run(capsys, "queue", "pause", queue, "--dsn", dsn)
-        assert (code, out.strip()) == (0, f"queue {queue!r} paused: paused, no limits, aging 1m"), err
+        described = f"queue {queue!r} paused: paused, no limits, aging 1m"
+        assert (code, out.strip()) == (0, described), err
     err = refused(capsys, dsn, ["queue", "pause", "nobody"], 1, "unknown queue 'nobody'")
     assert "busy, configured, default, email, later, ran, served, sms" in err
 
