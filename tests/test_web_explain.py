@@ -67,6 +67,8 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
             yield f"job_lists[{state}] {name}", statement, {**filters, **PAGE}
     yield "job", ST.job, {"id": 42, "load": 1024 * 1024}
     yield "dead_job", ST.dead_job, {"id": FIRST_DEAD + 42}
+    yield "job_progress", ST.job_progress, {"id": 42, "load": 1024 * 1024}
+    yield "job_progress dead", ST.job_progress, {"id": FIRST_DEAD + 42, "load": 1024 * 1024}
     for queue, task in DEAD_FILTERS:
         where = {"queue": queue, "task": task}
         yield f"dead_ids {queue} {task}", ST.dead_ids, {**where, "after": 0, "batch": 1000}
@@ -76,6 +78,7 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
     ids = list(range(FIRST_DEAD, FIRST_DEAD + 1000))
     yield "dead_count_ids", ST.dead_count_ids, {"ids": ids}
     yield "cron_last", ST.cron_last, {}
+    yield "Queue.cron_entries", LIB.cron_entries, {"limit": 1000}
     # What the actions run through trioq.Queue: by ids only (batches of ids, or one job).
     by_ids = {"ids": ids, "queue": None, "task": None}
     yield "Queue.dead_retry", LIB.dead_retry, by_ids
