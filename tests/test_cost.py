@@ -362,16 +362,18 @@ async def test_a_cost_left_to_the_task_is_resolved_by_the_worker(dsn: str) -> No
 LEDGER = """
 CREATE TABLE handler_spans (job_id bigint, worker text, cost int, started timestamptz,
                             ended timestamptz);
-CREATE TABLE cost_spans (job_id bigint, attempt int, cost int, event text, at timestamptz);
+CREATE TABLE cost_spans (job_id bigint, attempt int, cost int, event text, at timestamptz,
+                         how text);
 CREATE FUNCTION cost_spans() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW.state = 'running' AND OLD.state <> 'running' THEN
         INSERT INTO public.cost_spans VALUES (NEW.id, NEW.attempt, NEW.cost, 'start',
-                                              clock_timestamp());
+                                              clock_timestamp(), NULL);
     END IF;
     IF OLD.state = 'running' AND (TG_OP = 'DELETE' OR NEW.state <> 'running') THEN
         INSERT INTO public.cost_spans VALUES (OLD.id, OLD.attempt,
-            CASE WHEN TG_OP = 'UPDATE' THEN NEW.cost ELSE OLD.cost END, 'end', clock_timestamp());
+            CASE WHEN TG_OP = 'UPDATE' THEN NEW.cost ELSE OLD.cost END, 'end', clock_timestamp(),
+            CASE WHEN TG_OP = 'UPDATE' THEN NEW.state ELSE 'deleted' END);
     END IF;
     RETURN NULL;
 END $$;
@@ -433,10 +435,15 @@ def test_the_global_limit_counts_cost_across_processes(dsn: str, tmp_path: Any) 
     finally:
         workers.stop_all()
     assert query(dsn, "SELECT count(*) FROM trioq.dead_jobs") == [(0,)]
-    ledger = query(dsn, "SELECT job_id, attempt, cost, event, at FROM cost_spans")
-    spans = [(s, e, min(counted or 1, gc)) for s, e, counted, _ in _spans(ledger)]
+    ledger = query(dsn, "SELECT job_id, attempt, cost, event, at, how FROM cost_spans")
+    # A stay that began counted 1 (cost NULL) and ended with the task's cost written held
+    # that cost (its handler ran with it), unless it ended by being given back (available
+    # again, its handler never started): that is the one stay counted at its start's cost.
+    spans = [(s, e, min(max(counted or 1, 1 if given_back(counted, left, how) else left or 1),
+                        gc)) for s, e, counted, left, how in _spans(ledger)]  # fmt: skip
     most = weighted_peak(spans)
-    back = sum(1 for _, _, counted, left in _spans(ledger) if counted is None and left is not None)
+    back = sum(1 for _, _, counted, left, how in _spans(ledger)
+               if given_back(counted, left, how))  # fmt: skip
     print(f"cost proof: {len(spans)} runs, at most {most} units at once (limit {gc}); "
           f"{back} jobs given back to be counted at their task's cost")  # fmt: skip
     assert most <= gc, (seed, gc, slots)
@@ -448,20 +455,25 @@ def test_the_global_limit_counts_cost_across_processes(dsn: str, tmp_path: Any) 
         assert weighted_peak(mine) <= n, (name, n, seed)
 
 
+def given_back(counted: int | None, left: int | None, how: str | None) -> bool:
+    """A stay in ``running`` that ended by the give-back of a cost left to the task."""
+    return counted is None and left is not None and how == "available"
+
+
 def _spans(
     ledger: list[tuple[Any, ...]],
-) -> list[tuple[dt.datetime, dt.datetime, int | None, int | None]]:
-    """(start, end, the cost at the start, the cost at the end) of every stay in
-    ``running``, from the ledger's rows; every start has its end. A job given back to be
-    counted at its task's cost starts again with the same attempt (it was refunded)."""
+) -> list[tuple[dt.datetime, dt.datetime, int | None, int | None, str | None]]:
+    """(start, end, the cost at the start, the cost at the end, the state it left for) of
+    every stay in ``running``, from the ledger's rows; every start has its end. A job given
+    back to be counted at its task's cost starts again with the same attempt (refunded)."""
     opened: dict[tuple[int, int], tuple[dt.datetime, int | None]] = {}
     out = []
-    for job_id, attempt, cost, event, at in sorted(ledger, key=lambda r: r[4]):
+    for job_id, attempt, cost, event, at, how in sorted(ledger, key=lambda r: r[4]):
         if event == "start":
             assert (job_id, attempt) not in opened, f"job {job_id} attempt {attempt} twice"
             opened[(job_id, attempt)] = (at, cost)
         else:
             start, counted = opened.pop((job_id, attempt))
-            out.append((start, at, counted, cost))
+            out.append((start, at, counted, cost, how))
     assert not opened, f"{len(opened)} jobs never left running"
     return out
