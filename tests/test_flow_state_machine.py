@@ -16,6 +16,13 @@ too: it takes a queue whose only setting is a timed pause that has ended):
   a limit was lowered, and then takes nothing of it);
 - there is no running counter to drift: the claim counts the jobs that run. The one stored
   count, the log of rate-limited starts, is compared with the model's after every step;
+- weighted slots: a job costs 1 to 3 slots, or None (its task's, counted 1 by the claims);
+  the global limit counts units (a job's cost, at most the limit: one that costs more runs
+  alone). What a claim takes when jobs cost more than one: jobs in order while the units
+  taken before each are fewer than asked (the last may go past ``limit``: it waits in its
+  worker's buffer) and their sum fits the global room; the first that does not fit ends the
+  claim (no job behind it is taken), with the reason ``concurrency`` when the global room
+  cut it. The plain claim takes the same way, without a global room;
 - the usual ones: every job is where the model says, attempts are bounded, and a job waiting
   on a limit spends no attempt (attempts change only by claims the model expects);
 - aging moves exactly the jobs the model says, each to the priority its wait has earned and
@@ -45,6 +52,7 @@ from trioq._flow import age_queue
 
 WORKERS = ("w0", "w1")
 KEYS = (None, "a", "a", "b")
+COSTS = (None, None, 1, 2, 3)  # None: the task's (counted 1)
 GC = st.sampled_from([None, 1, 2, 3])
 RATE = st.sampled_from([None, (1, 10), (2, 10), (3, 30)])
 KC = st.sampled_from([None, 1, 2])
@@ -60,6 +68,7 @@ class FlowJob(ModelJob):
 
     key: str | None
     aged: int = 0  # priority levels climbed by aging
+    cost: int | None = None  # slots it occupies (None: its task's, counted 1)
 
 
 @attrs.define
@@ -102,6 +111,14 @@ class FlowMachine(LeaseMachine[FlowJob]):
         return sum(1 for j in self.jobs.values()
                    if j.state == "running" and (key is None or j.key == key))  # fmt: skip
 
+    def _units(self, job: FlowJob) -> int:
+        """What a job counts against the global limit: its cost, at most the limit."""
+        cost = 1 if job.cost is None else job.cost
+        return cost if self.settings.gc is None else min(cost, self.settings.gc)
+
+    def _running_units(self) -> int:
+        return sum(self._units(j) for j in self.jobs.values() if j.state == "running")
+
     def _started(self, key: str, period: int) -> int:
         since = self.clock - dt.timedelta(seconds=period)
         return sum(n for at, k, n in self.starts if k == key and at > since)
@@ -130,8 +147,8 @@ class FlowMachine(LeaseMachine[FlowJob]):
         """What the limits leave of ``limit`` before looking at jobs, and which cut it."""
         s = self.settings
         room, why, opens = limit, None, None
-        if s.gc is not None and s.gc - self._running() < room:
-            room, why = max(s.gc - self._running(), 0), "concurrency"
+        if s.gc is not None and s.gc - self._running_units() < room:
+            room, why = max(s.gc - self._running_units(), 0), "concurrency"
         if room > 0 and s.rate is not None:
             left = s.rate[0] - self._started("", s.rate[1])
             if left < room:
@@ -154,6 +171,23 @@ class FlowMachine(LeaseMachine[FlowJob]):
                 allowance[job.key] -= 1
                 taken.append(job)
         return taken
+
+    def fit(self, picked: list[FlowJob], limit: int) -> tuple[list[FlowJob], bool]:
+        """The picked jobs the costs let through: in order, while the units before each are
+        fewer than ``limit`` and their sum fits the global room; and whether the global
+        room cut it (the first that does not fit ends the claim)."""
+        s = self.settings
+        g_room = INF if s.gc is None else max(s.gc - self._running_units(), 0)
+        taken: list[FlowJob] = []
+        units = 0
+        for job in picked:
+            if units >= limit:
+                return taken, False
+            if units + self._units(job) > g_room:
+                return taken, True
+            units += self._units(job)
+            taken.append(job)
+        return taken, False
 
     def log_starts(self, taken: list[FlowJob]) -> None:
         """As the claim does: log the starts, then prune with the longest period."""
@@ -193,13 +227,15 @@ class FlowMachine(LeaseMachine[FlowJob]):
 
     # -- rules ---------------------------------------------------------------------------------
 
-    specs = st.tuples(st.sampled_from(KEYS), st.integers(-1, 1), st.integers(1, 3))
+    specs = st.tuples(st.sampled_from(KEYS), st.integers(-1, 1), st.integers(1, 3),
+                      st.sampled_from(COSTS))
 
     @initialize(
         batch=st.lists(specs, min_size=1, max_size=10), gc=GC, rate=RATE, kc=KC, key_rate=KEY_RATE,
         aging=AGING,
     )
-    def prefill(self, batch: list[tuple[str | None, int, int]], *, gc: Any, rate: Any, kc: Any,
+    def prefill(self, batch: list[tuple[str | None, int, int, int | None]], *, gc: Any,
+                rate: Any, kc: Any,
                 key_rate: Any, aging: Any) -> None:  # fmt: skip
         self._apply({"gc": gc, "rate": rate, "kc": kc, "key_rate": key_rate, "aging": aging})
         for spec in batch:
@@ -207,15 +243,15 @@ class FlowMachine(LeaseMachine[FlowJob]):
 
     @precondition(lambda self: len(self.jobs) < 60)
     @rule(spec=specs)
-    def enqueue(self, spec: tuple[str | None, int, int]) -> None:
-        key, priority, attempts = spec
+    def enqueue(self, spec: tuple[str | None, int, int, int | None]) -> None:
+        key, priority, attempts, cost = spec
         result = self.call(lambda: trioq.enqueue(
             self.conn, "t", queue="q", priority=priority, max_attempts=attempts,
-            concurrency_key=key,
+            concurrency_key=key, cost=cost,
         ))  # fmt: skip
         self.jobs[result.job_id] = FlowJob(
             id=result.job_id, priority=priority, run_at=self.clock, key=key,
-            max_attempts=attempts,
+            max_attempts=attempts, cost=cost,
         )  # fmt: skip
 
     @precondition(lambda self: len(self.jobs) < 60)
@@ -283,7 +319,14 @@ class FlowMachine(LeaseMachine[FlowJob]):
         """The plain claim takes nothing of a controlled queue; an ended timed pause alone
         does not control it."""
         got = self.call(lambda: Q.claim(self.conn, "q", owner=worker, limit=limit, lease=LEASE))
-        expected = [] if self.settings.controlled_at(self.clock) else self._due()[:limit]
+        expected: list[FlowJob] = []
+        if not self.settings.controlled_at(self.clock):
+            units = 0  # costs: jobs in order while the units before each are fewer than limit
+            for job in self._due():
+                if units >= limit:
+                    break
+                expected.append(job)
+                units += 1 if job.cost is None else job.cost
         self._took(worker, got, expected, (got, self.settings, self.clock))
 
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 5))
@@ -305,11 +348,18 @@ class FlowMachine(LeaseMachine[FlowJob]):
         if room == 0:
             assert (got.jobs, got.reason, got.retry_in) == ([], why, opens), context
             return
-        taken = self.pick(room)
+        taken, cut = self.fit(self.pick(room), limit)
+        units = sum(self._units(j) for j in taken)
         self._took(worker, got.jobs, taken, context)
         self.log_starts(taken)
-        expected = (None, None) if len(taken) >= limit else self.why_short(room, why, taken)
+        if len(taken) >= limit or units >= limit:
+            expected: tuple[str | None, float | None] = (None, None)
+        elif cut:
+            expected = ("concurrency", None)
+        else:
+            expected = self.why_short(room, why, taken)
         assert (got.reason, got.retry_in) == expected, context
+        assert [j.cost for j in got.jobs] == [j.cost for j in taken], context
         self._check_limits(taken)
 
     def _check_limits(self, taken: list[FlowJob]) -> None:
@@ -317,7 +367,7 @@ class FlowMachine(LeaseMachine[FlowJob]):
         after the limit was lowered, and then takes nothing of it)."""
         s = self.settings
         if s.gc is not None and taken:
-            assert self._running() <= s.gc, "a claim took the queue over its limit"
+            assert self._running_units() <= s.gc, "a claim took the queue over its limit"
         if s.kc is not None:
             for key in ("a", "b"):
                 if any(m.key == key for m in taken):

@@ -25,18 +25,19 @@ def state(
     concurrency: int, *, active: int = 0, buffered: int = 0, prefetch: int = 0
 ) -> _QueueState:
     s = _QueueState("q", trioq.QueueConfig(concurrency=concurrency))
-    s.active = active
+    s.active = s.used = active  # cost-1 jobs: units are jobs
     s.buffer.extend(held(i) for i in range(buffered))
+    s.buffered = buffered
     s.prefetch = prefetch
     return s
 
 
-def held(i: int) -> HeldJob:
+def held(i: int, units: int = 1) -> HeldJob:
     job = trioq.Job(
         id=i, queue="q", task="t", args={}, priority=0, run_at=NOW, attempt=1, max_attempts=1,
         enqueued_at=NOW, lease_expires_at=NOW,
     )  # fmt: skip
-    return HeldJob(job, trioq.Lease(i, 1))
+    return HeldJob(job, trioq.Lease(i, 1), units)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ def test_short_jobs_that_starve_the_slots_start_the_prefetch() -> None:
     assert s.starved(0.004)
     s.claimed(sent=0.004, now=0.007, got=100, finished_before=100, starved=True, bound=False)
     assert s.prefetch == 100
-    s.buffer.extend(held(i) for i in range(100))  # put: the next claim goes out at once
+    s.put([held(i) for i in range(100)])  # the next claim goes out at once
     assert s.wanted() == 100
 
 
@@ -112,7 +113,7 @@ def test_an_idle_queues_first_jobs_do_not_start_a_prefetch() -> None:
     assert not s.starved(0.6)  # the notification's claim, 0.1 s after the empty poll
     s.claimed(sent=0.6, now=1.1, got=2, finished_before=0, starved=s.starved(0.6), bound=False)
     assert s.prefetch == 0
-    s.active = 2
+    s.active = s.used = 2
     assert s.wanted() == 0  # both slots busy with minute-long jobs: nothing more is claimed
 
 
@@ -155,8 +156,92 @@ def test_a_finished_job_wakes_a_waiting_fetcher() -> None:
             nursery.start_soon(s.wait_for_room)
             await trio.testing.wait_all_tasks_blocked()
             assert s.fetcher_waits
-            s.job_done()
+            s.job_done(1)
         assert not s.fetcher_waits
         return s.finished
+
+    assert trio.run(main) == 1
+
+
+# -- weighted slots (docs/flow-control.md, "Weighted slots") ----------------------------------
+
+
+def test_wanted_counts_units() -> None:
+    """A running cost-3 job takes 3 of 4 slots; a buffered cost-2 job 2 more: nothing is
+    claimed until units free (the head may go one job past the slots, never more)."""
+    s = state(4)
+    s.put([held(1, 3)])
+    assert s.wanted() == 1
+    s.put([held(2, 2)])
+    assert s.wanted() == 0
+    assert s.units(None) == 1 and s.units(3) == 3 and s.units(7) == 4  # runs alone
+
+
+def test_a_big_job_waits_at_the_head_and_the_small_ones_behind_it_wait_too() -> None:
+    """Four slots: a cost-3 job runs; a cost-2 job is next and does not fit; a cost-1 job
+    behind it would, but must not pass it (a big job is never starved by small ones). When
+    the cost-3 job ends, the cost-2 job starts, then the cost-1 job beside it."""
+
+    async def main() -> list[tuple[int, int]]:
+        s = state(4)
+        started: list[tuple[int, int]] = []  # (job, units in use once it started)
+        running: dict[int, HeldJob] = {}
+
+        async def slot() -> None:
+            while (job := await s.take(checkpoint=False)) is not None:
+                s.start(job)
+                started.append((job.lease.job_id, s.used))
+                running[job.lease.job_id] = job
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(slot)
+            await trio.testing.wait_all_tasks_blocked()
+            s.put([held(1, 3), held(2, 2), held(3, 1)])
+            await trio.testing.wait_all_tasks_blocked()
+            assert started == [(1, 3)] and s.blocked  # 2 waits at the head, 3 behind it
+            s.job_done(running[1].units)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        return started
+
+    assert trio.run(main) == [(1, 3), (2, 2), (3, 3)]
+
+
+def test_a_cost_4_job_runs_alone_and_four_cost_1_jobs_run_together() -> None:
+    async def main() -> list[int]:
+        s = state(4)
+        peaks: list[int] = []
+
+        async def slot() -> None:
+            while (job := await s.take(checkpoint=False)) is not None:
+                s.start(job)
+                peaks.append(s.used)
+                assert s.used <= 4
+                await trio.sleep(0.01)
+                s.job_done(job.units)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(slot)
+            s.put([held(1, 4), held(2, 1), held(3, 1), held(4, 1), held(5, 1), held(6, 4)])
+            await trio.sleep(1)
+            s.close()
+        return peaks
+
+    assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == [4, 1, 2, 3, 4, 4]
+
+
+def test_a_closed_buffer_gives_its_head_at_once() -> None:
+    """At a stop the buffered jobs are released, not run: the head comes whatever its units."""
+
+    async def main() -> int | None:
+        s = state(4)
+        s.used = 4
+        s.put([held(1, 4)])
+        s.close()
+        job = await s.take(checkpoint=False)
+        return None if job is None else job.lease.job_id
 
     assert trio.run(main) == 1

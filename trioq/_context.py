@@ -140,6 +140,13 @@ class JobContext:
     enqueued_at: dt.datetime = _of_job("enqueued_at")
 
     @property
+    def cost(self) -> int:
+        """The slots it occupies (``docs/flow-control.md``, "Weighted slots"): its row's
+        cost, or its task's when the enqueue left it to the task."""
+        cost = self.job.cost
+        return 1 if cost is None else cost
+
+    @property
     def lease(self) -> Lease:
         return Lease(self.job.id, self.job.attempt)
 

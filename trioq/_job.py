@@ -29,6 +29,7 @@ from ._unique import Debounce, Unique, UniqueKey, check_dedup_key, to_debounce, 
 
 __all__ = [
     "CLAIMED_COLUMNS",
+    "COST_MAX",
     "DEBOUNCE_NEEDS_KEY",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD",
@@ -52,7 +53,9 @@ __all__ = [
     "args_or_empty",
     "check_after",
     "check_aware",
+    "check_chosen_cost",
     "check_chosen_max_attempts",
+    "check_cost",
     "check_dedup_key",
     "check_dependency_policy",
     "check_job_id",
@@ -72,6 +75,9 @@ __all__ = [
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
 TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
 PRIORITY_MIN, PRIORITY_MAX = -100, 100  # lower runs first
+#: The most slots one job may cost (weighted slots, ``docs/flow-control.md``): the schema's
+#: check (``jobs_cost_check``, migration 25) says the same.
+COST_MAX = 1000
 DEFAULT_MAX_ATTEMPTS = 25
 MAX_ATTEMPTS_LIMIT = 10_000
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # bytes of JSON args
@@ -158,6 +164,21 @@ def check_max_attempts(value: object, field: str = "max_attempts") -> int:
 def check_chosen_max_attempts(value: object, field: str = "max_attempts") -> int | None:
     """A job's ``max_attempts``: a number, or None to leave it to the job's task."""
     return None if value is None else check_max_attempts(value, field)
+
+
+def check_cost(value: object, field: str = "cost") -> int:
+    """How many slots a job occupies while it runs: an int from 1 to `COST_MAX`."""
+    if not _is_int(value):
+        raise TypeError(f"{field} must be an int (slots), got {value!r}")
+    assert isinstance(value, int)
+    if not 1 <= value <= COST_MAX:
+        raise ValueError(f"{field} must be between 1 and {COST_MAX} (slots), got {value}")
+    return value
+
+
+def check_chosen_cost(value: object, field: str = "cost") -> int | None:
+    """A job's ``cost``: a number of slots, or None to leave it to the job's task."""
+    return None if value is None else check_cost(value, field)
 
 
 def check_max_payload(value: object, field: str = "max_payload_bytes") -> int:
@@ -388,6 +409,11 @@ class JobSpec:
     #: One job per burst of enqueues with this job's key, run after the burst with the last
     #: args (``docs/flow-control.md``, "Debounce"): a `trioq.Debounce`, or its period.
     debounce: Debounce | None = attrs.field(default=None, converter=to_debounce)
+    #: How many of its worker's slots (and of its queue's global limit) the job occupies
+    #: while it runs (``docs/flow-control.md``, "Weighted slots"). None (the default): its
+    #: task's, resolved by the worker that claims it (1 until then, and for a task the
+    #: worker does not know).
+    cost: int | None = attrs.field(default=None, validator=rule(check_chosen_cost))
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
 
@@ -600,6 +626,13 @@ class Job:
         object.__setattr__(job, "_row", (*self._row[:7], max_attempts, *self._row[8:]))
         return job
 
+    def with_cost(self, cost: int) -> Job:
+        """This job with another ``cost`` (its task's, resolved after the claim)."""
+        row = self._row
+        job = object.__new__(Job)
+        object.__setattr__(job, "_row", (*row[:10], row[10] if len(row) > 10 else None, cost))
+        return job
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Job is immutable: cannot set {name!r}")
 
@@ -621,6 +654,15 @@ class Job:
         pairs = zip(self.COLUMNS, self._fields(), strict=True)
         fields = ", ".join(f"{name}={value!r}" for name, value in pairs)
         return f"Job({fields})"
+
+    @property
+    def cost(self) -> int | None:
+        """How many of its worker's slots the job occupies (``docs/flow-control.md``,
+        "Weighted slots"): its row's cost, or its task's where the enqueue left it to the
+        task (resolved by the worker that claimed it); None in a `Job` built by hand. Not
+        one of `COLUMNS` (no part of the job's equality)."""
+        row = self._row
+        return row[11] if len(row) > 11 else None
 
     @property
     def trace_context(self) -> str | None:
@@ -649,5 +691,5 @@ class Job:
 
 #: The columns of a claimed job's row, by name and in order: `Job.COLUMNS`, then the trace
 #: context. The claim returns them by these names (``trioq/_db/sql/common.py``).
-CLAIMED_COLUMNS = (*Job.COLUMNS, "trace_context")
+CLAIMED_COLUMNS = (*Job.COLUMNS, "trace_context", "cost")
 _TRACE_CONTEXT = CLAIMED_COLUMNS.index("trace_context")

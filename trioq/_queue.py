@@ -157,6 +157,7 @@ class Queue:
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
         debounce: Debounce | dt.timedelta | float | None = None,
+        cost: int | None = None,
         notify: bool = True,
     ) -> EnqueueResult:
         """Insert one job on ``conn``, in the caller's transaction if one is open.
@@ -174,13 +175,16 @@ class Queue:
         "Deadlines to start"). With ``debounce`` (and a key: ``dedup_key`` or ``unique=``)
         a burst of enqueues of one key makes one job, run after the burst with the last
         args (docs/flow-control.md, "Debounce"); the result of an enqueue that found the
-        key's job waiting is that job's id, ``duplicate=True``.
+        key's job waiting is that job's id, ``duplicate=True``. ``cost`` is how many of its
+        worker's slots (and of its queue's global limit) the job occupies while it runs, 1 to
+        1000; None: its task's, resolved by the worker that claims it (docs/flow-control.md,
+        "Weighted slots").
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
             start_by=start_by, max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
             concurrency_key=concurrency_key, after=after,
-            on_dependency_failure=on_dependency_failure, debounce=debounce,
+            on_dependency_failure=on_dependency_failure, debounce=debounce, cost=cost,
         )  # fmt: skip
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
         with migrated(conn, self.schema), insert.refusals():
@@ -248,6 +252,7 @@ class Queue:
         max_attempts: int | None = None,
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
+        cost: int | None = None,
         notify: bool = True,
     ) -> list[int]:
         """Insert one job of ``task`` per item of ``args``; their ids, in input order.
@@ -264,7 +269,7 @@ class Queue:
         spec = JobSpec(
             task=task, queue=queue, priority=priority, run_at=run_at, delay=delay,
             start_by=start_by, max_attempts=max_attempts, after=after,
-            on_dependency_failure=on_dependency_failure,
+            on_dependency_failure=on_dependency_failure, cost=cost,
         )  # fmt: skip
         values = args if isinstance(args, Sequence) else list(args)
         runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)

@@ -34,6 +34,7 @@ from ._job import (
     EnqueueResult,
     JobSpec,
     JSONValue,
+    check_cost,
     check_max_attempts,
     check_queue_name,
     check_task_name,
@@ -144,6 +145,9 @@ class Task:
     unique: Unique | None = None
     #: How `enqueue` derives a job's concurrency key from its args (`KeyFrom`).
     concurrency_key: KeyFrom | None = attrs.field(default=None, converter=_key_from)
+    #: How many of its worker's slots (and of its queue's global limit) each of its jobs
+    #: occupies while it runs (``docs/flow-control.md``, "Weighted slots"): 1 to 1000.
+    cost: int = 1
     #: Whether the handler is a coroutine function (run in the loop) or sync (in a thread).
     is_async: bool = attrs.field(init=False)
     #: The handler's signature (None: it has none to read, as some builtins).
@@ -180,6 +184,7 @@ class Task:
         check_queue_name(self.queue)
         _check_timeout(self.timeout)
         check_max_attempts(self.max_attempts)
+        check_cost(self.cost, f"task {self.name!r}: cost")
         _check_retry(self.retry)
         _check_parameters(self.name, self.fn)
         _check_unique(self.unique)
@@ -188,7 +193,7 @@ class Task:
         return self.fn(*args, **kwargs)
 
     def spec(self, args: JSONValue = None, /, **kwargs: Any) -> JobSpec:
-        """A `JobSpec` of this task on its queue, with its ``max_attempts`` and derived
+        """A `JobSpec` of this task on its queue, with its ``max_attempts``, cost and derived
         concurrency key, for `trioq.Workflow`, `trioq.Batch` and ``enqueue_many``: args
         positionally or as keywords (``resize.spec(size=64)``). Its ``unique`` is not
         applied (jobs of workflows and batches cannot be unique)."""
@@ -199,7 +204,14 @@ class Task:
         if self.concurrency_key is not None:
             key = derive_key(self.concurrency_key, payload, self.name)
         return JobSpec(task=self.name, args=payload, queue=self.queue,
-                       max_attempts=self.max_attempts, concurrency_key=key)  # fmt: skip
+                       max_attempts=self.max_attempts, concurrency_key=key,
+                       cost=self.stored_cost)  # fmt: skip
+
+    @property
+    def stored_cost(self) -> int | None:
+        """The cost its enqueues write: its ``cost``, or None (left to the task, which is 1
+        then) for the default, so that jobs of cost-1 tasks are written as before (COPY)."""
+        return None if self.cost == 1 else self.cost
 
     async def enqueue(
         self,
@@ -219,7 +231,9 @@ class Task:
         """Enqueue this task on its queue: ``await send.enqueue(conn, user_id=1)``.
 
         The task's ``unique`` applies unless ``unique`` or ``dedup_key`` is given; its
-        ``concurrency_key`` derives the key from the args unless one is given.
+        ``concurrency_key`` derives the key from the args unless one is given; its ``cost``
+        is the job's (another cost for one job: ``trioq.enqueue(..., cost=)``; a handler
+        parameter may be called ``cost``, so this method takes no such option).
         """
         if kwargs and args is not None:
             raise TypeError("give args or keyword arguments, not both")
@@ -232,6 +246,7 @@ class Task:
             conn, self.name, payload, queue=self.queue, priority=priority, run_at=run_at,
             delay=delay, start_by=start_by, max_attempts=self.max_attempts, dedup_key=dedup_key,
             unique=unique, concurrency_key=concurrency_key, debounce=debounce,
+            cost=self.stored_cost,
         )  # fmt: skip
 
 
@@ -278,6 +293,7 @@ class Registry:
         keep_result: bool = False,
         unique: Unique | None = None,
         concurrency_key: KeyFrom | None = None,
+        cost: int = 1,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -293,6 +309,7 @@ class Registry:
         keep_result: bool = False,
         unique: Unique | None = None,
         concurrency_key: KeyFrom | None = None,
+        cost: int = 1,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler: ``@tasks.task`` or ``@tasks.task(queue=..., ...)``."""
 
@@ -312,6 +329,7 @@ class Registry:
                 keep_result=keep_result,
                 unique=unique,
                 concurrency_key=concurrency_key,
+                cost=cost,
             )
             self.add(task)
             return task

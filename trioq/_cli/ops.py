@@ -7,6 +7,7 @@ embedded one when no DSN is set) and prints text, or JSON with ``--json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import pathlib
@@ -20,6 +21,7 @@ import trio
 from .._db.migrate import check_current
 from .._db.statements import statements
 from .._dead import DeadFilter
+from .._job import check_cost
 from .._pg.connection import connect
 from .._pg.dsn import database
 from .._pg.times import TOLERANT
@@ -178,6 +180,11 @@ def _enqueue_parser(commands: Commands, common: argparse.ArgumentParser) -> None
     )
     sub.add_argument("--concurrency-key", help="the job's key for the queue's per-key limits")
     sub.add_argument(
+        "--cost", metavar="SLOTS",
+        help="slots the job occupies while it runs, 1-1000 (default: the task's, as the "
+        "worker that runs it declares it)",
+    )  # fmt: skip
+    sub.add_argument(
         "--debounce", metavar="DURATION",
         help="with --dedup-key: a burst of enqueues of the key makes one job, run this long "
         "after the last one, with the last args (e.g. 5s)",
@@ -231,7 +238,7 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
     result = await queue.enqueue(
         conn, args.task, payload, queue=args.queue, priority=args.priority, delay=args.delay,
         start_by=start_by, max_attempts=args.max_attempts, dedup_key=dedup_key, unique=unique,
-        concurrency_key=args.concurrency_key, debounce=debounce,
+        concurrency_key=args.concurrency_key, debounce=debounce, cost=_cost(args.cost),
     )  # fmt: skip
     text = (
         f"debounced into job {result.job_id} (it had not started)"
@@ -240,6 +247,22 @@ async def _enqueue(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[i
         else f"enqueued job {result.job_id}"
     )  # fmt: skip
     return EXIT_OK, attrs.asdict(result), text
+
+
+def _cost(text: str | None) -> int | None:
+    """``--cost`` as an int, refused in the words of every other path (``cost must be an
+    int (slots), got '4.5'``, ``cost must be between 1 and 1000 (slots), got 0``)."""
+    if text is None:
+        return None
+    value: object = text
+    if text.strip().lstrip("+-").isdigit():
+        # digits Python does not read as an int ('²') stay text, refused as such
+        with contextlib.suppress(ValueError):
+            value = int(text)
+    try:
+        return check_cost(value)
+    except TypeError as ex:  # a flag's text is a bad value, not a bad type: the same words
+        raise ValueError(str(ex)) from None
 
 
 def _debounce(args: argparse.Namespace) -> Debounce | None:

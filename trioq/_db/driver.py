@@ -133,8 +133,9 @@ class Driver:
         for row in rows:
             if row[0] is None:
                 reason, retry_in = row[fields], row[fields + 1]
-            else:
-                jobs.append(row[:fields])
+            else:  # a job's cost rides in retry_in (migration 25); no trace context here
+                cost = row[fields + 1]
+                jobs.append((*row[:fields], None, None if cost is None else int(cost)))
         jobs.sort(key=_claim_order)
         return LimitedClaim(jobs=[Job.from_row(r) for r in jobs], reason=reason,
                             retry_in=retry_in)  # fmt: skip
@@ -148,6 +149,18 @@ class Driver:
                   "max_attempts": [value for _, value in jobs]}  # fmt: skip
         cur = await conn.execute(self.sql.resolve_max_attempts, params)
         return {job_id: value for job_id, value in await cur.fetchall()}
+
+    async def resolve_cost(
+        self, conn: Conn, *, owner: str, jobs: Sequence[tuple[Job, int, bool]]
+    ) -> dict[int, bool]:
+        """Write each claimed job's cost where its row left it to the task (``jobs``: the
+        job, its task's cost, and whether to give it back in the same statement: a queue
+        with a global limit); the id of each row written, and whether it was given back."""
+        params = {**fence([Lease(job.id, job.attempt) for job, _, _ in jobs]), "owner": owner,
+                  "costs": [cost for _, cost, _ in jobs],
+                  "back": [back for _, _, back in jobs]}  # fmt: skip
+        cur = await conn.execute(self.sql.resolve_cost, params)
+        return {job_id: bool(back) for job_id, back in await cur.fetchall()}
 
     # -- leases -------------------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ def _one_job(sql: Statements, spec: JobSpec, notify: bool) -> dict[str, Any]:
         "concurrency_key": spec.concurrency_key,
         "start_by_at": spec.start_by_at,
         "start_by_in": spec.start_by_in,
+        "cost": spec.cost,
         "notify": notify,
         "channel": sql.channel,
     }
@@ -166,13 +167,16 @@ async def windowed(conn: Conn, sql: Statements, spec: JobSpec, *, notify: bool) 
     assert found is not None
     params = {**_one_job(sql, spec, notify), "key": found.key, "period": found.period,
               "states": list(found.states)}  # fmt: skip
-    async with own_transaction(conn) if spec.start_by is not None else contextlib.nullcontext():
+    later = spec.start_by is not None or spec.cost is not None  # columns the function predates
+    async with own_transaction(conn) if later else contextlib.nullcontext():
         cur = await conn.execute(sql.enqueue_unique, params)
         row = await cur.fetchone()
         assert row is not None
         result = EnqueueResult(int(row[0]), duplicate=bool(row[1]))
         if spec.start_by is not None and not result.duplicate:
             await conn.execute(sql.set_start_by, {**params, "id": result.job_id})
+        if spec.cost is not None and not result.duplicate:
+            await conn.execute(sql.set_cost, {**params, "id": result.job_id})
     return result
 
 
@@ -275,9 +279,10 @@ async def _plain(
 
 
 def _keyed(specs: Sequence[JobSpec], keys: Sequence[str | None]) -> bool:
-    """Whether any job has a dedup key, a concurrency key or a deadline to start (COPY
-    does not write them)."""
-    return any(keys) or any(spec.concurrency_key or spec.start_by is not None for spec in specs)
+    """Whether any job has a dedup key, a concurrency key, a deadline to start or a cost
+    (COPY does not write them)."""
+    return any(keys) or any(spec.concurrency_key or spec.start_by is not None
+                            or spec.cost is not None for spec in specs)  # fmt: skip
 
 
 def _inserted(
@@ -318,6 +323,7 @@ async def _insert_unnest(
         "run_ats": list(run_ats),
         "dedup_keys": list(keys),
         "start_bys": list(start_bys),
+        "costs": [spec.cost for spec in specs],
         "trace": trace,
     }  # fmt: skip
     cur = await conn.execute(statements(sql.schema, traced=trace is not None).insert_many, params)
@@ -356,9 +362,10 @@ def _copy_escape(text: str) -> str:
 def _only_args_differ(specs: Sequence[JobSpec]) -> bool:
     """Whether all ``specs`` share the first one's fields but args (one bulk statement fits)."""
     f = specs[0]
-    shared = (f.task, f.queue, f.priority, f.run_at, f.delay, f.max_attempts, f.start_by)
-    return all((s.task, s.queue, s.priority, s.run_at, s.delay, s.max_attempts, s.start_by)
-               == shared for s in specs)  # fmt: skip
+    shared = (f.task, f.queue, f.priority, f.run_at, f.delay, f.max_attempts, f.start_by,
+              f.cost)  # fmt: skip
+    return all((s.task, s.queue, s.priority, s.run_at, s.delay, s.max_attempts, s.start_by,
+                s.cost) == shared for s in specs)  # fmt: skip
 
 
 def _args_runs(specs: Sequence[JobSpec]) -> list[tuple[int, str]]:
@@ -408,6 +415,7 @@ async def _bulk_one(
         "max_attempts_unset": spec.max_attempts_unset,
         "start_by_at": spec.start_by_at,
         "start_by_in": spec.start_by_in,
+        "cost": spec.cost,
         "channel": sql.channel,
         "notify": notify,
         "trace": trace,
@@ -543,6 +551,7 @@ def _graph_rows(
         **columns(jobs, batches="batch_id"),
         "run_ats": run_ats,
         "start_bys": start_bys,
+        "costs": [spec.cost for spec in specs],
         "dependants": [i in depended for i in range(len(jobs))],
         "waits": [len(job.waits_for) + len(job.spec.after) for job in jobs],
         "trace": trace,  # the enqueuing span's context, as every enqueue stores it

@@ -255,10 +255,12 @@ class Statements:
     notify = Statement(enqueue.NOTIFY)
     enqueue_unique = Statement(enqueue.ENQUEUE_UNIQUE)
     set_start_by = Statement(enqueue.SET_START_BY)
+    set_cost = Statement(enqueue.SET_COST)
     debounce = Statement(enqueue.DEBOUNCE)
     # -- the claim and the fenced writes on leased jobs (trioq._db.driver) ----------------------
     claim = Statement(leases.CLAIM)
     claim_limited = Statement(leases.CLAIM_LIMITED)
+    resolve_cost = Statement(leases.RESOLVE_COST)
     heartbeat = Statement(leases.HEARTBEAT)
     complete = Statement(leases.COMPLETE)
     complete_keep = Statement(leases.COMPLETE_KEEP)

@@ -30,11 +30,12 @@ __all__ = ["HeldJob", "HeldJobs"]
 class HeldJob:
     """A claimed job's handle: why we aborted it, if we did, and how to stop its handler."""
 
-    __slots__ = ("committing", "finished", "job", "lease", "reason", "scope")
+    __slots__ = ("committing", "finished", "job", "lease", "reason", "scope", "units")
 
-    def __init__(self, job: Job, lease: Lease) -> None:
+    def __init__(self, job: Job, lease: Lease, units: int = 1) -> None:
         self.job = job
         self.lease = lease
+        self.units = units  # of its queue's slots it occupies while it runs (its cost)
         self.scope: trio.CancelScope | None = None  # set while its handler runs
         self.reason: str | None = None  # "lost", "cancel" or "shutdown"
         self.finished = False  # the handler returned; only its outcome is left to write

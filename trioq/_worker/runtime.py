@@ -32,7 +32,7 @@ from .._obs.metrics import QueueGauges
 from .._outcome import Kind, Outcome
 from .execute import aborted
 from .leases import HeldJob, HeldJobs
-from .task_settings import resolve_max_attempts
+from .task_settings import resolve_cost, resolve_max_attempts
 from .wakeup import Wakeup
 from .wiring import RuntimeHooks, Services
 
@@ -74,11 +74,20 @@ class _QueueState:
     most what `wanted` allows (so it is bounded), the slots pop them, and slots
     with nothing to do park in ``idle``. That is a third of the cost per job of
     a channel's send and receive.
+
+    Weighted slots (``docs/flow-control.md``): a job occupies ``units`` of the queue's
+    ``concurrency`` while it runs (its cost, at most ``concurrency``: a job that costs more
+    runs alone). The buffer is first in, first out: a job whose units are not free waits at
+    its head, and the jobs behind it wait too, so a big job is never passed by small ones.
+    Everything here counts units; with cost-1 jobs, units are jobs, as before.
     """
 
     name: str
     config: QueueConfig
     active: int = 0  # handlers running
+    used: int = 0  # the units of the running handlers
+    buffered: int = 0  # the units of the buffered jobs
+    blocked: bool = False  # a slot waits for units for the buffer's head (see `take`)
     buffer: collections.deque[HeldJob] = attrs.field(factory=collections.deque)
     closed: bool = False  # the fetcher stopped: the slots end once the buffer is empty
     idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -100,7 +109,8 @@ class _QueueState:
         self.refill = max(1, self.config.concurrency // 2)
 
     def wanted(self) -> int:
-        """How many jobs the next claim should take; 0: wait for `room`.
+        """How many units the next claim should take (jobs, when they cost 1); 0: wait
+        for `room`.
 
         Every idle slot (no job running, none buffered for it) wants one job,
         at once. On top of that the fetcher prefetches as many jobs as finished
@@ -109,7 +119,7 @@ class _QueueState:
         through the buffer. For long jobs it is 0, and a worker claims only
         for idle slots, leaving the rest to other workers.
         """
-        idle = self.config.concurrency - self.active - len(self.buffer)
+        idle = self.config.concurrency - self.used - self.buffered  # units
         wanted = idle + self.prefetch
         if idle <= 0 and wanted < self.refill:
             return 0
@@ -145,30 +155,63 @@ class _QueueState:
         ahead = max(finished, got if starved else 0)
         self.prefetch = 0 if bound else min(self.config.concurrency, ahead)
 
+    def units(self, cost: int | None) -> int:
+        """The units a job of ``cost`` occupies here (None: 1): at most ``concurrency``."""
+        return 1 if cost is None else min(cost, self.config.concurrency)
+
     def put(self, jobs: list[HeldJob]) -> None:
         self.buffer.extend(jobs)
+        self.buffered += sum(held.units for held in jobs)
         self.idle.unpark(count=len(jobs))
+
+    def put_back(self, held: HeldJob) -> None:
+        """A job `take` gave that its slot cannot start now: first again."""
+        self.buffer.appendleft(held)
+        self.buffered += held.units
+
+    def drop_last(self) -> HeldJob:
+        """The last buffered job, out of the buffer (released unstarted)."""
+        held = self.buffer.pop()
+        self.buffered -= held.units
+        return held
 
     def close(self) -> None:
         self.closed = True
         self.idle.unpark_all()
 
     async def take(self, *, checkpoint: bool) -> HeldJob | None:
-        """The next buffered job, or None once closed and empty.
+        """The next buffered job once its units are free, or None once closed and empty.
+        Once closed (a stop), the head comes at once: it is released, not run.
 
         Checkpoints when it has to wait, or when asked to (see `SLOT_YIELD_EVERY`).
         """
         if checkpoint:
             await trio.lowlevel.checkpoint()
-        while not self.buffer:
-            if self.closed:
+        buffer = self.buffer
+        while True:
+            if buffer:
+                if self.used + buffer[0].units <= self.config.concurrency or self.closed:
+                    break
+                self.blocked = True  # `job_done` wakes the slots when units free
+            elif self.closed:
                 return None
             await self.idle.park()
-        return self.buffer.popleft()  # the slot counts it as active at once: `idle` is unchanged
+        held = buffer.popleft()  # the slot counts it as active at once: `idle` is unchanged
+        self.buffered -= held.units
+        return held
 
-    def job_done(self) -> None:
+    def start(self, held: HeldJob) -> None:
+        """A slot runs ``held`` now: its units are taken."""
+        self.active += 1
+        self.used += held.units
+
+    def job_done(self, units: int) -> None:
         self.active -= 1
+        self.used -= units
         self.finished += 1
+        if self.blocked:  # a job waits for units at the buffer's head: it may fit now
+            self.blocked = False
+            self.idle.unpark_all()
         if self.fetcher_waits:
             self.room.set()
 
@@ -180,6 +223,19 @@ class _QueueState:
             self.fetcher_waits = False
 
 
+def _refuse_unservable_costs(config: Config, queues: dict[str, _QueueState]) -> None:
+    """A task that costs more slots than its queue has in this process could never run here
+    beside anything, and says a config mistake: refused before anything starts."""
+    for task in config.registry:
+        state = queues.get(task.queue)
+        if state is not None and task.cost > state.config.concurrency:
+            raise ValueError(
+                f"task {task.name!r} costs {task.cost} slots, more than queue {task.queue!r} "
+                f"has in this process (concurrency {state.config.concurrency}): raise the "
+                f"queue's QueueConfig.concurrency (--concurrency) or lower the task's cost"
+            )
+
+
 class Runtime:
     """A running worker process. `serve` creates it and hands it to ``task_status``."""
 
@@ -189,6 +245,7 @@ class Runtime:
         self._queues = {
             name: _QueueState(name, cfg) for name, cfg in config.served_queues().items()
         }
+        _refuse_unservable_costs(config, self._queues)
         self._held = HeldJobs()  # running, buffered, or outcome not yet written
         self._holding: set[HeldJob] = set()  # stopped, but their sync handler's thread runs on
         self._stop_requested = trio.Event()
@@ -300,7 +357,7 @@ class Runtime:
 
     def _gauges(self) -> tuple[QueueGauges, ...]:
         """Each served queue's slots, busy and buffered (``/metrics``)."""
-        return tuple(QueueGauges(queue=name, concurrency=q.config.concurrency, busy=q.active,
+        return tuple(QueueGauges(queue=name, concurrency=q.config.concurrency, busy=q.used,
                                  buffered=len(q.buffer))
                      for name, q in self._queues.items())  # fmt: skip
 
@@ -331,7 +388,7 @@ class Runtime:
                 finished_before, sent = state.finished, trio.current_time()
                 starved = state.starved(sent)
                 try:
-                    got, written = await self._claim(state, wanted)
+                    got, written, counted = await self._claim(state, wanted)
                 except Exception as ex:  # the database, mostly; Cancelled is not an Exception
                     self._services.claim_errors[state.name] += 1
                     if getattr(ex, "sqlstate", None) == READ_ONLY_SQLSTATE:
@@ -352,15 +409,23 @@ class Runtime:
                 state.claimed(sent=sent, now=trio.current_time(), got=len(claimed),
                               finished_before=finished_before, starved=starved,
                               bound=got.concurrency_bound)  # fmt: skip
-                batch = [HeldJob(job, Lease(job.id, job.attempt)) for job in claimed]
+                units = state.units
+                batch = [HeldJob(job, Lease(job.id, job.attempt), units(job.cost))
+                         for job in claimed]  # fmt: skip
                 self._held.add(batch)
-                state.put(batch)  # at most `wanted`: the buffer stays within `concurrency`
-                if len(claimed) < wanted:  # drained or limited: wait for news, or poll
+                # At most `wanted` units, and one job past them (its units are not free yet:
+                # it waits at the buffer's head, see `_QueueState`): the buffer stays bounded.
+                state.put(batch)
+                if 0 <= counted < wanted:  # drained or limited: wait for news, or poll
                     await self._services.governor.wait(state.name, got, written, state.wakeup)
         finally:
             state.close()  # the slots release what is left in the buffer, then end
 
-    async def _claim(self, state: _QueueState, limit: int) -> tuple[LimitedClaim, int]:
+    async def _claim(self, state: _QueueState, limit: int) -> tuple[LimitedClaim, int, int]:
+        """Claim up to ``limit`` units of ``state``'s queue: the claim (its jobs' costs and
+        ``max_attempts`` resolved), the outcome batches written before it began (for
+        `Governor.wait`), and the units the claim counted (-1: it gave jobs back, whose
+        costs it now knows: claim again at once)."""
         services = self._services
         async with services.pool.connection() as conn:
             # Shielded: a claim cut short by the stop may have committed, and its jobs would
@@ -371,21 +436,32 @@ class Runtime:
                     conn, state.name, owner=self.config.worker_id, limit=limit,
                     lease=dt.timedelta(seconds=self.config.lease),
                 )  # fmt: skip
+                counted = sum(1 if job.cost is None else job.cost for job in claim.jobs)
+                resolved = await resolve_cost(
+                    conn, services.queue.driver, self.config.registry,
+                    owner=self.config.worker_id, claim=claim,
+                    global_limit=services.governor.settings(state.name).global_concurrency
+                    is not None,
+                )  # fmt: skip
+                for lease in resolved.release:  # a queue with a global limit: not run here
+                    await services.completer.submit(aborted(None, lease))
+                if resolved.given_back or resolved.release:
+                    counted = -1
                 claim = await resolve_max_attempts(conn, services.queue.driver,
                                                    self.config.registry,
-                                                   owner=self.config.worker_id, claim=claim)
-                got = claim, written
-                self._claimed += len(got[0].jobs)
+                                                   owner=self.config.worker_id,
+                                                   claim=resolved.claim)  # fmt: skip
+                self._claimed += len(claim.jobs)
                 if services.meter is not None:
-                    services.meter.claimed(state.name, got[0].jobs)
-                return got
+                    services.meter.claimed(state.name, claim.jobs)
+                return claim, written, counted
         raise TimeoutError(f"the claim took longer than {CLAIM_TIMEOUT} s")
 
     async def _release_buffered(self, name: str) -> None:
         """The queue was paused: give back the jobs claimed for it but not started."""
         state = self._queues[name]
         while state.buffer:
-            held = state.buffer.pop()
+            held = state.drop_last()
             held.abort("paused")  # keeps an earlier reason: a lost lease, a cancel request
             await self._services.completer.submit(aborted(held.reason, held.lease))
 
@@ -424,9 +500,9 @@ class Runtime:
                 await self._services.completer.submit(self._aborted(running))
                 continue
             if scope.cancel_called:  # a job aborted as it returned: a fresh scope, please
-                state.buffer.appendleft(running)
+                state.put_back(running)
                 await trio.lowlevel.checkpoint()  # raises Cancelled: we are in `scope`
-            state.active += 1
+            state.start(running)
             running.scope = scope
             current.append(running)
             outcome = await self._execute(running)  # Cancelled: abort(); the caller deals
@@ -468,7 +544,7 @@ class Runtime:
         """The handler is done: the slot is free (its outcome is handed over after this)."""
         running.scope = None
         running.finished = True
-        state.job_done()
+        state.job_done(running.units)
         if self._stop_requested.is_set():
             self._job_finished.set()  # the shutdown grace waits for running jobs
 

@@ -9,9 +9,16 @@ a handler's own transaction. `trioq._db.driver` runs them (the transactions' one
 # (EXPLAIN ANALYZE, 20,000 jobs, batch 100: 5.1 ms against 0.79 ms; docs/benchmarks.md).
 # A queue with settings is refused (`claim_limited` claims it), unless all it has is a timed
 # pause whose time has passed (migration 20): the database's clock ends it, not a timer.
+#
+# Weighted slots (migration 25): %(limit)s is the worker's free units, and a job costs
+# `cost` of them (NULL: its task's, counted 1 here). The claim takes the due jobs in order
+# while the units taken before each are fewer than asked: the last may go past the limit
+# (it waits in the worker's buffer until enough units free) and none is skipped, so a big
+# job is never passed by small ones behind it. A queue of cost-1 jobs takes exactly the
+# jobs it took before; fewer units than asked still means drained.
 CLAIM = """
 WITH c AS (
-    SELECT id FROM {jobs}
+    SELECT id, priority, run_at, cost FROM {jobs}
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
        AND (start_by IS NULL OR start_by >= {now})  -- a deadline to start passed: never
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled
@@ -19,13 +26,17 @@ WITH c AS (
      ORDER BY priority, run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), k AS (
+    SELECT id, pg_catalog.sum(coalesce(cost, 1)) OVER (ORDER BY priority, run_at, id)
+               - coalesce(cost, 1) AS before
+      FROM c
 )
 UPDATE {jobs} j
    SET state = 'running', attempt = j.attempt + 1,
        lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s,
        start_by = NULL,  -- met: no retry, snooze or sleep is judged by it
        debounce_key = NULL  -- started: the next enqueue of its key makes a new job
- WHERE j.id = ANY (ARRAY(SELECT id FROM c))
+ WHERE j.id = ANY (ARRAY(SELECT id FROM k WHERE before < %(limit)s))
 RETURNING {job_columns}
 """
 
@@ -107,6 +118,27 @@ UPDATE {jobs} j SET max_attempts = f.m
   FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(max_attempts)s::int4[]) AS f(id, attempt, m)
  WHERE {fence} AND j.max_attempts_unset
 RETURNING j.id, j.max_attempts
+"""
+
+# Claimed jobs that left their cost to their task (cost NULL, counted 1 by the claim) get the
+# claiming worker's task's cost (weighted slots, migration 25), fenced like every write after
+# the claim. A job of a queue with a global limit is given back in the same statement
+# (`back`: available again, attempt refunded, its place kept: run_at unchanged), so that the
+# next claim counts its cost before anyone runs it: the running jobs never cost more than the
+# limit, not even for an instant.
+RESOLVE_COST = """
+UPDATE {jobs} j
+   SET cost = f.cost,
+       state = CASE WHEN NOT f.back THEN j.state
+                    WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+       finished_at = CASE WHEN f.back AND j.cancel_requested THEN {now} ELSE j.finished_at END,
+       attempt = CASE WHEN f.back THEN j.attempt - 1 ELSE j.attempt END,
+       lease_owner = CASE WHEN f.back THEN NULL ELSE j.lease_owner END,
+       lease_expires_at = CASE WHEN f.back THEN NULL ELSE j.lease_expires_at END
+  FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(costs)s::int2[], %(back)s::bool[])
+       AS f(id, attempt, cost, back)
+ WHERE {fence} AND j.cost IS NULL
+RETURNING j.id, f.back
 """
 
 # A failure retries (attempts left, not fatal) or moves the job to dead_jobs.

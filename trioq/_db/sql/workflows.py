@@ -41,17 +41,17 @@ SELECT pg_catalog.count(pg_catalog.pg_notify(%(channel)s, q.queue))
 INSERT_GRAPH = """
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts,
                     max_attempts_unset, concurrency_key, has_dependants, dependencies_left,
-                    dependency_policy, batch_id, trace_context, start_by)
+                    dependency_policy, batch_id, trace_context, start_by, cost)
 SELECT i, q, t, a::jsonb, p, r,
        CASE WHEN n > 0 THEN 'waiting' WHEN r > {now} THEN 'scheduled' ELSE 'available' END,
        m, mu, ck, hd, CASE WHEN n > 0 THEN n END, CASE WHEN n > 0 THEN pol END, b,
-       %(trace)s::jsonb, sb
+       %(trace)s::jsonb, sb, c
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
               %(max_attempts_unset)s::bool[], %(concurrency_keys)s::text[],
               %(dependants)s::bool[], %(waits)s::int4[], %(policies)s::text[],
-              %(batches)s::int8[], %(start_bys)s::timestamptz[])
-              AS u(i, q, t, a, p, r, m, mu, ck, hd, n, pol, b, sb)
+              %(batches)s::int8[], %(start_bys)s::timestamptz[], %(costs)s::int2[])
+              AS u(i, q, t, a, p, r, m, mu, ck, hd, n, pol, b, sb, c)
 """
 
 INSERT_EDGES = """

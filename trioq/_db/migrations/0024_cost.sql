@@ -1,0 +1,283 @@
+-- trioq schema: weighted slots (docs/flow-control.md, "Weighted slots"). Runs with
+-- search_path set to the target schema; names here are unqualified.
+--
+-- A job may cost more than one slot (`@tasks.task(cost=4)`, `enqueue(..., cost=4)`): it
+-- occupies that many of its worker's `concurrency` slots while it runs, and that many units
+-- of its queue's global limit. NULL is "its task's cost": a job enqueued by name without a
+-- cost (a producer that does not know the task, the SQL API, a row written by hand) counts
+-- 1 until the worker that claims it resolves it from its registry. The check refuses what
+-- no worker could mean (1 to 1000; a process with more slots than that for one job is not
+-- what trioq runs); a job costing more than a worker's concurrency, or than the global
+-- limit, runs alone (it is counted as the whole of it).
+ALTER TABLE jobs ADD COLUMN cost smallint
+    CONSTRAINT jobs_cost_check CHECK (cost BETWEEN 1 AND 1000);
+
+-- The claim of a controlled queue (migration 22's), unchanged but for the lines marked
+-- "cost": the global limit counts units (the running jobs' costs), the jobs taken are cut
+-- where their units stop fitting, and each job row says its cost.
+CREATE OR REPLACE FUNCTION claim_limited(p_queue text, p_owner text, p_limit integer, p_lease interval)
+RETURNS TABLE (id bigint, queue text, task text, args text, priority smallint,
+               run_at bigint, attempt integer, max_attempts integer, enqueued_at bigint,
+               lease_expires_at bigint, reason text, retry_in double precision)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    q            queues%ROWTYPE;
+    t            timestamptz;
+    room         integer := greatest(p_limit, 0);
+    why          text;
+    opens        timestamptz;
+    n            integer;
+    keyed        boolean;
+    default_a    integer;
+    base_keys    text[] := '{}';
+    base_allow   integer[] := '{}';
+    chosen       bigint[] := '{}';
+    chosen_keys  text[] := '{}';
+    new_ids      bigint[];
+    new_keys     text[];
+    scanned      integer;
+    scan         integer;
+    passes       integer := 0;
+    claimed      integer;
+    full_keys    text[];
+    g_room       integer;          -- cost: the units the global limit has left
+    units        integer := 0;     -- cost: the units of the jobs taken
+    cut          boolean := false; -- cost: the next job's cost did not fit the global room
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'trioq: a limited claim needs READ COMMITTED, not %',
+            current_setting('transaction_isolation') USING ERRCODE = '0A000';
+    END IF;
+    SELECT * INTO q FROM queues qs WHERE qs.name = p_queue FOR UPDATE;
+    -- The limiter's clock, read once the lock is held: the starts it records are in the
+    -- order the claims ran.
+    t := coalesce(nullif(current_setting('trioq.now', true), '')::timestamptz,
+                  clock_timestamp());
+    -- A timed pause whose time has come is no pause, whether or not a governor has
+    -- tidied the row yet; until then the claim says when it ends (retry_in) (migration 20).
+    IF q.paused AND (q.paused_until IS NULL OR q.paused_until > t) THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::smallint,
+            NULL::bigint, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint,
+            'paused'::text,
+            CASE WHEN q.paused_until IS NOT NULL
+                 THEN greatest(extract(epoch FROM least(q.paused_until,
+                         '9999-12-31 23:59:59+00'::timestamptz) - t), 0) END
+                ::double precision;
+        RETURN;
+    END IF;
+    IF q.global_concurrency IS NOT NULL THEN
+        -- jobs_lease_idx holds the running jobs ('running' <=> a lease, by a CHECK).
+        -- cost: the running jobs' units, each its cost (NULL: the task's, counted 1), and
+        -- never more than the limit (a job that costs more runs alone).
+        SELECT coalesce(sum(least(coalesce(j.cost, 1), q.global_concurrency)), 0) INTO n
+          FROM jobs j
+         WHERE j.lease_expires_at IS NOT NULL AND j.queue = p_queue AND j.state = 'running';
+        g_room := greatest(q.global_concurrency - n, 0);  -- cost
+        IF q.global_concurrency - n < room THEN
+            room := greatest(q.global_concurrency - n, 0);
+            why := 'concurrency';
+        END IF;
+    END IF;
+    IF room > 0 AND q.rate_limit IS NOT NULL THEN
+        SELECT coalesce(sum(r.n), 0) INTO n FROM rate_starts r
+         WHERE r.queue = p_queue AND r.key = '' AND r.started_at > t - q.rate_period;
+        IF q.rate_limit - n < room THEN
+            room := greatest(q.rate_limit - n, 0);
+            why := 'rate';
+            IF room = 0 THEN
+                opens := rate_opening(p_queue, '', q.rate_limit, q.rate_period, t);
+            END IF;
+        END IF;
+    END IF;
+    IF room = 0 THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::smallint,
+            NULL::bigint, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint, why,
+            CASE WHEN opens IS NOT NULL THEN greatest(extract(epoch FROM opens - t), 0) END
+                ::double precision;
+        RETURN;
+    END IF;
+
+    keyed := q.key_concurrency IS NOT NULL OR q.key_rate_limit IS NOT NULL;
+    IF keyed THEN
+        -- What each key may still start: its concurrency limit less its running jobs, its
+        -- rate limit less its starts in the window; a key in neither has default_a.
+        default_a := least(coalesce(q.key_concurrency, 2147483647),
+                           coalesce(q.key_rate_limit, 2147483647));
+        SELECT coalesce(array_agg(u.k), '{}'), coalesce(array_agg(u.a), '{}')
+          INTO base_keys, base_allow
+          FROM (SELECT z.k, least(coalesce(q.key_concurrency - sum(z.r), 2147483647),
+                                  coalesce(q.key_rate_limit - sum(z.s), 2147483647))::integer AS a
+                  FROM (SELECT j.concurrency_key AS k, count(*) AS r, 0 AS s FROM jobs j
+                         WHERE q.key_concurrency IS NOT NULL AND j.queue = p_queue
+                           AND j.state = 'running' AND j.concurrency_key IS NOT NULL
+                         GROUP BY j.concurrency_key
+                        UNION ALL
+                        SELECT r.key, 0, sum(r.n) FROM rate_starts r
+                         WHERE q.key_rate_limit IS NOT NULL AND r.queue = p_queue
+                           AND r.key <> '' AND r.started_at > t - q.key_rate_period
+                         GROUP BY r.key) AS z
+                 GROUP BY z.k) AS u;
+        -- Candidates in claim order, skipping keys with nothing left; each key keeps its
+        -- first jobs up to what it may start. A pass that scanned `scan` rows without
+        -- filling the room leaves the keys it used up for the next pass to skip.
+        LOOP
+            passes := passes + 1;
+            scan := greatest((room - cardinality(chosen)) * 4, 100);
+            WITH allow AS (
+                SELECT a.k, min(a.a) - sum(a.c)::integer AS allowance
+                  FROM (SELECT b.k, b.a, 0 AS c FROM unnest(base_keys, base_allow) AS b(k, a)
+                        UNION ALL
+                        SELECT ck, default_a, 1 FROM unnest(chosen_keys) AS ck
+                         WHERE ck IS NOT NULL) AS a
+                 GROUP BY a.k
+            ), cand AS (
+                SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM jobs j
+                 WHERE j.queue = p_queue AND j.state = 'available' AND j.run_at <= t
+                   AND (j.start_by IS NULL OR j.start_by >= t)
+                   AND (j.concurrency_key = ANY(ARRAY(SELECT al.k FROM allow al
+                                                        WHERE al.allowance <= 0)))
+                       IS NOT TRUE
+                   AND NOT j.id = ANY(chosen)
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT scan
+            ), ranked AS (
+                SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
+                                               ORDER BY c.priority, c.run_at, c.id) AS rn
+                  FROM cand c
+            ), picked AS (
+                SELECT r.id, r.priority, r.run_at, r.concurrency_key FROM ranked r
+                  LEFT JOIN allow al ON al.k = r.concurrency_key
+                 WHERE r.concurrency_key IS NULL OR r.rn <= coalesce(al.allowance, default_a)
+                 ORDER BY r.priority, r.run_at, r.id
+                 LIMIT room - cardinality(chosen)
+            )
+            SELECT coalesce((SELECT array_agg(p.id ORDER BY p.priority, p.run_at, p.id)
+                               FROM picked p), '{}'),
+                   coalesce((SELECT array_agg(p.concurrency_key
+                                              ORDER BY p.priority, p.run_at, p.id)
+                               FROM picked p), '{}'),
+                   (SELECT count(*) FROM cand)
+              INTO new_ids, new_keys, scanned;
+            chosen := chosen || new_ids;
+            chosen_keys := chosen_keys || new_keys;
+            EXIT WHEN cardinality(chosen) >= room OR scanned < scan OR passes >= 4
+                   OR cardinality(new_ids) = 0;
+        END LOOP;
+    END IF;
+
+    -- Lock the jobs to take (a chosen one may have been cancelled meanwhile: re-checked),
+    -- then take them and count them as started, per queue and per key, in one statement.
+    IF keyed THEN
+        chosen := ARRAY(SELECT j.id FROM jobs j
+                         WHERE j.id = ANY(chosen) AND j.state = 'available'
+                           AND (j.start_by IS NULL OR j.start_by >= t)
+                           FOR UPDATE SKIP LOCKED);
+    ELSE
+        chosen := ARRAY(SELECT j.id FROM jobs j
+                         WHERE j.queue = p_queue AND j.state = 'available' AND j.run_at <= t
+                   AND (j.start_by IS NULL OR j.start_by >= t)
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT room
+                           FOR UPDATE SKIP LOCKED);
+    END IF;
+    -- cost (weighted slots, migration 25): keep the chosen jobs, in claim order, while the
+    -- units taken before each are fewer than asked (p_limit, the worker's free units: the
+    -- last may go past it and waits in its buffer) and their sum fits the global room
+    -- (never past it). The first that does not fit ends the claim: no job behind it is
+    -- taken, so a big job at the head is never passed by small ones.
+    IF cardinality(chosen) > 0 THEN
+        SELECT coalesce(array_agg(x.id) FILTER (WHERE x.local_ok AND x.global_ok), '{}'),
+               coalesce(sum(x.c) FILTER (WHERE x.local_ok AND x.global_ok), 0),
+               coalesce(bool_or(x.local_ok AND NOT x.global_ok), false)
+          INTO chosen, units, cut
+          FROM (SELECT y.id, y.c,
+                       sum(y.c) OVER w - y.c < p_limit AS local_ok,
+                       sum(y.c) OVER w <= coalesce(g_room, 2147483647) AS global_ok
+                  FROM (SELECT j.id, j.priority, j.run_at,
+                               least(coalesce(j.cost, 1),
+                                     coalesce(q.global_concurrency, 32767)) AS c
+                          FROM jobs j WHERE j.id = ANY(chosen)) AS y
+                WINDOW w AS (ORDER BY y.priority, y.run_at, y.id)) AS x;
+    END IF;
+    RETURN QUERY
+    WITH upd AS (
+        UPDATE jobs j
+           SET state = 'running', attempt = j.attempt + 1,
+               lease_owner = p_owner, lease_expires_at = t + p_lease, start_by = NULL,
+               debounce_key = NULL
+         WHERE j.id = ANY(chosen)
+        RETURNING j.*
+    ), rated AS (
+        INSERT INTO rate_starts (queue, key, started_at, n)
+        SELECT p_queue, '', t, count(*) FROM upd
+         WHERE q.rate_limit IS NOT NULL
+        HAVING count(*) > 0
+    ), key_rated AS (
+        INSERT INTO rate_starts (queue, key, started_at, n)
+        SELECT p_queue, u.concurrency_key, t, count(*) FROM upd u
+         WHERE q.key_rate_limit IS NOT NULL AND u.concurrency_key IS NOT NULL
+         GROUP BY u.concurrency_key
+    )
+    SELECT u.id, u.queue, u.task, u.args::text, u.priority,
+           epoch_us(u.run_at), u.attempt, u.max_attempts,
+           epoch_us(u.enqueued_at),
+           epoch_us(u.lease_expires_at),
+           -- cost: a job row's cost rides in retry_in, which job rows never use (the
+           -- RETURNS TABLE stays as it was); NULL: its task's
+           NULL::text, u.cost::double precision
+      FROM upd u;
+    GET DIAGNOSTICS claimed = ROW_COUNT;
+
+    IF q.rate_limit IS NOT NULL OR q.key_rate_limit IS NOT NULL THEN
+        DELETE FROM rate_starts r
+         WHERE r.queue = p_queue
+           AND r.started_at <= t - greatest(coalesce(q.rate_period, interval '0'),
+                                            coalesce(q.key_rate_period, interval '0'));
+    END IF;
+
+    IF claimed >= p_limit OR units >= p_limit THEN  -- cost: or as many units as asked
+        RETURN;
+    END IF;
+    IF cut THEN  -- cost: the next job's cost does not fit the global room: wait for it
+        why := 'concurrency';
+    ELSIF claimed < room AND keyed THEN
+        -- Keys with nothing left that still have due jobs held back: the claim was cut
+        -- by per-key limits. Their earliest rate window is when one may start again.
+        SELECT array_agg(a.k) INTO full_keys
+          FROM (SELECT b.k, min(b.a) - sum(b.c) AS allowance
+                  FROM (SELECT x.k, x.a, 0 AS c FROM unnest(base_keys, base_allow) AS x(k, a)
+                        UNION ALL
+                        SELECT y, default_a, 1 FROM unnest(chosen_keys) AS y
+                         WHERE y IS NOT NULL) AS b
+                 GROUP BY b.k) AS a
+         WHERE a.allowance <= 0
+           AND EXISTS (SELECT 1 FROM jobs j
+                        WHERE j.queue = p_queue AND j.concurrency_key = a.k
+                          AND j.state = 'available' AND j.run_at <= t
+                          AND (j.start_by IS NULL OR j.start_by >= t));
+        IF full_keys IS NOT NULL THEN
+            why := 'keys';
+            IF q.key_rate_limit IS NOT NULL THEN
+                SELECT min(rate_opening(p_queue, fk, q.key_rate_limit, q.key_rate_period, t))
+                  INTO opens FROM unnest(full_keys) AS fk;
+            END IF;
+        ELSIF scanned >= scan THEN
+            why := 'more';
+        ELSE
+            why := NULL;
+        END IF;
+    ELSIF claimed < room THEN
+        why := NULL;  -- drained
+    ELSIF why = 'rate' THEN
+        -- This claim filled the window: when it opens again (this claim's starts included).
+        opens := rate_opening(p_queue, '', q.rate_limit, q.rate_period, t);
+    END IF;
+    RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::smallint,
+        NULL::bigint, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint, why,
+        CASE WHEN opens IS NOT NULL THEN greatest(extract(epoch FROM opens - t), 0) END
+            ::double precision;
+END
+$$;
