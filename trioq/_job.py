@@ -76,7 +76,7 @@ QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
 TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
 PRIORITY_MIN, PRIORITY_MAX = -100, 100  # lower runs first
 #: The most slots one job may cost (weighted slots, ``docs/flow-control.md``): the schema's
-#: check (``jobs_cost_check``, migration 25) says the same.
+#: check (``jobs_cost_check``, migration 24) says the same.
 COST_MAX = 1000
 DEFAULT_MAX_ATTEMPTS = 25
 MAX_ATTEMPTS_LIMIT = 10_000

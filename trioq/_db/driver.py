@@ -133,7 +133,7 @@ class Driver:
         for row in rows:
             if row[0] is None:
                 reason, retry_in = row[fields], row[fields + 1]
-            else:  # a job's cost rides in retry_in (migration 25); no trace context here
+            else:  # a job's cost rides in retry_in (migration 24); no trace context here
                 cost = row[fields + 1]
                 jobs.append((*row[:fields], None, None if cost is None else int(cost)))
         jobs.sort(key=_claim_order)

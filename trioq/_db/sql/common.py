@@ -63,7 +63,7 @@ CLAIMED = {
     "enqueued_at": "{epoch_us}(j.enqueued_at)",
     "lease_expires_at": "{epoch_us}(j.lease_expires_at)",
     "trace_context": "j.trace_context::text",
-    "cost": "j.cost",  # weighted slots (migration 25); NULL: its task's
+    "cost": "j.cost",  # weighted slots (migration 24); NULL: its task's
 }
 
 # The fence of the statements that act on leased jobs (id, attempt, owner, running) and

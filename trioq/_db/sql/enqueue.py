@@ -95,7 +95,7 @@ UPDATE {jobs} SET start_by = coalesce(%(start_by_at)s::timestamptz,
 """
 
 # The cost of a job `enqueue_unique` just inserted (its function predates weighted slots), in
-# the same transaction (migration 25; NULL: its task's).
+# the same transaction (migration 24; NULL: its task's).
 SET_COST = """
 UPDATE {jobs} SET cost = %(cost)s::int2 WHERE id = %(id)s
 """
