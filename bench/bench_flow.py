@@ -16,6 +16,23 @@ a complete, and jobs/s. Variants, interleaved over ``--repeat`` repetitions:
   rate log: a row per claim, its window sum, pruning);
 * ``everything``: global, rate, per-key concurrency and per-key rate.
 
+And one variant per feature of issue 26 that touches a claim, each beside its "off" (``plain``
+or ``global``), so that both the cost of the feature and the claim of a queue without it can
+be read from one run (``bench/bench_flow_baseline.py`` compares the "off" cells with an older
+checkout's):
+
+* ``cost``: weighted slots on the plain claim, a third of the jobs costing 2 (the claim's
+  window over the units taken); ``global+cost``: the same under a global limit (the running
+  jobs' units summed);
+* ``start_by``: every job carries a deadline to start, a day away (both claims check it and
+  clear it);
+* ``debounce``: every job carries a debounce key (the claim clears it: one more index
+  entry to remove);
+* ``pause-ended``: the queue's row says paused until an hour ago (the plain claim's
+  ``NOT EXISTS`` finds the row and lets it through: a timed pause ends on the clock).
+
+Aging does not change the claim (``--aging`` measures its round).
+
 ``--contend N`` adds the same drain by N connections at once on ``global`` (each claim waits
 for the queue's row lock): how many claims a second one controlled queue takes, serialized.
 
@@ -67,6 +84,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "global+rate": {"global_concurrency": BIG, "rate_limit": f"{BIG}/1s"},
     "everything": {"global_concurrency": BIG, "rate_limit": f"{BIG}/1s",
                    "key_concurrency": BIG, "key_rate_limit": f"{BIG}/1s"},
+    "cost": {},
+    "global+cost": {"global_concurrency": BIG},
+    "start_by": {},
+    "debounce": {},
+    "pause-ended": {},
+}  # fmt: skip
+#: What a feature's variant writes into every job after the fill (SQL over the jobs of the
+#: queue; ``n`` is the job's number in the fill, 1-based), or into the queue's row.
+FEATURE_SQL: dict[str, str] = {
+    "cost": "UPDATE trioq.jobs SET cost = 2 WHERE (args->>'n')::int % 3 = 1",
+    "global+cost": "UPDATE trioq.jobs SET cost = 2 WHERE (args->>'n')::int % 3 = 1",
+    "start_by": "UPDATE trioq.jobs SET start_by = now() + interval '1 day'",
+    "debounce": "UPDATE trioq.jobs SET debounce_key = 'd' || id,"
+                " debounce_deadline = now() + interval '1 day'",
+    "pause-ended": "INSERT INTO trioq.queues (name, paused, paused_until)"
+                   " VALUES ('flow', true, now() - interval '1 hour')",
 }  # fmt: skip
 Q = trioq.Queue()
 
@@ -82,6 +115,8 @@ async def fill(conn: Any, jobs: int, variant: str) -> None:
     )
     if VARIANTS[variant]:
         await Q.set_limits(conn, QUEUE, **VARIANTS[variant])
+    if variant in FEATURE_SQL:
+        await conn.execute(FEATURE_SQL[variant])
     await conn.execute("VACUUM ANALYZE trioq.jobs")
     await conn.execute("CHECKPOINT")
 
