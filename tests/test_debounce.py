@@ -350,3 +350,64 @@ async def test_a_serving_worker_runs_each_burst_once_with_its_last_args(dsn: str
 
         await wait_until(finished)
         assert seen == [3, 5]
+
+
+_BURST = """
+import sys, time, psycopg
+from trioq import producer
+name, first = sys.argv[2], int(sys.argv[3])
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    for i in range(40):
+        if i == 39:  # the database's time before the last enqueue: its job runs after this + 3 s
+            print(conn.execute("SELECT clock_timestamp()").fetchone()[0].isoformat())
+        producer.enqueue(conn, "hold", {"ms": first + i}, queue="limited", dedup_key="k",
+                         debounce=3)
+        time.sleep(0.02)  # a burst spread over about a second, well inside the period
+"""
+
+
+@pytest.mark.slow
+def test_a_burst_from_two_producers_runs_once_on_two_serve_processes(
+    dsn: str, tmp_path: Any
+) -> None:
+    """Two ``trioq serve`` processes serve the queue while two producer processes each send
+    40 debounced enqueues of one key: one job runs, once, with the args of a last enqueue,
+    and not before the period after the last enqueue (the handlers record their starts on the
+    database's clock)."""
+    from test_flow_processes import Workers, wait_for
+
+    assert trioq_cli("migrate", "--dsn", dsn).returncode == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(_STARTS)
+    group = Workers(dsn, tmp_path, record_starts="1")
+    try:
+        names = [group.start(2), group.start(2)]
+        group.wait_ready(names)
+        procs = [subprocess.Popen([sys.executable, "-c", _BURST, dsn, name, str(first)],
+                                  stdout=subprocess.PIPE, text=True)
+                 for name, first in (("p", 0), ("q", 100))]  # fmt: skip
+        outs = [proc.communicate(timeout=120)[0] for proc in procs]
+        assert [proc.returncode for proc in procs] == [0, 0], outs
+        before_last = max(dt.datetime.fromisoformat(out.strip()) for out in outs)
+        wait_for(dsn, "SELECT count(*) FROM trioq.jobs", [(0,)], timeout=60)
+    finally:
+        group.stop_all()
+    with psycopg.connect(dsn) as conn:
+        starts = conn.execute("SELECT job_id, at, args FROM handler_starts").fetchall()
+    assert len(starts) == 1, starts  # one run of one job
+    _, at, args = starts[0]
+    assert at >= before_last + dt.timedelta(seconds=3), (starts, before_last)
+    assert args in ({"ms": 39}, {"ms": 139}), args  # a last enqueue's args
+
+
+# The handlers of flow_app record (job_id, at); the job's args are taken from its row.
+_STARTS = """
+CREATE TABLE handler_starts (job_id bigint, at timestamptz, args jsonb);
+CREATE FUNCTION handler_args() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.args := (SELECT j.args FROM trioq.jobs j WHERE j.id = NEW.job_id);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER handler_args BEFORE INSERT ON handler_starts
+    FOR EACH ROW EXECUTE FUNCTION handler_args();
+"""
