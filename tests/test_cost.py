@@ -179,8 +179,14 @@ async def test_the_plain_claim_takes_jobs_while_their_units_fit(dsn: str) -> Non
     worker's buffer), none is skipped. Cost-1 jobs: exactly as many as asked, as before."""
     async with migrated(dsn) as conn:
         ids = await _enqueue_costs(conn, "q", [2, 2, 1, 3, 1])
+        before = await rows(conn, "SELECT id, run_at FROM trioq.jobs ORDER BY id")
         got = await Q.claim(conn, "q", owner="w", limit=3, lease=LEASE)
         assert [j.id for j in got] == ids[:2] and [j.cost for j in got] == [2, 2]
+        # the statement took 3 jobs; the third was given back at once: its attempt refunded,
+        # its place (run_at) kept, as the jobs behind it
+        assert await rows(conn, "SELECT id, state, attempt, run_at FROM trioq.jobs"
+                                " WHERE id <> ALL(%s) ORDER BY id", ids[:2]) == [
+            (i, "available", 0, at) for i, at in before[2:]]  # fmt: skip
         got = await Q.claim(conn, "q", owner="w", limit=1, lease=LEASE)
         assert [j.id for j in got] == ids[2:3]
         got = await Q.claim(conn, "q", owner="w", limit=1, lease=LEASE)  # past the limit

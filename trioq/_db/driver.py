@@ -108,6 +108,11 @@ class Driver:
         Ordered by priority, then run_at, then id; rows locked by another
         claimer are skipped, never waited for. A queue with settings (a pause, a limit)
         gives nothing here: `claim_limited` claims from it.
+
+        ``limit`` counts units (weighted slots, ``docs/flow-control.md``): the jobs are
+        kept in order while the units taken before each are fewer than ``limit`` (a job
+        costs its ``cost``, 1 when None); the rest are given back at once, attempt refunded
+        and place kept. Jobs that cost 1 are never given back.
         """
         if limit < 1:
             return []
@@ -115,7 +120,13 @@ class Driver:
         cur = await conn.execute(rendered(self.schema, "claim"), params)
         rows = await cur.fetchall()
         rows.sort(key=_claim_order)  # UPDATE ... RETURNING keeps no order
-        return [Job.from_row(row) for row in rows]
+        jobs = [Job.from_row(row) for row in rows]
+        kept = units_fit(jobs, limit)
+        if kept < len(jobs):
+            back = [Lease(job.id, job.attempt) for job in jobs[kept:]]
+            await self._fenced(conn, "release", owner, back, delays=[None] * len(back))
+            del jobs[kept:]
+        return jobs
 
     async def claim_limited(
         self, conn: Conn, queue: str, *, owner: str, limit: int, lease: dt.timedelta
@@ -335,3 +346,15 @@ class Driver:
 def _claim_order(row: Sequence[Any]) -> tuple[Any, ...]:
     """priority, run_at, id of a claimed row (`Job.COLUMNS`)."""
     return (row[4], row[5], row[0])
+
+
+def units_fit(jobs: Sequence[Job], limit: int) -> int:
+    """How many of ``jobs`` (in claim order) a claim of ``limit`` units keeps: each while the
+    units taken before it are fewer than ``limit`` (weighted slots; a cost of None is 1)."""
+    units = 0
+    for kept, job in enumerate(jobs):
+        if units >= limit:
+            return kept
+        cost = job.cost
+        units += 1 if cost is None else cost
+    return len(jobs)

@@ -46,6 +46,9 @@ DECLARE
     g_room       integer;          -- cost: the units the global limit has left
     units        integer := 0;     -- cost: the units of the jobs taken
     cut          boolean := false; -- cost: the next job's cost did not fit the global room
+    costs        smallint[];       -- cost: the chosen jobs' costs (NULL: counted 1)
+    jc           integer;          -- cost: a job's units
+    kept         integer;          -- cost: how many of the chosen jobs fit
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'trioq: a limited claim needs READ COMMITTED, not %',
@@ -170,37 +173,47 @@ BEGIN
 
     -- Lock the jobs to take (a chosen one may have been cancelled meanwhile: re-checked),
     -- then take them and count them as started, per queue and per key, in one statement.
+    -- cost: the lock also reads each job's cost, and both arrays are in claim order.
     IF keyed THEN
-        chosen := ARRAY(SELECT j.id FROM jobs j
-                         WHERE j.id = ANY(chosen) AND j.state = 'available'
-                           AND (j.start_by IS NULL OR j.start_by >= t)
-                           FOR UPDATE SKIP LOCKED);
-    ELSE
-        chosen := ARRAY(SELECT j.id FROM jobs j
-                         WHERE j.queue = p_queue AND j.state = 'available' AND j.run_at <= t
+        SELECT coalesce(array_agg(x.id ORDER BY x.priority, x.run_at, x.id), '{}'),
+               coalesce(array_agg(x.cost ORDER BY x.priority, x.run_at, x.id), '{}')
+          INTO chosen, costs
+          FROM (SELECT j.id, j.priority, j.run_at, j.cost FROM jobs j
+                 WHERE j.id = ANY(chosen) AND j.state = 'available'
                    AND (j.start_by IS NULL OR j.start_by >= t)
-                         ORDER BY j.priority, j.run_at, j.id
-                         LIMIT room
-                           FOR UPDATE SKIP LOCKED);
+                   FOR UPDATE SKIP LOCKED) AS x;
+    ELSE
+        SELECT coalesce(array_agg(x.id ORDER BY x.priority, x.run_at, x.id), '{}'),
+               coalesce(array_agg(x.cost ORDER BY x.priority, x.run_at, x.id), '{}')
+          INTO chosen, costs
+          FROM (SELECT j.id, j.priority, j.run_at, j.cost FROM jobs j
+                 WHERE j.queue = p_queue AND j.state = 'available' AND j.run_at <= t
+                   AND (j.start_by IS NULL OR j.start_by >= t)
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT room
+                   FOR UPDATE SKIP LOCKED) AS x;
     END IF;
-    -- cost (weighted slots, migration 25): keep the chosen jobs, in claim order, while the
+    -- cost (weighted slots, migration 24): keep the chosen jobs, in claim order, while the
     -- units taken before each are fewer than asked (p_limit, the worker's free units: the
     -- last may go past it and waits in its buffer) and their sum fits the global room
     -- (never past it). The first that does not fit ends the claim: no job behind it is
-    -- taken, so a big job at the head is never passed by small ones.
-    IF cardinality(chosen) > 0 THEN
-        SELECT coalesce(array_agg(x.id) FILTER (WHERE x.local_ok AND x.global_ok), '{}'),
-               coalesce(sum(x.c) FILTER (WHERE x.local_ok AND x.global_ok), 0),
-               coalesce(bool_or(x.local_ok AND NOT x.global_ok), false)
-          INTO chosen, units, cut
-          FROM (SELECT y.id, y.c,
-                       sum(y.c) OVER w - y.c < p_limit AS local_ok,
-                       sum(y.c) OVER w <= coalesce(g_room, 2147483647) AS global_ok
-                  FROM (SELECT j.id, j.priority, j.run_at,
-                               least(coalesce(j.cost, 1),
-                                     coalesce(q.global_concurrency, 32767)) AS c
-                          FROM jobs j WHERE j.id = ANY(chosen)) AS y
-                WINDOW w AS (ORDER BY y.priority, y.run_at, y.id)) AS x;
+    -- taken, so a big job at the head is never passed by small ones. Jobs that all count 1
+    -- (cost NULL) fit as they are: at most `room` of them, which is within both.
+    units := cardinality(chosen);
+    IF cardinality(array_remove(costs, NULL)) > 0 THEN
+        units := 0;
+        kept := 0;
+        FOR i IN 1 .. cardinality(chosen) LOOP
+            EXIT WHEN units >= p_limit;
+            jc := least(coalesce(costs[i], 1), coalesce(q.global_concurrency, 32767));
+            IF units + jc > coalesce(g_room, 2147483647) THEN
+                cut := true;
+                EXIT;
+            END IF;
+            units := units + jc;
+            kept := i;
+        END LOOP;
+        chosen := chosen[1:kept];
     END IF;
     RETURN QUERY
     WITH upd AS (

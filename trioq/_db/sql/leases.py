@@ -10,15 +10,17 @@ a handler's own transaction. `trioq._db.driver` runs them (the transactions' one
 # A queue with settings is refused (`claim_limited` claims it), unless all it has is a timed
 # pause whose time has passed (migration 20): the database's clock ends it, not a timer.
 #
-# Weighted slots (migration 25): %(limit)s is the worker's free units, and a job costs
-# `cost` of them (NULL: its task's, counted 1 here). The claim takes the due jobs in order
-# while the units taken before each are fewer than asked: the last may go past the limit
-# (it waits in the worker's buffer until enough units free) and none is skipped, so a big
-# job is never passed by small ones behind it. A queue of cost-1 jobs takes exactly the
-# jobs it took before; fewer units than asked still means drained.
+# Weighted slots (migration 24): %(limit)s is the worker's free units, and a job costs
+# `cost` of them (NULL: its task's, counted 1 here). The statement takes up to %(limit)s
+# jobs, each returned with its cost; `Driver.claim` keeps them in order while the units
+# taken before each are fewer than asked (the last may go past the limit: it waits in the
+# worker's buffer until enough units free) and gives the rest back at once, their place
+# kept. So a big job is never passed by small ones behind it, and a queue whose jobs cost 1
+# runs exactly the statement it ran before weighted slots (a window over the batch in SQL
+# cost every claim 0.04 ms of server time, 8 % of it: EXPLAIN ANALYZE, 300 interleaved runs).
 CLAIM = """
 WITH c AS (
-    SELECT id, priority, run_at, cost FROM {jobs}
+    SELECT id FROM {jobs}
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
        AND (start_by IS NULL OR start_by >= {now})  -- a deadline to start passed: never
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled
@@ -26,17 +28,13 @@ WITH c AS (
      ORDER BY priority, run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-), k AS (
-    SELECT id, pg_catalog.sum(coalesce(cost, 1)) OVER (ORDER BY priority, run_at, id)
-               - coalesce(cost, 1) AS before
-      FROM c
 )
 UPDATE {jobs} j
    SET state = 'running', attempt = j.attempt + 1,
        lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s,
        start_by = NULL,  -- met: no retry, snooze or sleep is judged by it
        debounce_key = NULL  -- started: the next enqueue of its key makes a new job
- WHERE j.id = ANY (ARRAY(SELECT id FROM k WHERE before < %(limit)s))
+ WHERE j.id = ANY (ARRAY(SELECT id FROM c))
 RETURNING {job_columns}
 """
 
@@ -121,7 +119,7 @@ RETURNING j.id, j.max_attempts
 """
 
 # Claimed jobs that left their cost to their task (cost NULL, counted 1 by the claim) get the
-# claiming worker's task's cost (weighted slots, migration 25), fenced like every write after
+# claiming worker's task's cost (weighted slots, migration 24), fenced like every write after
 # the claim. A job of a queue with a global limit is given back in the same statement
 # (`back`: available again, attempt refunded, its place kept: run_at unchanged), so that the
 # next claim counts its cost before anyone runs it: the running jobs never cost more than the
@@ -181,14 +179,17 @@ UNION ALL SELECT id, CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'retry'
 """
 
 # Aborted by us (shutdown) or snoozed: back to available (or scheduled, after a delay) with
-# the attempt refunded; cancelled instead if a cancel was requested meanwhile.
+# the attempt refunded; cancelled instead if a cancel was requested meanwhile. A NULL delay
+# keeps the job's run_at, so its place in the queue (the claim's give-back of the jobs past
+# its units, weighted slots).
 RELEASE = """
 UPDATE {jobs} j
    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
                     WHEN f.delay > interval '0' THEN 'scheduled'
                     ELSE 'available' END,
        finished_at = CASE WHEN j.cancel_requested THEN {now} END,
-       attempt = j.attempt - 1, run_at = {now} + f.delay,
+       attempt = j.attempt - 1,
+       run_at = CASE WHEN f.delay IS NULL THEN j.run_at ELSE {now} + f.delay END,
        lease_owner = NULL, lease_expires_at = NULL
   FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(delays)s::interval[])
        AS f(id, attempt, delay)
