@@ -71,6 +71,7 @@ from _common import (
 from psycopg import sql
 
 import trioq
+import trioq._db.statements as statements_module
 from trioq import Lease
 
 DATABASE = "trioq_bench_flow"
@@ -121,6 +122,14 @@ async def fill(conn: Any, jobs: int, variant: str) -> None:
     await conn.execute("CHECKPOINT")
 
 
+async def plan_as_the_worker(conn: Any, mode: str) -> None:
+    """The session plans as the worker's own pool does (``worker``: generic plans, where this
+    checkout's worker sets them), or as Postgres chooses (``auto``)."""
+    setup = getattr(statements_module, "GENERIC_PLANS", None)
+    if mode == "worker" and setup is not None:
+        await conn.execute(setup)
+
+
 async def drain_one(conn: Any, variant: str, batch: int) -> tuple[list[float], list[float]]:
     """Claim and complete until empty; the claim and complete times (seconds)."""
     claims: list[float] = []
@@ -148,6 +157,7 @@ async def measure(dsn: str, variant: str, opts: argparse.Namespace, workers: int
 
     async def worker() -> None:
         async with await trioq.connect(dsn, autocommit=True) as conn:
+            await plan_as_the_worker(conn, opts.plan_cache)
             results.append(await drain_one(conn, variant, opts.batch))
 
     t0 = time.perf_counter()
@@ -231,7 +241,7 @@ async def main(opts: argparse.Namespace) -> None:
                         for name in ("server_version", "fsync", "synchronous_commit")}  # fmt: skip
         print(f"PostgreSQL {settings['server_version']}, fsync={settings['fsync']}, "
               f"synchronous_commit={settings['synchronous_commit']}; {opts.jobs:,} jobs, "
-              f"batch {opts.batch}, one connection")  # fmt: skip
+              f"batch {opts.batch}, one connection, plans: {opts.plan_cache}")  # fmt: skip
         cells = [(v, 1) for v in VARIANTS] + ([("global", opts.contend)] if opts.contend else [])
         for rep in range(opts.repeat):
             shift = rep % len(cells)
@@ -271,6 +281,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--contend", type=int, default=2, help="connections for the contended cell")
     p.add_argument("--markdown", action="store_true", help="the table as markdown")
+    p.add_argument("--plan-cache", choices=("worker", "auto"), default="worker",
+                   help="plan as the worker's own pool does (generic plans, where this "
+                        "checkout sets them) or as Postgres chooses")  # fmt: skip
     p.add_argument("--aging", action="store_true", help="measure the aging round instead")
     p.add_argument("--aging-backlogs", type=int, nargs="+", default=[10_000, 100_000])
     return p.parse_args(argv)

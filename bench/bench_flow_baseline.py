@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def run(checkout: Path, dsn: str, jobs: int) -> dict[str, dict[str, float]]:
+def run(checkout: Path, dsn: str, jobs: int, extra: list[str]) -> dict[str, dict[str, float]]:
     """One repetition of ``checkout``'s bench_flow: each variant's claim and complete ms."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "flow.json"
@@ -35,7 +35,7 @@ def run(checkout: Path, dsn: str, jobs: int) -> dict[str, dict[str, float]]:
         subprocess.run(
             [sys.executable, str(checkout / "bench" / "bench_flow.py"), "--dsn", dsn,
              "--repeat", "1", "--quiet-wait", "0", "--contend", "0", "--jobs", str(jobs),
-             "--json", str(out)],
+             "--json", str(out), *extra],
             check=True, env=env, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         report = json.loads(out.read_text())
@@ -49,13 +49,17 @@ def main() -> None:
     p.add_argument("--dsn", required=True, help="an admin DSN (the scripts create databases)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--jobs", type=int, default=5_000)
+    p.add_argument("--this-args", default="",
+                   help="more options for this checkout's bench_flow (e.g. '--plan-cache auto': "
+                        "plans as Postgres chooses, as the baseline's claims run)")  # fmt: skip
     opts = p.parse_args()
     here = HERE.parent
     found: dict[str, list[dict[str, dict[str, float]]]] = {"this": [], "baseline": []}
     for i in range(opts.rounds):
         order = [("this", here), ("baseline", opts.baseline)]
         for name, checkout in order if i % 2 == 0 else order[::-1]:
-            found[name].append(run(checkout, opts.dsn, opts.jobs))
+            extra = opts.this_args.split() if name == "this" else []
+            found[name].append(run(checkout, opts.dsn, opts.jobs, extra))
             plain = found[name][-1].get("plain", {}).get("claim", float("nan"))
             print(f"round {i + 1}: {name:8} plain claim {plain:.3f} ms", flush=True)
     variants = [v for v in found["this"][0] if v in found["baseline"][0]]

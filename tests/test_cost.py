@@ -174,25 +174,36 @@ async def _enqueue_costs(conn: Any, queue: str, costs: list[int | None]) -> list
     return [(await trioq.enqueue(conn, "t", queue=queue, cost=c)).job_id for c in costs]
 
 
-async def test_the_plain_claim_takes_jobs_while_their_units_fit(dsn: str) -> None:
+@pytest.mark.parametrize("weighted", [False, True])
+async def test_the_plain_claim_takes_jobs_while_their_units_fit(dsn: str, weighted: bool) -> None:
     """Units before each job fewer than asked: the last may go past (it waits in its
-    worker's buffer), none is skipped. Cost-1 jobs: exactly as many as asked, as before."""
+    worker's buffer), none is skipped. Cost-1 jobs: exactly as many as asked, as before.
+    Weighted (the units counted in SQL) or not (the jobs past them given back): the same."""
+    claim = functools.partial(Q.claim, weighted=weighted)
     async with migrated(dsn) as conn:
         ids = await _enqueue_costs(conn, "q", [2, 2, 1, 3, 1])
         before = await rows(conn, "SELECT id, run_at FROM trioq.jobs ORDER BY id")
-        got = await Q.claim(conn, "q", owner="w", limit=3, lease=LEASE)
+        got = await claim(conn, "q", owner="w", limit=3, lease=LEASE)
         assert [j.id for j in got] == ids[:2] and [j.cost for j in got] == [2, 2]
         # the statement took 3 jobs; the third was given back at once: its attempt refunded,
         # its place (run_at) kept, as the jobs behind it
         assert await rows(conn, "SELECT id, state, attempt, run_at FROM trioq.jobs"
                                 " WHERE id <> ALL(%s) ORDER BY id", ids[:2]) == [
             (i, "available", 0, at) for i, at in before[2:]]  # fmt: skip
-        got = await Q.claim(conn, "q", owner="w", limit=1, lease=LEASE)
+        got = await claim(conn, "q", owner="w", limit=1, lease=LEASE)
         assert [j.id for j in got] == ids[2:3]
-        got = await Q.claim(conn, "q", owner="w", limit=1, lease=LEASE)  # past the limit
+        got = await claim(conn, "q", owner="w", limit=1, lease=LEASE)  # past the limit
         assert [j.id for j in got] == ids[3:4]
+        exact = await _enqueue_costs(conn, "x", [1, 2, 1])  # the units reach the limit exactly
+        ctid = "SELECT ctid::text FROM trioq.jobs WHERE id = %s"
+        left = await scalar(conn, ctid, exact[2])
+        got = await claim(conn, "x", owner="w", limit=3, lease=LEASE)
+        assert [j.id for j in got] == exact[:2]
+        # weighted: the statement never took the third (its row untouched); else it took it
+        # and gave it back (a new row version)
+        assert (await scalar(conn, ctid, exact[2]) == left) == weighted
         ones = await _enqueue_costs(conn, "p", [None] * 10)
-        got = await Q.claim(conn, "p", owner="w", limit=4, lease=LEASE)
+        got = await claim(conn, "p", owner="w", limit=4, lease=LEASE)
         assert [j.id for j in got] == ones[:4] and {j.cost for j in got} == {None}
 
 
@@ -483,3 +494,32 @@ def _spans(
             out.append((start, at, counted, cost, how))
     assert not opened, f"{len(opened)} jobs never left running"
     return out
+
+
+async def test_a_worker_counts_units_in_sql_once_its_queue_has_costs(dsn: str) -> None:
+    """A queue whose tasks cost 1 claims with the plain statement (a job past the units is
+    given back) until it claims a job that has a cost; from then on, and from the start for a
+    queue with a task costing more than 1, the claim counts units in SQL."""
+    tasks = trioq.Registry()
+    done = trio.Semaphore(0)
+
+    @tasks.task(queue="light")
+    async def light(job: trioq.JobContext) -> None:
+        done.release()
+
+    @tasks.task(queue="heavy", cost=2)
+    async def heavy(job: trioq.JobContext) -> None:
+        done.release()
+
+    queues = {"light": QueueConfig(concurrency=4), "heavy": QueueConfig(concurrency=4)}
+    async with serving(dsn, tasks, queues=queues) as (conn, runtime):
+        state = runtime._queues  # the runtime's own record of each queue
+        assert (state["light"].weighted, state["heavy"].weighted) == (False, True)
+        await light.enqueue(conn)
+        with trio.fail_after(10):
+            await done.acquire()
+        assert not state["light"].weighted
+        await trioq.enqueue(conn, "light", queue="light", cost=3)
+        with trio.fail_after(10):
+            await done.acquire()
+        assert state["light"].weighted

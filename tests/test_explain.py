@@ -316,6 +316,17 @@ async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None
             _assert_uses(plan, "jobs_claim_idx", ("Index Scan", "Index Only Scan"))
             assert not [n for n in _nodes(plan) if n["Node Type"] == "Sort"], _render(plan)
 
+        # Weighted slots: the claim that counts units in SQL sorts only its own batch (the
+        # window over the CTE), never the jobs it scans.
+        weighted = await _both_plans(conn, "trioq_claim_w", SQL.claim_weighted, claim_params)
+        for kind, plan in weighted.items():
+            print(f"\nweighted claim, {kind} plan:\n{_render(plan)}")
+            _assert_uses(plan, "jobs_claim_idx", ("Index Scan", "Index Only Scan"))
+            for node in _nodes(plan):
+                if node["Node Type"] == "Sort":
+                    assert [n["Node Type"] for n in _nodes(node)][1:] == ["CTE Scan"], (
+                        _render(plan))
+
         analyzed = await _analyzed_claim(conn, claim_params)
         plan = analyzed["Plan"]
         print(f"\nclaim, EXPLAIN ANALYZE (rolled back), {analyzed['Execution Time']:.3f} ms:")

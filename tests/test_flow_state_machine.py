@@ -314,11 +314,14 @@ class FlowMachine(LeaseMachine[FlowJob]):
         assert (got.paused, got.paused_until) == (True, end)
         self.settings.paused, self.settings.until = True, end
 
-    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 5))
-    def plain_claim(self, worker: str, limit: int) -> None:
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 5), weighted=st.booleans())
+    def plain_claim(self, worker: str, limit: int, weighted: bool) -> None:
         """The plain claim takes nothing of a controlled queue; an ended timed pause alone
-        does not control it."""
-        got = self.call(lambda: Q.claim(self.conn, "q", owner=worker, limit=limit, lease=LEASE))
+        does not control it. Weighted or not (units counted in SQL, or jobs past them given
+        back), it takes the same jobs, and a job given back is as it was (its attempt, its
+        place: the model's next claims check both)."""
+        got = self.call(lambda: Q.claim(self.conn, "q", owner=worker, limit=limit, lease=LEASE,
+                                        weighted=weighted))  # fmt: skip
         expected: list[FlowJob] = []
         if not self.settings.controlled_at(self.clock):
             units = 0  # costs: jobs in order while the units before each are fewer than limit

@@ -201,6 +201,8 @@ async def test_jobs_run_through_the_pooler_with_session_work_direct(
         assert runtime.pool.statistics().max_size == 8
         async with runtime.pool.connection() as pooled_conn:
             assert pooled_conn.prepare_threshold is None
+            # no session setting through the pooler (it would reach its other clients)
+            assert await rows(pooled_conn, "SHOW plan_cache_mode") == [("auto",)]
         held = await long.enqueue(conn)
         for i in range(60):
             await add.enqueue(conn, a=i)

@@ -75,6 +75,7 @@ from .sql.common import (
 __all__ = [
     "CANCEL_PAYLOAD",
     "CLEAR_CLOCK",
+    "GENERIC_PLANS",
     "LEASE_LOST_SQLSTATE",
     "NOW",
     "QUEUES_PAYLOAD",
@@ -99,6 +100,8 @@ SCHEMA_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 WRITABLE = sql.SQL(schema.WRITABLE)
 #: The session's ``trioq.now`` unset, as a command to defer (no table, no parameter).
 CLEAR_CLOCK = jobs.CLEAR_CLOCK.encode()
+#: The session plans prepared statements once (the worker's own pool, direct connections).
+GENERIC_PLANS = jobs.GENERIC_PLANS.encode()
 
 
 def session_reset(schema: str) -> tuple[bytes, ...]:
@@ -259,6 +262,7 @@ class Statements:
     debounce = Statement(enqueue.DEBOUNCE)
     # -- the claim and the fenced writes on leased jobs (trioq._db.driver) ----------------------
     claim = Statement(leases.CLAIM)
+    claim_weighted = Statement(leases.CLAIM_WEIGHTED)
     claim_limited = Statement(leases.CLAIM_LIMITED)
     resolve_cost = Statement(leases.RESOLVE_COST)
     heartbeat = Statement(leases.HEARTBEAT)

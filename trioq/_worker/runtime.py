@@ -88,6 +88,10 @@ class _QueueState:
     used: int = 0  # the units of the running handlers
     buffered: int = 0  # the units of the buffered jobs
     blocked: bool = False  # a slot waits for units for the buffer's head (see `take`)
+    #: Its jobs have costs: the claim counts units in SQL (`Driver.claim`). From the start
+    #: when a task of the queue costs more than 1, else from the first claimed job that has
+    #: a cost (until then, the rare job past the units is given back by the claim).
+    weighted: bool = False
     buffer: collections.deque[HeldJob] = attrs.field(factory=collections.deque)
     closed: bool = False  # the fetcher stopped: the slots end once the buffer is empty
     idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -246,6 +250,9 @@ class Runtime:
             name: _QueueState(name, cfg) for name, cfg in config.served_queues().items()
         }
         _refuse_unservable_costs(config, self._queues)
+        for task in config.registry:
+            if task.cost > 1 and task.queue in self._queues:
+                self._queues[task.queue].weighted = True
         self._held = HeldJobs()  # running, buffered, or outcome not yet written
         self._holding: set[HeldJob] = set()  # stopped, but their sync handler's thread runs on
         self._stop_requested = trio.Event()
@@ -434,9 +441,15 @@ class Runtime:
             with trio.move_on_after(CLAIM_TIMEOUT, shield=True):
                 claim, written = await services.governor.claim(
                     conn, state.name, owner=self.config.worker_id, limit=limit,
-                    lease=dt.timedelta(seconds=self.config.lease),
+                    lease=dt.timedelta(seconds=self.config.lease), weighted=state.weighted,
                 )  # fmt: skip
-                counted = sum(1 if job.cost is None else job.cost for job in claim.jobs)
+                counted = 0
+                for job in claim.jobs:
+                    if job.cost is None:
+                        counted += 1
+                    else:
+                        counted += job.cost
+                        state.weighted = True
                 resolved = await resolve_cost(
                     conn, services.queue.driver, self.config.registry,
                     owner=self.config.worker_id, claim=claim,

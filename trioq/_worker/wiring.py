@@ -24,7 +24,7 @@ from .._complete_with import SharedCompletions
 from .._config import Config, parse_address
 from .._context import JobServices
 from .._db.migrate import check_current
-from .._db.statements import CLEAR_CLOCK, session_reset
+from .._db.statements import CLEAR_CLOCK, GENERIC_PLANS, session_reset
 from .._hooks import EventDispatcher
 from .._job_transaction import SharedTransactions
 from .._obs.history import History
@@ -102,8 +102,10 @@ class Services:
         own = {**pooled, "context": TOLERANT}
         #: Claims, outcomes, heartbeats and maintenance: never starved by handlers. Neither
         #: pool's clock can be moved (``trioq.now`` unset on every connection they open).
+        #: On a direct connection, trioq's statements are planned once (`GENERIC_PLANS`).
+        direct = self.prepared and self.session_dsn == dsn
         self.pool = Pool(dsn, max_size=config.pool_size, connect_kwargs=own,
-                         setup=[CLEAR_CLOCK])  # fmt: skip
+                         setup=[CLEAR_CLOCK, *([GENERIC_PLANS] if direct else [])])  # fmt: skip
         #: For handlers (``job.connection()``, ``job.transaction()``, ``job.enqueue()``):
         #: each user gets a session as clean as a new one, but for its prepared statements
         #: (`session_reset`, which unsets ``trioq.now`` too).

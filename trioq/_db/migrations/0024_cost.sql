@@ -46,7 +46,8 @@ DECLARE
     g_room       integer;          -- cost: the units the global limit has left
     units        integer := 0;     -- cost: the units of the jobs taken
     cut          boolean := false; -- cost: the next job's cost did not fit the global room
-    costs        smallint[];       -- cost: the chosen jobs' costs (NULL: counted 1)
+    costed       boolean := false; -- cost: a chosen job has a cost (else each counts 1)
+    costs        smallint[];       -- cost: the chosen jobs' costs, in claim order
     jc           integer;          -- cost: a job's units
     kept         integer;          -- cost: how many of the chosen jobs fit
 BEGIN
@@ -173,19 +174,19 @@ BEGIN
 
     -- Lock the jobs to take (a chosen one may have been cancelled meanwhile: re-checked),
     -- then take them and count them as started, per queue and per key, in one statement.
-    -- cost: the lock also reads each job's cost, and both arrays are in claim order.
+    -- cost: the lock also says whether any of them has a cost (one sort, as before).
     IF keyed THEN
         SELECT coalesce(array_agg(x.id ORDER BY x.priority, x.run_at, x.id), '{}'),
-               coalesce(array_agg(x.cost ORDER BY x.priority, x.run_at, x.id), '{}')
-          INTO chosen, costs
+               coalesce(bool_or(x.cost IS NOT NULL), false)
+          INTO chosen, costed
           FROM (SELECT j.id, j.priority, j.run_at, j.cost FROM jobs j
                  WHERE j.id = ANY(chosen) AND j.state = 'available'
                    AND (j.start_by IS NULL OR j.start_by >= t)
                    FOR UPDATE SKIP LOCKED) AS x;
     ELSE
         SELECT coalesce(array_agg(x.id ORDER BY x.priority, x.run_at, x.id), '{}'),
-               coalesce(array_agg(x.cost ORDER BY x.priority, x.run_at, x.id), '{}')
-          INTO chosen, costs
+               coalesce(bool_or(x.cost IS NOT NULL), false)
+          INTO chosen, costed
           FROM (SELECT j.id, j.priority, j.run_at, j.cost FROM jobs j
                  WHERE j.queue = p_queue AND j.state = 'available' AND j.run_at <= t
                    AND (j.start_by IS NULL OR j.start_by >= t)
@@ -200,7 +201,9 @@ BEGIN
     -- taken, so a big job at the head is never passed by small ones. Jobs that all count 1
     -- (cost NULL) fit as they are: at most `room` of them, which is within both.
     units := cardinality(chosen);
-    IF cardinality(array_remove(costs, NULL)) > 0 THEN
+    IF costed THEN
+        costs := ARRAY(SELECT j.cost FROM unnest(chosen) WITH ORDINALITY AS u(id, o)
+                         JOIN jobs j ON j.id = u.id ORDER BY u.o);
         units := 0;
         kept := 0;
         FOR i IN 1 .. cardinality(chosen) LOOP

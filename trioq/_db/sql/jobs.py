@@ -25,6 +25,14 @@ CLOCK_EPOCH = "SELECT extract(epoch FROM {now})"
 # DSN's ``options=-c trioq.now=...`` or a handler's set_config moves no clock of theirs.
 CLEAR_CLOCK = "SELECT pg_catalog.set_config('trioq.now', '', false)"
 
+# The worker's own pool plans trioq's statements once per connection (a generic plan), on
+# direct connections (a session setting would leak through a transaction pooler). Left to
+# itself, Postgres keeps a custom plan for the claim, whose LIMIT a generic plan cannot
+# estimate, and plans it again at every claim: 0.3 ms of a 1 ms round trip (90 of 90 claims
+# custom-planned in pg_prepared_statements; docs/benchmarks.md, "Generic plans").
+# tests/test_explain.py checks every hot statement's generic plan on a big table.
+GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
+
 # What a session can carry from one user of the worker's app pool to the next, undone
 # (DISCARD ALL but the prepared statements and plans, which psycopg keeps for the connection
 # and which carry nothing of a user's), and the session's trioq.now unset: three commands

@@ -11,16 +11,18 @@ a handler's own transaction. `trioq._db.driver` runs them (the transactions' one
 # pause whose time has passed (migration 20): the database's clock ends it, not a timer.
 #
 # Weighted slots (migration 24): %(limit)s is the worker's free units, and a job costs
-# `cost` of them (NULL: its task's, counted 1 here). The statement takes up to %(limit)s
-# jobs, each returned with its cost; `Driver.claim` keeps them in order while the units
-# taken before each are fewer than asked (the last may go past the limit: it waits in the
-# worker's buffer until enough units free) and gives the rest back at once, their place
-# kept. So a big job is never passed by small ones behind it, and a queue whose jobs cost 1
-# runs exactly the statement it ran before weighted slots (a window over the batch in SQL
-# cost every claim 0.04 ms of server time, 8 % of it: EXPLAIN ANALYZE, 300 interleaved runs).
-CLAIM = """
-WITH c AS (
-    SELECT id FROM {jobs}
+# `cost` of them (NULL: its task's, counted 1 here). Both statements take the due jobs in
+# order while the units taken before each are fewer than asked (the last may go past the
+# limit: it waits in the worker's buffer until enough units free), and none is skipped, so a
+# big job is never passed by small ones behind it.
+# - CLAIM takes up to %(limit)s jobs, each returned with its cost, and `Driver.claim` gives
+#   back at once (place kept) those past the units: a queue whose jobs cost 1 runs the
+#   statement it ran before weighted slots.
+# - CLAIM_WEIGHTED counts the units in SQL (a window over the batch), for a queue whose jobs
+#   have costs (the worker switches to it once it sees one, or when a task of the queue
+#   costs more than 1): nothing to give back, and 0.04 ms more server time a claim, 8 % of
+#   it (EXPLAIN ANALYZE, 300 interleaved runs), which is why it is not the only one.
+_CLAIM_DUE = """
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
        AND (start_by IS NULL OR start_by >= {now})  -- a deadline to start passed: never
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND controlled
@@ -28,15 +30,30 @@ WITH c AS (
      ORDER BY priority, run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-)
+)"""
+_CLAIM_TAKE = """
 UPDATE {jobs} j
    SET state = 'running', attempt = j.attempt + 1,
        lease_owner = %(owner)s, lease_expires_at = {now} + %(lease)s,
        start_by = NULL,  -- met: no retry, snooze or sleep is judged by it
        debounce_key = NULL  -- started: the next enqueue of its key makes a new job
- WHERE j.id = ANY (ARRAY(SELECT id FROM c))
+ WHERE j.id = ANY (ARRAY("""
+_CLAIM_RETURN = """))
 RETURNING {job_columns}
 """
+CLAIM = (
+    "\nWITH c AS (\n    SELECT id FROM {jobs}" + _CLAIM_DUE
+    + _CLAIM_TAKE + "SELECT id FROM c" + _CLAIM_RETURN
+)  # fmt: skip
+CLAIM_WEIGHTED = (
+    "\nWITH c AS (\n    SELECT id, priority, run_at, cost FROM {jobs}" + _CLAIM_DUE
+    + """, k AS (
+    SELECT id, pg_catalog.sum(coalesce(cost, 1)) OVER (ORDER BY priority, run_at, id)
+               - coalesce(cost, 1) AS before
+      FROM c
+)"""
+    + _CLAIM_TAKE + "SELECT id FROM k WHERE before < %(limit)s" + _CLAIM_RETURN
+)  # fmt: skip
 
 CLAIM_LIMITED = """
 SELECT * FROM {claim_limited}(%(queue)s, %(owner)s, %(limit)s, %(lease)s)

@@ -119,17 +119,19 @@ class Governor:
                 self._flow[name].set()
 
     async def claim(
-        self, conn: Conn, name: str, *, owner: str, limit: int, lease: dt.timedelta
-    ) -> tuple[LimitedClaim, int]:
+        self, conn: Conn, name: str, *, owner: str, limit: int, lease: dt.timedelta,
+        weighted: bool = False,
+    ) -> tuple[LimitedClaim, int]:  # fmt: skip
         """Claim for ``name`` with the claim its settings need; with the count of outcome
-        batches written before it began (for `wait`)."""
+        batches written before it began (for `wait`). ``weighted``: the queue's jobs have
+        costs (`trioq._db.driver.Driver.claim`)."""
         written = self._written
         if self._settings[name].controlled:
             got = await self._queue.driver.claim_limited(conn, name, owner=owner, limit=limit,
                                                   lease=lease)  # fmt: skip
         else:
             jobs = await self._queue.driver.claim(conn, name, owner=owner, limit=limit,
-                                                  lease=lease)  # fmt: skip
+                                                  lease=lease, weighted=weighted)  # fmt: skip
             got = LimitedClaim(jobs=jobs)
         return got, written
 
