@@ -66,6 +66,11 @@ def _rate(value: object) -> RateLimit | None:
     return to_rate_limit(value, "rate_limit")
 
 
+def _fair(_inst: object, _attribute: object, value: object) -> None:
+    if value is not UNSET and not isinstance(value, bool):
+        raise TypeError(f"fair must be True or False, got {value!r}")
+
+
 def _aging(value: object) -> dt.timedelta | Unset | None:
     return value if value is UNSET else to_aging(value, "aging")
 
@@ -150,6 +155,9 @@ class QueueConfig:
     #: (docs/flow-control.md, "Aging"): a timedelta or seconds, or None to turn aging off.
     #: Left as stored when not given (`trioq.DEFAULT_AGING` if never set).
     aging: dt.timedelta | Unset | None = attrs.field(default=UNSET, converter=_aging)
+    #: Claims go round-robin across the jobs' keys, across every process (docs/flow-control.md,
+    #: "Fair share"). Left as stored when not given.
+    fair: bool | Unset = attrs.field(default=UNSET, validator=_fair)
 
     def limits(self) -> dict[str, Any]:
         """The limits this config sets (the others are left as stored)."""
@@ -162,6 +170,8 @@ class QueueConfig:
         limits: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if self.aging is not UNSET:
             limits["aging"] = self.aging
+        if self.fair is not UNSET:
+            limits["fair"] = self.fair
         return limits
 
 

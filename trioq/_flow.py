@@ -88,6 +88,10 @@ def _setting_values(changes: dict[str, Any]) -> dict[str, Any]:
         values[f"{prefix}_period"] = None if rate is None else rate.period
     aging = to_aging(changes.get("aging"), "aging")
     values["aging"] = dt.timedelta(0) if aging is None and "aging" in changes else aging
+    fair = changes.get("fair")
+    if "fair" in changes and not isinstance(fair, bool):
+        raise TypeError(f"fair must be True or False, got {fair!r}")
+    values["fair"] = fair
     return values
 
 
@@ -215,10 +219,12 @@ class QueueSettings:
     paused_until: dt.datetime | None = None
     #: The wait that earns a waiting job one priority level (None: aging is off).
     aging: dt.timedelta | None = DEFAULT_AGING
+    #: Claims go round-robin across the jobs' keys (docs/flow-control.md, "Fair share").
+    fair: bool = False
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> QueueSettings:
-        name, paused, gc, rl, rp, kc, krl, krp, until, aging = row[:10]
+        name, paused, gc, rl, rp, kc, krl, krp, until, aging, fair = row[:11]
         return cls(
             name=name,
             paused=paused,
@@ -228,12 +234,13 @@ class QueueSettings:
             key_rate_limit=None if krl is None else RateLimit(krl, krp),
             paused_until=_from_epoch_us(until),
             aging=DEFAULT_AGING if aging is None else (aging or None),
+            fair=fair,
         )
 
     @property
     def controlled(self) -> bool:
-        """Whether claims go through the limited claim (anything set, or paused)."""
-        return self.paused or self.limited
+        """Whether claims go through the limited claim (a limit, fair share, or paused)."""
+        return self.paused or self.limited or self.fair
 
     @property
     def limited(self) -> bool:
@@ -276,7 +283,7 @@ async def read_settings(
 
 #: The settings `change_settings` takes, in the order of the statement's parameters.
 SETTINGS = ("paused", "global_concurrency", "rate_limit", "key_concurrency", "key_rate_limit",
-            "aging")  # fmt: skip
+            "aging", "fair")  # fmt: skip
 
 
 async def change_settings(
@@ -284,7 +291,7 @@ async def change_settings(
 ) -> QueueSettings:
     """Set the given settings of ``name`` (the others stay), in one statement, and notify
     every worker. ``changes`` keys: paused, global_concurrency, rate_limit,
-    key_concurrency, key_rate_limit (None clears a limit), aging (None turns it off), and
+    key_concurrency, key_rate_limit (None clears a limit), aging (None turns it off), fair, and
     with paused, until (the end of the pause, `to_pause_until`; a pause without it, or a
     resume, clears it)."""
     check_queue_name(name)
@@ -305,7 +312,7 @@ async def change_settings(
     row = await cur.fetchone()
     assert row is not None
     if row[0] is None:  # the end of the pause was refused: nothing was written
-        now, end = row[11], row[12]
+        now, end = row[12], row[13]
         raise ValueError(
             f"until {end.isoformat()} must lie after the database's clock ({now.isoformat()}) "
             f"and at most {PAUSE_MAX_TEXT} ahead of it"

@@ -480,12 +480,15 @@ class Queue:
         key_concurrency: int | Unset | None = UNSET,
         key_rate_limit: RateLimit | str | Unset | None = UNSET,
         aging: dt.timedelta | float | Unset | None = UNSET,
+        fair: bool | Unset = UNSET,
     ) -> QueueSettings:
         """Change the limits of ``queue`` that are given (None removes one); the others stay.
 
         Takes effect for every claim that starts after the caller commits, in every process.
         ``aging`` is the wait that earns a waiting job one priority level (a timedelta or
-        seconds; None turns aging off; `trioq.DEFAULT_AGING` when never set).
+        seconds; None turns aging off; `trioq.DEFAULT_AGING` when never set). ``fair``:
+        claims go round-robin across the jobs' keys (their ``concurrency_key``), so that one
+        key's backlog does not delay another's (docs/flow-control.md, "Fair share").
         """
         given = {
             "global_concurrency": global_concurrency,
@@ -493,6 +496,7 @@ class Queue:
             "key_concurrency": key_concurrency,
             "key_rate_limit": key_rate_limit,
             "aging": aging,
+            "fair": fair,
         }
         return await self._change(conn, queue, {k: v for k, v in given.items() if v is not UNSET})
 

@@ -37,7 +37,8 @@ def add_queue_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
         "  trioq queue set email --global-concurrency 5 --rate 100/1m\n"
         "  trioq queue set sync --key-concurrency 1\n"
         "  trioq queue set email --rate none   # remove the rate limit\n"
-        "  trioq queue set reports --aging 5m  # a waiting job climbs a priority level per 5 min",
+        "  trioq queue set reports --aging 5m  # a waiting job climbs a priority level per 5 min\n"
+        "  trioq queue set tenants --fair      # round-robin across the jobs' keys",
     )  # fmt: skip
     _sub(subs, common, "list", _list, "show every queue's settings and depth")
     pause = _sub(subs, common, "pause", _pause, "stop every worker from claiming from a queue",
@@ -73,6 +74,11 @@ def add_queue_parser(commands: Commands, common: argparse.ArgumentParser) -> Non
         # SUPPRESS: a flag not given is absent from the namespace ("none" removes a limit).
         limits.add_argument(flag, type=kind, metavar=metavar, help=text,
                             default=argparse.SUPPRESS)  # fmt: skip
+    limits.add_argument(
+        "--fair", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+        help="claim round-robin across the jobs' concurrency keys, so one key's backlog "
+        "does not delay another's (--no-fair: in priority order, as by default)",
+    )  # fmt: skip
 
 
 def _sub(
@@ -176,12 +182,13 @@ async def _list(conn: Any, queue: Queue, args: argparse.Namespace) -> tuple[int,
     shown_paused = [_paused_cell(r) for r in rows]
     width = max([6, *map(len, shown_paused)])
     head = (f"{'queue':<20} {'paused':<{width}} {'global':>6} {'rate':>10} {'per key':>7} "
-            f"{'key rate':>10} {'aging':>6} {'available':>9} {'running':>7}")  # fmt: skip
+            f"{'key rate':>10} {'aging':>6} {'fair':>4} {'available':>9} "
+            f"{'running':>7}")  # fmt: skip
     lines = [head] + [
         f"{r['name']:<20} {cell:<{width}} {_dash(r['global_concurrency']):>6} "
         f"{_dash(r['rate_limit']):>10} {_dash(r['key_concurrency']):>7} "
-        f"{_dash(r['key_rate_limit']):>10} {_aging_cell(r['aging']):>6} {r['available']:>9} "
-        f"{r['running']:>7}"
+        f"{_dash(r['key_rate_limit']):>10} {_aging_cell(r['aging']):>6} "
+        f"{'yes' if r['fair'] else 'no':>4} {r['available']:>9} {r['running']:>7}"
         for r, cell in zip(rows, shown_paused, strict=True)
     ]
     if not rows:
@@ -231,12 +238,12 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
     """The limits ``trioq queue set`` was given (checked before connecting)."""
     flags = {"global_concurrency": "global_concurrency", "rate_limit": "rate",
              "key_concurrency": "key_concurrency", "key_rate_limit": "key_rate",
-             "aging": "aging"}  # fmt: skip
+             "aging": "aging", "fair": "fair"}  # fmt: skip
     changes = {k: getattr(args, dest) for k, dest in flags.items() if hasattr(args, dest)}
     if not changes:
         raise ValueError(
             "queue set: give at least one of --global-concurrency, --rate, --key-concurrency, "
-            "--key-rate, --aging"
+            "--key-rate, --aging, --fair/--no-fair"
         )
     for field in ("global_concurrency", "key_concurrency"):
         check_limit(changes.get(field), field)  # the bound the database holds
@@ -279,6 +286,8 @@ def _describe(s: QueueSettings) -> str:
     if len(parts) == 1:
         parts.append("no limits")
     parts.append("aging off" if s.aging is None else f"aging {_span(s.aging)}")
+    if s.fair:
+        parts.append("fair share")
     return ", ".join(parts)
 
 

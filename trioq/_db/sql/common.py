@@ -18,7 +18,7 @@ NOW = (
 PAUSE_ENDED = f"(paused_until IS NOT NULL AND paused_until <= {NOW})"
 PAUSE_OVER = (
     f"({PAUSE_ENDED[1:-1]} AND global_concurrency IS NULL AND rate_limit IS NULL"
-    " AND key_concurrency IS NULL AND key_rate_limit IS NULL)"
+    " AND key_concurrency IS NULL AND key_rate_limit IS NULL AND NOT fair)"
 )
 
 LIVE = "('scheduled', 'available', 'running')"

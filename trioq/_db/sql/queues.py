@@ -8,7 +8,7 @@ QUEUE_SETTINGS = """
 SELECT name, paused AND NOT {pause_ended}, global_concurrency, rate_limit, rate_period,
        key_concurrency, key_rate_limit, key_rate_period,
        CASE WHEN paused AND NOT {pause_ended} AND paused_until IS NOT NULL
-            THEN {epoch_us}(paused_until) END, aging
+            THEN {epoch_us}(paused_until) END, aging, fair
   FROM {queues}
  WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])
  ORDER BY name
@@ -28,10 +28,11 @@ WITH at AS (
 ), up AS (
     INSERT INTO {queues} AS q (name, paused, paused_until, global_concurrency, rate_limit,
                                rate_period, key_concurrency, key_rate_limit, key_rate_period,
-                               aging)
+                               aging, fair)
     SELECT %(name)s, coalesce(%(paused)s::bool, false), at.until, %(global_concurrency)s::int4,
            %(rate_limit)s::int4, %(rate_period)s::interval, %(key_concurrency)s::int4,
-           %(key_rate_limit)s::int4, %(key_rate_period)s::interval, %(aging)s::interval
+           %(key_rate_limit)s::int4, %(key_rate_period)s::interval, %(aging)s::interval,
+           coalesce(%(fair)s::bool, false)
       FROM at
      WHERE at.until IS NULL OR (at.until > at.now AND at.until <= at.now + interval '100 years')
     ON CONFLICT (name) DO UPDATE SET
@@ -52,11 +53,12 @@ WITH at AS (
         key_rate_period = CASE WHEN %(set_key_rate_limit)s THEN EXCLUDED.key_rate_period
                                ELSE q.key_rate_period END,
         aging = CASE WHEN %(set_aging)s THEN EXCLUDED.aging ELSE q.aging END,
+        fair = CASE WHEN %(set_fair)s THEN EXCLUDED.fair ELSE q.fair END,
         updated_at = pg_catalog.now()
     RETURNING q.name, q.paused AND NOT {pause_ended}, q.global_concurrency, q.rate_limit,
               q.rate_period, q.key_concurrency, q.key_rate_limit, q.key_rate_period,
               CASE WHEN q.paused AND NOT {pause_ended} AND q.paused_until IS NOT NULL
-                   THEN {epoch_us}(q.paused_until) END, q.aging
+                   THEN {epoch_us}(q.paused_until) END, q.aging, q.fair
 ), cleared AS (
     DELETE FROM {rate_starts} s USING up
      WHERE s.queue = up.name
