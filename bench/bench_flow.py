@@ -31,7 +31,16 @@ checkout's):
 * ``pause-ended``: the queue's row says paused until an hour ago (the plain claim's
   ``NOT EXISTS`` finds the row and lets it through: a timed pause ends on the clock).
 
+* ``fair``: fair share (``claim_limited``'s rotation over the 50 keys, the unkeyed jobs one
+  group).
+
 Aging does not change the claim (``--aging`` measures its round).
+
+``--fair`` measures fair share's promise instead: a real worker (``trioq.serve`` in this
+process, ``--fair-slots`` slots, no-op handlers) drains ``--fair-backlog`` jobs of tenant a
+(100,000) while tenant b enqueues 10 jobs at once; it prints the wait of b's jobs (enqueued ->
+handler started) with fair share on and off, interleaved over ``--repeat`` repetitions (off,
+b waits for a's backlog: use a smaller ``--fair-backlog`` to keep that short).
 
 ``--contend N`` adds the same drain by N connections at once on ``global`` (each claim waits
 for the queue's row lock): how many claims a second one controlled queue takes, serialized.
@@ -90,6 +99,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "start_by": {},
     "debounce": {},
     "pause-ended": {},
+    "fair": {"fair": True},
 }  # fmt: skip
 #: What a feature's variant writes into every job after the fill (SQL over the jobs of the
 #: queue; ``n`` is the job's number in the fill, 1-based), or into the queue's row.
@@ -229,9 +239,91 @@ async def aging(opts: argparse.Namespace) -> None:
     print("\naging rounds (medians):\n" + table.render(out))
 
 
+FAIR_QUEUE = "tenants"
+
+
+async def _fair_run(dsn: str, fair: bool, big: int, small: int, slots: int) -> dict[str, Any]:
+    """One drain by a real worker (``trioq.serve`` in this process, ``slots`` slots, no-op
+    handlers): ``big`` jobs of tenant a enqueued first, then ``small`` jobs of tenant b at
+    once; the wait of each b job (enqueued -> its handler starts, wall clock), and how many
+    of a's jobs started meanwhile. Stops once b's jobs have all started."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE trioq.jobs, trioq.queues, trioq.rate_starts")
+        await conn.execute(
+            "INSERT INTO trioq.jobs (queue, task, args, concurrency_key)"
+            " SELECT %s, 'work', jsonb_build_object('tenant', 'a', 'n', g), 'tenant=\"a\"'"
+            "   FROM generate_series(1, %s) AS g", (FAIR_QUEUE, big))  # fmt: skip
+        await conn.execute("VACUUM ANALYZE trioq.jobs")
+        if fair:
+            await Q.set_limits(conn, FAIR_QUEUE, fair=True)
+    tasks = trioq.Registry()
+    waits: list[float] = []
+    started: list[int] = [0]
+    all_started = trio.Event()
+
+    @tasks.task(queue=FAIR_QUEUE, concurrency_key="tenant")
+    async def work(job: trioq.JobContext, tenant: str, n: int) -> None:
+        started[0] += 1
+        if tenant == "b":
+            waits.append(time.time() - job.enqueued_at.timestamp())
+            if len(waits) == small:
+                all_started.set()
+
+    config = trioq.Config(dsn=dsn, registry=tasks,
+                          queues={FAIR_QUEUE: trioq.QueueConfig(concurrency=slots)})  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        runtime = await nursery.start(trioq.serve, config)
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            await trio.sleep(0.5)  # the worker is busy with a's backlog
+            before = started[0]
+            for n in range(small):
+                await work.enqueue(conn, tenant="b", n=n)
+            with trio.fail_after(600):
+                await all_started.wait()
+        runtime.stop(grace=False)
+    waits.sort()
+    return {"fair": fair, "p50_ms": waits[len(waits) // 2] * 1000,
+            "p99_ms": waits[min(len(waits) - 1, int(len(waits) * 0.99))] * 1000,
+            "max_ms": waits[-1] * 1000, "a_started_before_b": before,
+            "a_started_in_between": started[0] - before - small}
+
+
+async def fair_share(opts: argparse.Namespace) -> None:
+    dsn = await create_bench_db(opts.dsn, DATABASE)
+    runs = []
+    try:
+        async with await trioq.connect(dsn, autocommit=True) as conn:
+            await trioq.migrate(conn)
+        for rep in range(opts.repeat):
+            for fair in (True, False) if rep % 2 == 0 else (False, True):
+                row = await _fair_run(dsn, fair, opts.fair_backlog, 10, opts.fair_slots)
+                runs.append(row)
+                print(f"[{rep + 1}/{opts.repeat}] fair={fair!s:5}: tenant b's 10 jobs waited "
+                      f"p50 {row['p50_ms']:,.1f} ms, p99 {row['p99_ms']:,.1f} ms, max "
+                      f"{row['max_ms']:,.1f} ms; tenant a started "
+                      f"{row['a_started_in_between']:,} jobs meanwhile", flush=True)  # fmt: skip
+    finally:
+        await drop_bench_db(opts.dsn, DATABASE)
+    table = Table([("fair", 5, "<"), ("p50 ms", 9, ">"), ("p99 ms", 9, ">"), ("max ms", 9, ">"),
+                   ("a meanwhile", 11, ">")], markdown=opts.markdown)  # fmt: skip
+    out = []
+    for fair in (True, False):
+        mine = [r for r in runs if r["fair"] is fair]
+        out.append([str(fair)] + [fmt(statistics.median(r[k] for r in mine), ",.1f")
+                                  for k in ("p50_ms", "p99_ms", "max_ms")]
+                   + [fmt(statistics.median(r["a_started_in_between"] for r in mine))])
+    print(f"\ntenant b (10 jobs) behind tenant a ({opts.fair_backlog:,} waiting), "
+          f"{opts.fair_slots} slots, medians of {opts.repeat}:\n" + table.render(out))
+    if opts.json:
+        write_json(opts.json, {"options": vars(opts), "runs": runs})
+
+
 async def main(opts: argparse.Namespace) -> None:
     if opts.aging:
         await aging(opts)
+        return
+    if opts.fair:
+        await fair_share(opts)
         return
     dsn = await create_bench_db(opts.dsn, DATABASE)
     rows: list[dict[str, Any]] = []
@@ -286,6 +378,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "checkout sets them) or as Postgres chooses")  # fmt: skip
     p.add_argument("--aging", action="store_true", help="measure the aging round instead")
     p.add_argument("--aging-backlogs", type=int, nargs="+", default=[10_000, 100_000])
+    p.add_argument("--fair", action="store_true",
+                   help="measure fair share instead: a small tenant's wait behind a backlog")
+    p.add_argument("--fair-backlog", type=int, default=100_000, help="tenant a's jobs")
+    p.add_argument("--fair-slots", type=int, default=10, help="the worker's slots")
     return p.parse_args(argv)
 
 
