@@ -16,6 +16,9 @@ too: it takes a queue whose only setting is a timed pause that has ended):
   a limit was lowered, and then takes nothing of it);
 - there is no running counter to drift: the claim counts the jobs that run. The one stored
   count, the log of rate-limited starts, is compared with the model's after every step;
+- sequences: a job may have a sequence key (s1, s2); while its key has an unfinished job it
+  is enqueued waiting, and each ending frees the key's earliest waiting job once nothing of
+  the key but waiting jobs is left (`end`);
 - weighted slots: a job costs 1 to 3 slots, or None (its task's, counted 1 by the claims);
   the global limit counts units (a job's cost, at most the limit: one that costs more runs
   alone). What a claim takes when jobs cost more than one: jobs in order while the units
@@ -53,6 +56,7 @@ from trioq._flow import age_queue
 WORKERS = ("w0", "w1")
 KEYS = (None, "a", "a", "b")
 COSTS = (None, None, 1, 2, 3)  # None: the task's (counted 1)
+SEQS = (None, None, None, "s1", "s2")  # sequences: one job of a key at a time, in order
 GC = st.sampled_from([None, 1, 2, 3])
 RATE = st.sampled_from([None, (1, 10), (2, 10), (3, 30)])
 KC = st.sampled_from([None, 1, 2])
@@ -69,6 +73,7 @@ class FlowJob(ModelJob):
     key: str | None
     aged: int = 0  # priority levels climbed by aging
     cost: int | None = None  # slots it occupies (None: its task's, counted 1)
+    seq: str | None = None  # its sequence (waiting while an earlier job of it is unfinished)
 
 
 @attrs.define
@@ -97,7 +102,9 @@ class Settings:
 
 class FlowMachine(LeaseMachine[FlowJob]):
     workers = WORKERS
-    tables = ("jobs", "dead_jobs", "queues", "rate_starts", "unique_keys")
+    tables = ("jobs", "dead_jobs", "queues", "rate_starts", "unique_keys", "sequences")
+    #: A job of a sequence that has not finished (waiting ones included).
+    UNFINISHED = ("waiting", "scheduled", "available", "running")
 
     def __init__(self) -> None:
         super().__init__()
@@ -228,13 +235,13 @@ class FlowMachine(LeaseMachine[FlowJob]):
     # -- rules ---------------------------------------------------------------------------------
 
     specs = st.tuples(st.sampled_from(KEYS), st.integers(-1, 1), st.integers(1, 3),
-                      st.sampled_from(COSTS))
+                      st.sampled_from(COSTS), st.sampled_from(SEQS))
 
     @initialize(
         batch=st.lists(specs, min_size=1, max_size=10), gc=GC, rate=RATE, kc=KC, key_rate=KEY_RATE,
         aging=AGING,
     )
-    def prefill(self, batch: list[tuple[str | None, int, int, int | None]], *, gc: Any,
+    def prefill(self, batch: list[tuple[str | None, int, int, int | None, str | None]], *, gc: Any,
                 rate: Any, kc: Any,
                 key_rate: Any, aging: Any) -> None:  # fmt: skip
         self._apply({"gc": gc, "rate": rate, "kc": kc, "key_rate": key_rate, "aging": aging})
@@ -243,16 +250,33 @@ class FlowMachine(LeaseMachine[FlowJob]):
 
     @precondition(lambda self: len(self.jobs) < 60)
     @rule(spec=specs)
-    def enqueue(self, spec: tuple[str | None, int, int, int | None]) -> None:
-        key, priority, attempts, cost = spec
+    def enqueue(self, spec: tuple[str | None, int, int, int | None, str | None]) -> None:
+        key, priority, attempts, cost, seq = spec
         result = self.call(lambda: trioq.enqueue(
             self.conn, "t", queue="q", priority=priority, max_attempts=attempts,
-            concurrency_key=key, cost=cost,
+            concurrency_key=key, cost=cost, sequence_key=seq,
         ))  # fmt: skip
+        behind = seq is not None and any(
+            j.seq == seq and j.state in self.UNFINISHED for j in self.jobs.values())
         self.jobs[result.job_id] = FlowJob(
             id=result.job_id, priority=priority, run_at=self.clock, key=key,
-            max_attempts=attempts, cost=cost,
+            max_attempts=attempts, cost=cost, seq=seq,
+            state="waiting" if behind else "available",
         )  # fmt: skip
+
+    def end(self, job_id: int, state: str) -> None:
+        """Sequences: once a job of a sequence ends, and none of it is unfinished but
+        waiting ones, the earliest waiting one is freed."""
+        super().end(job_id, state)
+        seq = self.jobs[job_id].seq
+        if seq is None:
+            return
+        mine = sorted((j for j in self.jobs.values() if j.seq == seq), key=lambda j: j.id)
+        if any(j.state in ("scheduled", "available", "running") for j in mine):
+            return
+        waiting = [j for j in mine if j.state == "waiting"]
+        if waiting:
+            waiting[0].state = "available"
 
     @precondition(lambda self: len(self.jobs) < 60)
     @rule(key=st.sampled_from(["r1", "r2"]))

@@ -43,6 +43,7 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "QUEUE_NAME_RE",
+    "SEQUENTIAL_ALONE",
     "START_BY_BEFORE_RUN_AT",
     "TASK_NAME_RE",
     "EnqueueResult",
@@ -108,6 +109,13 @@ START_BY_BEFORE_RUN_AT = "start_by must not be before run_at (the job could neve
 DEBOUNCE_NEEDS_KEY = (
     "debounce needs a dedup_key (or unique= without a period): the key says which enqueues "
     "are one burst"
+)
+
+#: Why a job of a sequence cannot have dependencies, be unique or be debounced (yet).
+SEQUENTIAL_ALONE = (
+    "a job of a sequence (sequence_key) cannot have dependencies (after=), a dedup_key, be "
+    "unique or debounced, or be in a workflow or batch: its sequence decides when it runs "
+    "(docs/flow-control.md, \"Sequences\")"
 )
 
 #: Why a job with dependencies (or in a workflow or batch) cannot be unique.
@@ -414,6 +422,9 @@ class JobSpec:
     #: task's, resolved by the worker that claims it (1 until then, and for a task the
     #: worker does not know).
     cost: int | None = attrs.field(default=None, validator=rule(check_chosen_cost))
+    #: The job's sequence (``docs/flow-control.md``, "Sequences"): it runs only once every
+    #: earlier job of this key has finished, in enqueue order. None: none.
+    sequence_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
 
@@ -441,6 +452,8 @@ class JobSpec:
             raise ValueError(DEPENDANT_NOT_UNIQUE)
         if self.debounce is not None:
             self._check_debounce()
+        if self.sequence_key is not None and (self.after or self._uniqueness is not None):
+            raise ValueError(SEQUENTIAL_ALONE)
 
     def _check_debounce(self) -> None:
         found = self._uniqueness

@@ -158,6 +158,7 @@ class Queue:
         on_dependency_failure: str = "cancel",
         debounce: Debounce | dt.timedelta | float | None = None,
         cost: int | None = None,
+        sequence_key: str | None = None,
         notify: bool = True,
     ) -> EnqueueResult:
         """Insert one job on ``conn``, in the caller's transaction if one is open.
@@ -178,13 +179,15 @@ class Queue:
         key's job waiting is that job's id, ``duplicate=True``. ``cost`` is how many of its
         worker's slots (and of its queue's global limit) the job occupies while it runs, 1 to
         1000; None: its task's, resolved by the worker that claims it (docs/flow-control.md,
-        "Weighted slots").
+        "Weighted slots"). With ``sequence_key`` the job runs only once every earlier job of
+        that key has finished, in enqueue order (docs/flow-control.md, "Sequences").
         """
         spec = JobSpec(
             task=task, args=args, queue=queue, priority=priority, run_at=run_at, delay=delay,
             start_by=start_by, max_attempts=max_attempts, dedup_key=dedup_key, unique=unique,
             concurrency_key=concurrency_key, after=after,
             on_dependency_failure=on_dependency_failure, debounce=debounce, cost=cost,
+            sequence_key=sequence_key,
         )  # fmt: skip
         check_payload(spec.args_json, task=spec.task, max_bytes=self.max_payload_bytes)
         with migrated(conn, self.schema), insert.refusals():
@@ -253,6 +256,7 @@ class Queue:
         after: Sequence[int] | None = None,
         on_dependency_failure: str = "cancel",
         cost: int | None = None,
+        sequence_key: str | None = None,
         notify: bool = True,
     ) -> list[int]:
         """Insert one job of ``task`` per item of ``args``; their ids, in input order.
@@ -269,7 +273,7 @@ class Queue:
         spec = JobSpec(
             task=task, queue=queue, priority=priority, run_at=run_at, delay=delay,
             start_by=start_by, max_attempts=max_attempts, after=after,
-            on_dependency_failure=on_dependency_failure, cost=cost,
+            on_dependency_failure=on_dependency_failure, cost=cost, sequence_key=sequence_key,
         )  # fmt: skip
         values = args if isinstance(args, Sequence) else list(args)
         runs = encode_args_runs(values, task=spec.task, max_bytes=self.max_payload_bytes)

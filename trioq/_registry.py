@@ -31,6 +31,7 @@ from ._enqueue import DEFAULT_QUEUE
 from ._hooks import EventCallback, Hooks, Middleware, check_kind
 from ._job import (
     DEFAULT_MAX_ATTEMPTS,
+    SEQUENTIAL_ALONE,
     EnqueueResult,
     JobSpec,
     JSONValue,
@@ -52,31 +53,48 @@ Handler = Callable[..., Any]
 KeyFrom = str | Sequence[str] | Callable[[JSONValue], "str | None"]
 
 
-def _key_from(value: object) -> KeyFrom | None:
+def _key_from(value: object, what: str = "concurrency_key") -> KeyFrom | None:
     if value is None or callable(value) or isinstance(value, str):
         return value
     if isinstance(value, Sequence) and value and all(isinstance(f, str) and f for f in value):
         return tuple(value)
     raise TypeError(
-        f"concurrency_key must be a field name, a sequence of field names or a function of "
+        f"{what} must be a field name, a sequence of field names or a function of "
         f"the args, got {value!r}"
     )
 
 
-def derive_key(key_from: KeyFrom, args: JSONValue, task: str) -> str | None:
+def _sequential(value: object) -> KeyFrom | bool | None:
+    """A task's ``sequential``: True (one sequence for the task), a key derivation like
+    ``concurrency_key``'s (a sequence per key), or None / False (none)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return True
+    try:
+        return _key_from(value)
+    except TypeError:
+        raise TypeError(f"sequential must be True, a field name, a sequence of field names or "
+                        f"a function of the args, got {value!r}") from None
+
+
+def derive_key(
+    key_from: KeyFrom, args: JSONValue, task: str, what: str = "concurrency_key"
+) -> str | None:
     """The concurrency key of a job of ``task`` with ``args``: ``field=value`` for each
-    named field (values as JSON), or what the function returns (checked like any key)."""
+    named field (values as JSON), or what the function returns (checked like any key).
+    ``what``: the option that derives it, in errors (``sequential`` derives the same way)."""
     if callable(key_from):
-        return check_dedup_key(key_from(args), f"task {task!r}: concurrency_key() result")
+        return check_dedup_key(key_from(args), f"task {task!r}: {what}() result")
     fields = (key_from,) if isinstance(key_from, str) else tuple(key_from)
     if not isinstance(args, Mapping):
-        raise ValueError(f"task {task!r}: concurrency_key from {list(fields)} needs args that "
+        raise ValueError(f"task {task!r}: {what} from {list(fields)} needs args that "
                          f"are a JSON object, got {args!r}")  # fmt: skip
     missing = [f for f in fields if f not in args]
     if missing:
-        raise ValueError(f"task {task!r}: concurrency_key field(s) {missing} missing from args")
+        raise ValueError(f"task {task!r}: {what} field(s) {missing} missing from args")
     parts = [f"{f}={json.dumps(args[f], sort_keys=True, ensure_ascii=False)}" for f in fields]
-    return check_dedup_key(",".join(parts), f"task {task!r}: concurrency_key")
+    return check_dedup_key(",".join(parts), f"task {task!r}: {what}")
 
 
 def _check_unique(value: object) -> None:
@@ -148,6 +166,10 @@ class Task:
     #: How many of its worker's slots (and of its queue's global limit) each of its jobs
     #: occupies while it runs (``docs/flow-control.md``, "Weighted slots"): 1 to 1000.
     cost: int = 1
+    #: Strict FIFO (``docs/flow-control.md``, "Sequences"): True runs the task's jobs one at a
+    #: time in enqueue order; a field name, names or a function of the args (as
+    #: ``concurrency_key``) does so per key. None: no sequence.
+    sequential: KeyFrom | bool | None = attrs.field(default=None, converter=_sequential)
     #: Whether the handler is a coroutine function (run in the loop) or sync (in a thread).
     is_async: bool = attrs.field(init=False)
     #: The handler's signature (None: it has none to read, as some builtins).
@@ -185,6 +207,8 @@ class Task:
         _check_timeout(self.timeout)
         check_max_attempts(self.max_attempts)
         check_cost(self.cost, f"task {self.name!r}: cost")
+        if self.sequential is not None and self.unique is not None:
+            raise ValueError(f"task {self.name!r}: {SEQUENTIAL_ALONE}")
         _check_retry(self.retry)
         _check_parameters(self.name, self.fn)
         _check_unique(self.unique)
@@ -205,7 +229,19 @@ class Task:
             key = derive_key(self.concurrency_key, payload, self.name)
         return JobSpec(task=self.name, args=payload, queue=self.queue,
                        max_attempts=self.max_attempts, concurrency_key=key,
-                       cost=self.stored_cost)  # fmt: skip
+                       cost=self.stored_cost,
+                       sequence_key=self.sequence_of(payload))  # fmt: skip
+
+    def sequence_of(self, args: JSONValue) -> str | None:
+        """The sequence of this task's job with ``args`` (its ``sequential``): the task's
+        name, or ``name|key`` for a key derived from the args; None: none."""
+        sequential = self.sequential
+        if sequential is None or sequential is False:
+            return None
+        if sequential is True:
+            return self.name
+        key = derive_key(sequential, args, self.name, "sequential")
+        return check_dedup_key(f"{self.name}|{key}", f"task {self.name!r}: sequential key")
 
     @property
     def stored_cost(self) -> int | None:
@@ -246,7 +282,7 @@ class Task:
             conn, self.name, payload, queue=self.queue, priority=priority, run_at=run_at,
             delay=delay, start_by=start_by, max_attempts=self.max_attempts, dedup_key=dedup_key,
             unique=unique, concurrency_key=concurrency_key, debounce=debounce,
-            cost=self.stored_cost,
+            cost=self.stored_cost, sequence_key=self.sequence_of(payload),
         )  # fmt: skip
 
 
@@ -294,6 +330,7 @@ class Registry:
         unique: Unique | None = None,
         concurrency_key: KeyFrom | None = None,
         cost: int = 1,
+        sequential: KeyFrom | bool | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -310,6 +347,7 @@ class Registry:
         unique: Unique | None = None,
         concurrency_key: KeyFrom | None = None,
         cost: int = 1,
+        sequential: KeyFrom | bool | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler: ``@tasks.task`` or ``@tasks.task(queue=..., ...)``."""
 
@@ -330,6 +368,7 @@ class Registry:
                 unique=unique,
                 concurrency_key=concurrency_key,
                 cost=cost,
+                sequential=sequential,
             )
             self.add(task)
             return task

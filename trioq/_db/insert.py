@@ -34,7 +34,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from .._exceptions import UnknownDependencyError
-from .._job import ENCODE_CHUNK, START_BY_BEFORE_RUN_AT, EnqueueResult, JobSpec
+from .._job import ENCODE_CHUNK, SEQUENTIAL_ALONE, START_BY_BEFORE_RUN_AT, EnqueueResult, JobSpec
 from .._pg.conn import Conn
 from .params import columns
 from .sql.common import SCHEDULED_PAYLOAD
@@ -136,6 +136,7 @@ def _one_job(sql: Statements, spec: JobSpec, notify: bool) -> dict[str, Any]:
         "start_by_at": spec.start_by_at,
         "start_by_in": spec.start_by_in,
         "cost": spec.cost,
+        "sequence_key": spec.sequence_key,
         "notify": notify,
         "channel": sql.channel,
     }
@@ -282,7 +283,8 @@ def _keyed(specs: Sequence[JobSpec], keys: Sequence[str | None]) -> bool:
     """Whether any job has a dedup key, a concurrency key, a deadline to start or a cost
     (COPY does not write them)."""
     return any(keys) or any(spec.concurrency_key or spec.start_by is not None
-                            or spec.cost is not None for spec in specs)  # fmt: skip
+                            or spec.cost is not None or spec.sequence_key is not None
+                            for spec in specs)  # fmt: skip
 
 
 def _inserted(
@@ -324,6 +326,7 @@ async def _insert_unnest(
         "dedup_keys": list(keys),
         "start_bys": list(start_bys),
         "costs": [spec.cost for spec in specs],
+        "sequence_keys": [spec.sequence_key for spec in specs],
         "trace": trace,
     }  # fmt: skip
     cur = await conn.execute(statements(sql.schema, traced=trace is not None).insert_many, params)
@@ -363,9 +366,9 @@ def _only_args_differ(specs: Sequence[JobSpec]) -> bool:
     """Whether all ``specs`` share the first one's fields but args (one bulk statement fits)."""
     f = specs[0]
     shared = (f.task, f.queue, f.priority, f.run_at, f.delay, f.max_attempts, f.start_by,
-              f.cost)  # fmt: skip
+              f.cost, f.sequence_key)  # fmt: skip
     return all((s.task, s.queue, s.priority, s.run_at, s.delay, s.max_attempts, s.start_by,
-                s.cost) == shared for s in specs)  # fmt: skip
+                s.cost, s.sequence_key) == shared for s in specs)  # fmt: skip
 
 
 def _args_runs(specs: Sequence[JobSpec]) -> list[tuple[int, str]]:
@@ -416,6 +419,7 @@ async def _bulk_one(
         "start_by_at": spec.start_by_at,
         "start_by_in": spec.start_by_in,
         "cost": spec.cost,
+        "sequence_key": spec.sequence_key,
         "channel": sql.channel,
         "notify": notify,
         "trace": trace,
@@ -453,6 +457,8 @@ async def graph(
 ) -> list[int]:
     """Insert ``jobs`` and their edges; their ids, in order (`trioq._dependencies` has the
     steps). Jobs that wait notify nobody: the ending that frees them does."""
+    if any(job.spec.sequence_key is not None for job in jobs):
+        raise ValueError(SEQUENTIAL_ALONE)
     async with own_transaction(conn):
         ended = await _lock_existing(conn, sql, jobs, notify)
         now, ids = await reserve_ids(conn, sql, len(jobs))

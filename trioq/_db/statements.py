@@ -143,6 +143,8 @@ _OBJECTS = {
     "lease_lost": "lease_lost",
     "epoch_us": "epoch_us",
     "reset_session": "reset_session",
+    "sequences": "sequences",
+    "sequence_advance": "sequence_advance",
 }
 
 #: The claim's RETURNING columns, by the names of `trioq.Job`'s row (`CLAIMED_COLUMNS`).
@@ -400,6 +402,7 @@ class Statements:
     stranded_edges = Statement(workflows.STRANDED_EDGES)
     stranded_lock = Statement(workflows.STRANDED_LOCK)
     stranded_move = Statement(workflows.STRANDED_MOVE)
+    sequences_stuck = Statement(workflows.SEQUENCES_STUCK)
     prune_batches = Statement(maintenance.PRUNE_ENDED, table="batches",
                               ended=sql.Identifier("finished_at"))  # fmt: skip
 

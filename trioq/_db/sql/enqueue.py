@@ -8,12 +8,12 @@ WITH v AS (
            coalesce(%(start_by_at)s::timestamptz, {now} + %(start_by_in)s::interval) AS start_by
 ), ins AS (
     INSERT INTO {jobs} (queue, task, args, priority, run_at, state, max_attempts,
-                        max_attempts_unset, dedup_key, concurrency_key, start_by, cost
-                        {trace_column})
+                        max_attempts_unset, dedup_key, concurrency_key, start_by, cost,
+                        sequence_key {trace_column})
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s, v.run_at,
            CASE WHEN v.run_at > {now} THEN 'scheduled' ELSE 'available' END,
            %(max_attempts)s, %(max_attempts_unset)s, %(dedup_key)s, %(concurrency_key)s,
-           v.start_by, %(cost)s::int2 {trace_value}
+           v.start_by, %(cost)s::int2, %(sequence_key)s::text {trace_value}
       FROM v
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
     RETURNING id, queue, state
@@ -27,15 +27,16 @@ SELECT id, CASE WHEN %(notify)s THEN pg_catalog.pg_notify(
 # Rows carry ids reserved with _RESERVE_IDS, so the caller knows which spec got which id.
 INSERT_MANY = """
 INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts,
-                    max_attempts_unset, dedup_key, concurrency_key, start_by, cost
+                    max_attempts_unset, dedup_key, concurrency_key, start_by, cost, sequence_key
                     {trace_column})
 SELECT i, q, t, a::jsonb, p, r, CASE WHEN r > {now} THEN 'scheduled' ELSE 'available' END, m,
-       mu, k, ck, sb, c {trace_value}
+       mu, k, ck, sb, c, sk {trace_value}
   FROM unnest(%(ids)s::int8[], %(queues)s::text[], %(tasks)s::text[], %(args)s::text[],
               %(priorities)s::int2[], %(run_ats)s::timestamptz[], %(max_attempts)s::int4[],
               %(max_attempts_unset)s::bool[], %(dedup_keys)s::text[],
-              %(concurrency_keys)s::text[], %(start_bys)s::timestamptz[], %(costs)s::int2[])
-              AS u(i, q, t, a, p, r, m, mu, k, ck, sb, c)
+              %(concurrency_keys)s::text[], %(start_bys)s::timestamptz[], %(costs)s::int2[],
+              %(sequence_keys)s::text[])
+              AS u(i, q, t, a, p, r, m, mu, k, ck, sb, c, sk)
  ORDER BY k, i  -- one lock order for every transaction (overlapping batches wait, never
               -- deadlock); among twins in one batch the first (lowest reserved id) wins
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN {live} DO NOTHING
@@ -71,11 +72,13 @@ WITH v AS (
       FROM s, pg_catalog.jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS x(args, o)
 ), ins AS (
     INSERT INTO {jobs} (id, queue, task, args, priority, run_at, state, max_attempts,
-                        max_attempts_unset, start_by, cost {trace_column})
+                        max_attempts_unset, start_by, cost, sequence_key {trace_column})
     SELECT a.id, %(queue)s, %(task)s, a.args, %(priority)s, v.run_at,
            CASE WHEN v.run_at > v.now THEN 'scheduled' ELSE 'available' END, %(max_attempts)s,
-           %(max_attempts_unset)s, v.start_by, %(cost)s::int2 {trace_value}
+           %(max_attempts_unset)s, v.start_by, %(cost)s::int2, %(sequence_key)s::text
+           {trace_value}
       FROM a, v
+     ORDER BY a.o  -- inserted in input order: a sequence's first job is its head
 )
 SELECT pg_catalog.count(*), pg_catalog.min(a.id - a.o),
        CASE WHEN pg_catalog.min(a.id - a.o) <> pg_catalog.max(a.id - a.o)

@@ -149,6 +149,7 @@ SELECT j.id,
     SELECT pg_catalog.count(*) AS n FROM {deps} e WHERE e.job_id = j.id AND e.outcome IS NULL
   ) p
  WHERE j.state = 'waiting' AND (%(ids)s::int8[] IS NULL OR j.id = ANY(%(ids)s::int8[]))
+   AND j.sequence_key IS NULL  -- waits for its sequence (migration 26): SEQUENCES_STUCK's
    AND (j.dependencies_left IS NULL OR j.dependencies_left < 1 OR j.dependency_policy IS NULL
         OR g.id IS NOT NULL OR j.dependencies_left > p.n)
  ORDER BY j.id
@@ -195,4 +196,18 @@ SELECT id, queue, task, args, priority, attempt, max_attempts, dedup_key, 'stran
        enqueued_at, {now}, concurrency_key
   FROM moved
 RETURNING id, queue, task, last_error
+"""
+
+# Sequences (migration 26) whose waiting jobs have no unfinished head: possible only where the
+# triggers did not run (a row written with them disabled, a TRUNCATE of part of a key's jobs
+# by hand). Each is advanced as a job's end would (`sequence_advance`: its earliest waiting
+# job freed); at most `limit` keys a round.
+SEQUENCES_STUCK = """
+SELECT s.key, {sequence_advance}(s.key, %(channel)s)::text
+  FROM {sequences} s
+ WHERE EXISTS (SELECT FROM {jobs} w WHERE w.sequence_key = s.key AND w.state = 'waiting')
+   AND NOT EXISTS (SELECT FROM {jobs} h
+                    WHERE h.sequence_key = s.key
+                      AND h.state IN ('scheduled', 'available', 'running'))
+ LIMIT %(limit)s
 """

@@ -44,6 +44,8 @@ class StrandedRound:
 
     moved: dict[int, str] = attrs.field(factory=dict)
     turn: bool = True
+    #: Sequences whose waiting jobs had no unfinished head, each advanced (migration 26).
+    advanced: list[str] = attrs.field(factory=list)
 
 
 class Stranded:
@@ -63,9 +65,15 @@ class Stranded:
             cur = await conn.execute(self._sql.stranded_turn, {"space": self._space})
             if not (await cur.fetchone() or (False,))[0]:
                 return StrandedRound(turn=False)
+            cur = await conn.execute(self._sql.sequences_stuck,
+                                     {"channel": self._sql.channel, "limit": STRANDED_BATCH})
+            advanced = [row[0] for row in await cur.fetchall()]
+            for key in advanced:
+                logger.warning("sequence %r had waiting jobs and no unfinished head: its "
+                               "earliest waiting job was freed", key)  # fmt: skip
             found = await self._find(conn, None)
             if not found:
-                return StrandedRound()
+                return StrandedRound(advanced=advanced)
             cur = await conn.execute(self._sql.stranded_lock, {"ids": sorted(found)})
             locked = [row[0] for row in await cur.fetchall()]
             # Checked again under the locks: what froze them is still there.
@@ -80,7 +88,7 @@ class Stranded:
         for job_id, error in sorted(moved.items()):
             logger.warning("job %d moved to dead_jobs (stranded): %s", job_id, error)
         self.moved += len(moved)
-        return StrandedRound(moved=moved)
+        return StrandedRound(moved=moved, advanced=advanced)
 
     @property
     def _space(self) -> str:
