@@ -279,13 +279,16 @@ BEGIN
                  WHERE j.state = 'available' AND (j.start_by IS NULL OR j.start_by >= t)
                    FOR UPDATE OF j SKIP LOCKED) AS x;
     ELSIF keyed THEN
-        SELECT coalesce(array_agg(x.id ORDER BY x.priority, x.run_at, x.id), '{}'),
-               coalesce(bool_or(x.cost IS NOT NULL), false)
-          INTO chosen, costed
-          FROM (SELECT j.id, j.priority, j.run_at, j.cost FROM jobs j
-                 WHERE j.id = ANY(chosen) AND j.state = 'available'
-                   AND (j.start_by IS NULL OR j.start_by >= t)
-                   FOR UPDATE SKIP LOCKED) AS x;
+        -- (as migration 22's: no sort here; the cost step orders the jobs when one has a cost)
+        chosen := ARRAY(SELECT j.id FROM jobs j
+                         WHERE j.id = ANY(chosen) AND j.state = 'available'
+                           AND (j.start_by IS NULL OR j.start_by >= t)
+                           FOR UPDATE SKIP LOCKED);
+        costed := EXISTS (SELECT FROM jobs j WHERE j.id = ANY(chosen) AND j.cost IS NOT NULL);
+        IF costed THEN  -- cost: in claim order, for the cut
+            chosen := ARRAY(SELECT j.id FROM jobs j WHERE j.id = ANY(chosen)
+                             ORDER BY j.priority, j.run_at, j.id);
+        END IF;
     ELSE
         SELECT coalesce(array_agg(x.id ORDER BY x.priority, x.run_at, x.id), '{}'),
                coalesce(bool_or(x.cost IS NOT NULL), false)
