@@ -149,8 +149,9 @@ async def drain_one(conn: Any, variant: str, batch: int) -> tuple[list[float], l
         t0 = time.perf_counter()
         if limited:
             jobs = (await Q.claim_limited(conn, QUEUE, owner="b", limit=batch, lease=LEASE)).jobs
-        else:
-            jobs = await Q.claim(conn, QUEUE, owner="b", limit=batch, lease=LEASE)
+        else:  # a queue whose jobs have costs claims weighted, as a worker does
+            jobs = await Q.claim(conn, QUEUE, owner="b", limit=batch, lease=LEASE,
+                                 weighted=variant == "cost")  # fmt: skip
         t1 = time.perf_counter()
         if not jobs:
             return claims, completes

@@ -102,6 +102,39 @@ async def test_jobs_without_a_key_take_their_turn_as_one_group(dsn: str) -> None
             [None, "a", "b"], None)
 
 
+@pytest.mark.parametrize("cursor", [None, "", "a", "z"])
+async def test_jobs_without_a_key_are_served_wherever_the_rotation_stands(
+    dsn: str, cursor: str | None
+) -> None:
+    """Only unkeyed jobs left (the keyed ones all taken), whatever the cursor says: a claim
+    takes them (one that found nothing would leave them for ever: the worker waits for news
+    that never comes)."""
+    async with migrated(dsn) as conn:
+        await _fill(conn, None, 3)
+        await Q.set_limits(conn, "q", fair=True)
+        await conn.execute("UPDATE trioq.queues SET fair_cursor = %s WHERE name = 'q'",
+                           (cursor,))  # fmt: skip
+        got = await _claim(conn, 5)
+        assert (await _keys(conn, got.jobs), got.reason) == ([None] * 3, None)
+
+
+async def test_keys_with_nothing_due_do_not_hide_the_ones_behind_them(dsn: str) -> None:
+    """Twelve keys whose available jobs are not due yet (a row written so, or a clock moved),
+    and one key behind them with a due job: claims of 5 visit 5 keys each and go on after
+    them, so the due job is taken by the third claim, not never."""
+    async with migrated(dsn) as conn:
+        for k in "abcdefghijkl":
+            ids = await _fill(conn, k, 1)
+            await conn.execute("UPDATE trioq.jobs SET run_at = now() + interval '1 hour'"
+                               " WHERE id = %s", (ids[0],))  # fmt: skip
+        [due] = await _fill(conn, "z", 1)
+        await Q.set_limits(conn, "q", fair=True)
+        taken = []
+        for _ in range(3):
+            taken += [j.id for j in (await _claim(conn, 5)).jobs]
+        assert taken == [due]
+
+
 async def test_per_key_limits_hold_in_a_fair_queue(dsn: str) -> None:
     """key_concurrency 1: a fair claim takes at most one job per key, skips a key that is
     full, and says ``keys`` when that held it back."""

@@ -159,9 +159,14 @@ BEGIN
              WHERE j.queue = p_queue AND j.state = 'available' AND j.concurrency_key > fk
              ORDER BY j.concurrency_key LIMIT 1;
             IF nk IS NULL THEN  -- past the last key: wrap, once, through the unkeyed group
-                EXIT WHEN wrapped OR q.fair_cursor IS NULL OR q.fair_cursor = '';
+                EXIT WHEN wrapped;
                 wrapped := true;
-                unkeyed_pos := cardinality(fair_keys) + 0.5;
+                IF unkeyed_pos IS NULL THEN
+                    unkeyed_pos := cardinality(fair_keys) + 0.5;
+                END IF;
+                -- the keys up to the cursor come next, unless the rotation began before
+                -- the first key (then it has seen them all)
+                EXIT WHEN q.fair_cursor IS NULL OR q.fair_cursor = '';
                 fk := '';
                 CONTINUE;
             END IF;
@@ -359,6 +364,11 @@ BEGIN
         UPDATE queues qs
            SET fair_cursor = (SELECT coalesce(j.concurrency_key, '') FROM jobs j
                                WHERE j.id = chosen[cardinality(chosen)])
+         WHERE qs.name = p_queue;
+    ELSIF q.fair AND cardinality(fair_keys) > 0 THEN
+        -- fair share: keys visited that gave nothing (none of their jobs due yet): the next
+        -- claim goes on after them, so keys further on are reached
+        UPDATE queues qs SET fair_cursor = fair_keys[cardinality(fair_keys)]
          WHERE qs.name = p_queue;
     END IF;
 
