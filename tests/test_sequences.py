@@ -6,6 +6,7 @@ across two real ``trioq serve`` processes, one of them SIGKILLed."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
 from typing import Any
@@ -17,7 +18,7 @@ from helpers import migrated, rows, scalar, wait_until_blocked
 from psycopg.types.json import Jsonb
 
 import trioq
-from trioq import Failure, JobSpec, Lease, Queue
+from trioq import Failure, JobSpec, Lease, Queue, producer
 from trioq._job import SEQUENTIAL_ALONE
 from trioq._pg.pool import Pool
 from trioq._worker.services.stranded import Stranded
@@ -125,6 +126,58 @@ async def test_bulk_and_many_keep_the_order(dsn: str) -> None:
         many = [r.job_id for r in await trioq.enqueue_many(conn, specs)]
         assert await _states(conn, many) == ["available", "available", "available", "waiting",
                                              "available", "waiting"]  # fmt: skip
+
+
+async def test_the_sql_api_enqueues_into_a_sequence(dsn: str) -> None:
+    """trioq.enqueue(..., sequence_key => ...) in SQL (migration 27): the same sequence as the
+    Python API's, behind a Python job and ahead of one; the refusals are the parity test's."""
+    async with migrated(dsn) as conn:
+        [head] = await _enqueue(conn, "mixed")
+        by_sql = await scalar(conn, "SELECT trioq.enqueue('t', sequence_key => 'mixed')")
+        later = await scalar(conn, "SELECT trioq.enqueue('t', '{}', 'default', 0, NULL, NULL,"
+                                   " NULL, NULL, NULL, true, NULL, NULL, NULL, 'mixed')")
+        [tail] = await _enqueue(conn, "mixed")
+        alone = await scalar(conn, "SELECT trioq.enqueue('t', sequence_key => 'sql-only')")
+        order = [head, by_sql, later, tail]
+        assert await _states(conn, [*order, alone]) == ["available", "waiting", "waiting",
+                                                         "waiting", "available"]  # fmt: skip
+        assert (await trioq.job_status(conn, by_sql)).state == "waiting"
+        for i, job_id in enumerate(order):
+            got = [j for j in await _claim(conn) if j.id in order]
+            assert [j.id for j in got] == [job_id]
+            await _complete(conn, got)
+            assert await _states(conn, order[i + 1:i + 2]) == ["available"][: len(order) - i - 1]
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="a job of a sequence"):
+            await conn.execute("SELECT trioq.enqueue('t', dedup_key => 'd',"
+                               " sequence_key => 'k')")  # fmt: skip
+
+
+def test_the_producers_enqueue_into_a_sequence(dsn: str) -> None:
+    """The sync and asyncio producers (trioq.producer) take sequence_key as trioq.enqueue
+    does: their jobs join the same sequence, waiting behind its head, and refuse a bad key in
+    the same words."""
+    async def setup() -> None:
+        async with migrated(dsn):
+            pass
+
+    trio.run(setup)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        head = producer.enqueue(conn, "t", sequence_key="p").job_id
+        bulk = producer.enqueue_bulk(conn, "t", [{}, {}], sequence_key="p")
+        with pytest.raises(ValueError, match="sequence_key must be a non-empty string"):
+            producer.enqueue(conn, "t", sequence_key="")
+
+    async def by_asyncio() -> int:
+        aconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with aconn:
+            return (await producer.aenqueue(aconn, "t", sequence_key="p")).job_id
+
+    last = asyncio.run(by_asyncio())
+    with psycopg.connect(dsn) as conn:
+        found: dict[int, str] = dict(
+            conn.execute("SELECT id, state FROM trioq.jobs WHERE sequence_key = 'p'")
+        )
+    assert [found[i] for i in [head, *bulk, last]] == ["available"] + ["waiting"] * 3
 
 
 async def test_concurrent_enqueues_make_one_head(dsn: str) -> None:
