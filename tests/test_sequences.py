@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
+import json
 from typing import Any
 
 import psycopg
 import pytest
 import trio
+from clitool import trioq_cli
 from helpers import migrated, rows, scalar, wait_until_blocked
 from psycopg.types.json import Jsonb
 
@@ -178,6 +180,30 @@ def test_the_producers_enqueue_into_a_sequence(dsn: str) -> None:
             conn.execute("SELECT id, state FROM trioq.jobs WHERE sequence_key = 'p'")
         )
     assert [found[i] for i in [head, *bulk, last]] == ["available"] + ["waiting"] * 3
+
+
+async def test_job_status_and_jobs_show_say_the_sequence(dsn: str) -> None:
+    """job_status has the key (a job with none, and a dead one, None); ``trioq jobs show``
+    prints it, and its --json has it."""
+    async with migrated(dsn) as conn:
+        [head, second] = await _enqueue(conn, "acct\n7", 2)
+        [plain] = await _enqueue(conn, None)
+        assert (await trioq.job_status(conn, second)).sequence_key == "acct\n7"
+        assert (await trioq.job_status(conn, plain)).sequence_key is None
+        await conn.execute("DELETE FROM trioq.jobs WHERE id = %s", (head,))
+        [got] = [j for j in await _claim(conn) if j.id == second]
+        await Q.fail_many(conn, owner="w", failures=[
+            Failure(lease=Lease(second, got.attempt), error="x", fatal=True)])
+        dead = await trioq.job_status(conn, second)
+        assert (dead.state, dead.sequence_key) == ("dead", None)
+        [third] = await _enqueue(conn, "acct-8", 1)
+    out = await trio.to_thread.run_sync(lambda: trioq_cli("jobs", "show", str(third), "--dsn",
+                                                          dsn))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "  sequence:  acct-8" in out.stdout.splitlines()
+    shown = await trio.to_thread.run_sync(lambda: trioq_cli("jobs", "show", str(third), "--dsn",
+                                                            dsn, "--json"))  # fmt: skip
+    assert json.loads(shown.stdout)["sequence_key"] == "acct-8"
 
 
 async def test_concurrent_enqueues_make_one_head(dsn: str) -> None:

@@ -53,7 +53,7 @@ SELECT {status_columns} FROM {jobs} j WHERE j.id = %(id)s
 UNION ALL
 SELECT d.id, 'dead', d.queue, d.task, d.args, d.priority, d.attempt, d.max_attempts, NULL,
        d.enqueued_at, d.died_at, NULL, NULL, false, d.dedup_key, NULL, d.last_error, d.reason,
-       d.traceback, d.start_by, {dead_progress}
+       d.traceback, d.start_by, NULL::text, {dead_progress}
   FROM {dead} d WHERE d.id = %(id)s
 """
 
