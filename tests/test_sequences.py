@@ -15,11 +15,13 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+from asgi import call
 from clitool import trioq_cli
 from helpers import migrated, rows, scalar, wait_until_blocked
 from psycopg.types.json import Jsonb
 
 import trioq
+import trioq.web
 from trioq import Failure, JobSpec, Lease, Queue, producer
 from trioq._job import SEQUENTIAL_ALONE
 from trioq._pg.pool import Pool
@@ -204,6 +206,23 @@ async def test_job_status_and_jobs_show_say_the_sequence(dsn: str) -> None:
     shown = await trio.to_thread.run_sync(lambda: trioq_cli("jobs", "show", str(third), "--dsn",
                                                             dsn, "--json"))  # fmt: skip
     assert json.loads(shown.stdout)["sequence_key"] == "acct-8"
+
+
+async def test_the_dashboards_job_page_shows_the_sequence(dsn: str) -> None:
+    """A job's page names its sequence (escaped, as every value); a job without one has no
+    such line."""
+    async with migrated(dsn) as conn:
+        [head, second] = await _enqueue(conn, "<b>acct</b>", 2)
+        [plain] = await _enqueue(conn, None)
+    app = trioq.web.app(dsn)
+    try:
+        page = (await call(app, "GET", f"/jobs/{second}")).text
+        assert 'id="state">waiting<' in page
+        assert '<code id="sequence-key">&lt;b&gt;acct&lt;/b&gt;</code>' in page
+        assert 'id="sequence-key"' in (await call(app, "GET", f"/jobs/{head}")).text
+        assert 'id="sequence-key"' not in (await call(app, "GET", f"/jobs/{plain}")).text
+    finally:
+        await app.aclose()
 
 
 async def test_concurrent_enqueues_make_one_head(dsn: str) -> None:
