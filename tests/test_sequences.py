@@ -225,6 +225,32 @@ async def test_the_dashboards_job_page_shows_the_sequence(dsn: str) -> None:
         await app.aclose()
 
 
+def test_a_finish_probes_its_key_by_index(dsn: str) -> None:
+    """The statements sequence_advance runs when a job of a sequence ends use their indexes
+    (migration 28: the key's collation was the channel name's "C", and every probe scanned its
+    whole table). auto_explain shows the plans of the trigger's nested statements."""
+
+    async def setup() -> None:
+        async with migrated(dsn) as conn:
+            await conn.execute("INSERT INTO trioq.jobs (queue, task, args, sequence_key)"
+                               " SELECT 'default', 't', '{}', 'k' || i"
+                               "   FROM generate_series(1, 3000) i")  # fmt: skip
+            await conn.execute("VACUUM ANALYZE trioq.jobs, trioq.sequences")
+
+    trio.run(setup)
+    plans: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                        "SET auto_explain.log_nested_statements = on",
+                        "SET client_min_messages = log"):  # fmt: skip
+            conn.execute(setting)
+        conn.execute("DELETE FROM trioq.jobs WHERE sequence_key = 'k7'")
+    nested = [p for p in plans if "p_key" in p or "= k" in p]
+    assert len(nested) >= 3, plans
+    assert not [p for p in nested if "Seq Scan" in p], nested
+
+
 async def test_concurrent_enqueues_make_one_head(dsn: str) -> None:
     """Twenty connections enqueue five jobs each of one key, each in a transaction of its
     own, all at once: exactly one of the 100 is not waiting. (Which one is the head is the
