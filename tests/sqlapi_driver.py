@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 #: The parameters of ``trioq.enqueue`` and ``trioq.signal``, in their order.
 ENQUEUE_PARAMETERS = ("task", "args", "queue", "priority", "run_at", "delay", "max_attempts",
                       "dedup_key", "concurrency_key", "notify", "start_by", "debounce",
-                      "debounce_max_wait")  # fmt: skip
+                      "debounce_max_wait", "sequence_key")  # fmt: skip
 SIGNAL_PARAMETERS = ("job_id", "name", "payload", "task", "key")
 #: The parameters that are JSON (sent as jsonb).
 _JSON = frozenset({"args", "payload"})

@@ -6,18 +6,23 @@ across two real ``trioq serve`` processes, one of them SIGKILLed."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
+import json
 from typing import Any
 
 import psycopg
 import pytest
 import trio
+from asgi import call
+from clitool import trioq_cli
 from helpers import migrated, rows, scalar, wait_until_blocked
 from psycopg.types.json import Jsonb
 
 import trioq
-from trioq import Failure, JobSpec, Lease, Queue
+import trioq.web
+from trioq import Failure, JobSpec, Lease, Queue, producer
 from trioq._job import SEQUENTIAL_ALONE
 from trioq._pg.pool import Pool
 from trioq._worker.services.stranded import Stranded
@@ -125,6 +130,125 @@ async def test_bulk_and_many_keep_the_order(dsn: str) -> None:
         many = [r.job_id for r in await trioq.enqueue_many(conn, specs)]
         assert await _states(conn, many) == ["available", "available", "available", "waiting",
                                              "available", "waiting"]  # fmt: skip
+
+
+async def test_the_sql_api_enqueues_into_a_sequence(dsn: str) -> None:
+    """trioq.enqueue(..., sequence_key => ...) in SQL (migration 27): the same sequence as the
+    Python API's, behind a Python job and ahead of one; the refusals are the parity test's."""
+    async with migrated(dsn) as conn:
+        [head] = await _enqueue(conn, "mixed")
+        by_sql = await scalar(conn, "SELECT trioq.enqueue('t', sequence_key => 'mixed')")
+        later = await scalar(conn, "SELECT trioq.enqueue('t', '{}', 'default', 0, NULL, NULL,"
+                                   " NULL, NULL, NULL, true, NULL, NULL, NULL, 'mixed')")
+        [tail] = await _enqueue(conn, "mixed")
+        alone = await scalar(conn, "SELECT trioq.enqueue('t', sequence_key => 'sql-only')")
+        order = [head, by_sql, later, tail]
+        assert await _states(conn, [*order, alone]) == ["available", "waiting", "waiting",
+                                                         "waiting", "available"]  # fmt: skip
+        assert (await trioq.job_status(conn, by_sql)).state == "waiting"
+        for i, job_id in enumerate(order):
+            got = [j for j in await _claim(conn) if j.id in order]
+            assert [j.id for j in got] == [job_id]
+            await _complete(conn, got)
+            assert await _states(conn, order[i + 1:i + 2]) == ["available"][: len(order) - i - 1]
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="a job of a sequence"):
+            await conn.execute("SELECT trioq.enqueue('t', dedup_key => 'd',"
+                               " sequence_key => 'k')")  # fmt: skip
+
+
+def test_the_producers_enqueue_into_a_sequence(dsn: str) -> None:
+    """The sync and asyncio producers (trioq.producer) take sequence_key as trioq.enqueue
+    does: their jobs join the same sequence, waiting behind its head, and refuse a bad key in
+    the same words."""
+    async def setup() -> None:
+        async with migrated(dsn):
+            pass
+
+    trio.run(setup)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        head = producer.enqueue(conn, "t", sequence_key="p").job_id
+        bulk = producer.enqueue_bulk(conn, "t", [{}, {}], sequence_key="p")
+        with pytest.raises(ValueError, match="sequence_key must be a non-empty string"):
+            producer.enqueue(conn, "t", sequence_key="")
+
+    async def by_asyncio() -> int:
+        aconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with aconn:
+            return (await producer.aenqueue(aconn, "t", sequence_key="p")).job_id
+
+    last = asyncio.run(by_asyncio())
+    with psycopg.connect(dsn) as conn:
+        found: dict[int, str] = dict(
+            conn.execute("SELECT id, state FROM trioq.jobs WHERE sequence_key = 'p'")
+        )
+    assert [found[i] for i in [head, *bulk, last]] == ["available"] + ["waiting"] * 3
+
+
+async def test_job_status_and_jobs_show_say_the_sequence(dsn: str) -> None:
+    """job_status has the key (a job with none, and a dead one, None); ``trioq jobs show``
+    prints it, and its --json has it."""
+    async with migrated(dsn) as conn:
+        [head, second] = await _enqueue(conn, "acct\n7", 2)
+        [plain] = await _enqueue(conn, None)
+        assert (await trioq.job_status(conn, second)).sequence_key == "acct\n7"
+        assert (await trioq.job_status(conn, plain)).sequence_key is None
+        await conn.execute("DELETE FROM trioq.jobs WHERE id = %s", (head,))
+        [got] = [j for j in await _claim(conn) if j.id == second]
+        await Q.fail_many(conn, owner="w", failures=[
+            Failure(lease=Lease(second, got.attempt), error="x", fatal=True)])
+        dead = await trioq.job_status(conn, second)
+        assert (dead.state, dead.sequence_key) == ("dead", None)
+        [third] = await _enqueue(conn, "acct-8", 1)
+    out = await trio.to_thread.run_sync(lambda: trioq_cli("jobs", "show", str(third), "--dsn",
+                                                          dsn))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "  sequence:  acct-8" in out.stdout.splitlines()
+    shown = await trio.to_thread.run_sync(lambda: trioq_cli("jobs", "show", str(third), "--dsn",
+                                                            dsn, "--json"))  # fmt: skip
+    assert json.loads(shown.stdout)["sequence_key"] == "acct-8"
+
+
+async def test_the_dashboards_job_page_shows_the_sequence(dsn: str) -> None:
+    """A job's page names its sequence (escaped, as every value); a job without one has no
+    such line."""
+    async with migrated(dsn) as conn:
+        [head, second] = await _enqueue(conn, "<b>acct</b>", 2)
+        [plain] = await _enqueue(conn, None)
+    app = trioq.web.app(dsn)
+    try:
+        page = (await call(app, "GET", f"/jobs/{second}")).text
+        assert 'id="state">waiting<' in page
+        assert '<code id="sequence-key">&lt;b&gt;acct&lt;/b&gt;</code>' in page
+        assert 'id="sequence-key"' in (await call(app, "GET", f"/jobs/{head}")).text
+        assert 'id="sequence-key"' not in (await call(app, "GET", f"/jobs/{plain}")).text
+    finally:
+        await app.aclose()
+
+
+def test_a_finish_probes_its_key_by_index(dsn: str) -> None:
+    """The statements sequence_advance runs when a job of a sequence ends use their indexes
+    (migration 28: the key's collation was the channel name's "C", and every probe scanned its
+    whole table). auto_explain shows the plans of the trigger's nested statements."""
+
+    async def setup() -> None:
+        async with migrated(dsn) as conn:
+            await conn.execute("INSERT INTO trioq.jobs (queue, task, args, sequence_key)"
+                               " SELECT 'default', 't', '{}', 'k' || i"
+                               "   FROM generate_series(1, 3000) i")  # fmt: skip
+            await conn.execute("VACUUM ANALYZE trioq.jobs, trioq.sequences")
+
+    trio.run(setup)
+    plans: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                        "SET auto_explain.log_nested_statements = on",
+                        "SET client_min_messages = log"):  # fmt: skip
+            conn.execute(setting)
+        conn.execute("DELETE FROM trioq.jobs WHERE sequence_key = 'k7'")
+    nested = [p for p in plans if "p_key" in p or "= k" in p]
+    assert len(nested) >= 3, plans
+    assert not [p for p in nested if "Seq Scan" in p], nested
 
 
 async def test_concurrent_enqueues_make_one_head(dsn: str) -> None:

@@ -102,8 +102,9 @@ def test_the_version_and_the_signatures_are_the_contract(db: psycopg.Connection[
          "max_attempts numeric DEFAULT NULL::numeric, dedup_key text DEFAULT NULL::text, "
          "concurrency_key text DEFAULT NULL::text, notify boolean DEFAULT true, start_by "
          "timestamp with time zone DEFAULT NULL::timestamp with time zone, debounce interval "
-         "DEFAULT NULL::interval, debounce_max_wait interval DEFAULT NULL::interval", "bigint",
-         False, path),  # start_by (21), debounce (22): after the others (still version 1)
+         "DEFAULT NULL::interval, debounce_max_wait interval DEFAULT NULL::interval, "
+         "sequence_key text DEFAULT NULL::text", "bigint", False, path),
+        # start_by (21), debounce (22), sequence_key (27): after the others (still version 1)
         ("signal", "job_id numeric, name text, payload jsonb DEFAULT NULL::jsonb, task text "
          "DEFAULT NULL::text, key text DEFAULT NULL::text", "text", False, path),
     ]  # fmt: skip

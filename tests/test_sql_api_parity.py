@@ -179,6 +179,15 @@ REFUSED = [
          args=[]),
     case("start_by passed after the payload", start_by=dt.datetime(2001, 1, 1, tzinfo=dt.UTC),
          args=LARGE),
+    # sequence_key (migration 27): the rule of keys, and no dedup_key (SEQUENTIAL_ALONE)
+    case("sequence_key empty", sequence_key=""),
+    case("sequence_key 501 characters", sequence_key="s" * 501),
+    case("sequence_key of 10,000 characters", sequence_key="é" * 10_000),
+    case("sequence_key with a dedup_key", sequence_key="s", dedup_key="k"),
+    case("sequence_key with a debounce", sequence_key="s", dedup_key="k", debounce=SEC5),
+    case("sequence_key before the sequence's refusal", sequence_key="", dedup_key="k"),
+    case("concurrency_key before sequence_key", sequence_key="", concurrency_key=""),
+    case("sequence_key before the payload", sequence_key="s", dedup_key="k", args=LARGE),
 ]
 
 #: What only a Python caller can give, for a case whose SQL form gives it as SQL text.
@@ -256,6 +265,9 @@ ACCEPTED = [
     case("debounce with max_wait", dedup_key="k", debounce=SEC5, debounce_max_wait=SEC5 * 2),
     case("debounce of 366 days", dedup_key="k", debounce=dt.timedelta(days=366)),
     case("debounce with a zero delay", dedup_key="k", debounce=SEC5, delay=dt.timedelta(0)),
+    case("sequence_key", sequence_key="account:alice"),
+    case("sequence_key of 500 characters, scheduled", sequence_key="é" * 500,
+         delay=dt.timedelta(hours=1)),
 ]
 
 #: (case, what refuses the SQL form before the function runs, the error's type or SQLSTATE).
@@ -263,6 +275,10 @@ BEFORE_THE_FUNCTION = [
     (case("task with NUL", task="a\x00b"), "psycopg: text cannot hold NUL", psycopg.DataError),
     (case("queue with NUL", queue="\x00"), "psycopg: text cannot hold NUL", psycopg.DataError),
     (case("task with a lone surrogate", task="a\ud800"), "UTF-8 cannot encode it",
+     UnicodeEncodeError),
+    (case("sequence_key with NUL", sequence_key="a\x00"), "psycopg: text cannot hold NUL",
+     psycopg.DataError),
+    (case("sequence_key with a lone surrogate", sequence_key="\udc80"), "UTF-8 cannot encode it",
      UnicodeEncodeError),
     (case("args with NUL", args={"a": "\x00"}), "jsonb cannot hold \\u0000", "22P05"),
     (case("args with a lone surrogate", args=["\udcff"]), "jsonb refuses \\udcff alone",
@@ -321,7 +337,7 @@ def python_row(dsn: str, kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
 ROW = (
     "SELECT queue, task, args, priority, run_at, state, attempt, max_attempts,"
     " max_attempts_unset, dedup_key, concurrency_key, trace_context, durable, start_by,"
-    " debounce_key, debounce_deadline"
+    " debounce_key, debounce_deadline, sequence_key"
     " FROM trioq.jobs WHERE id = %s"
 )
 
@@ -414,6 +430,7 @@ def _parameter(message: str) -> str:
     for prefix, parameter in (("args", "args"), ("give run_at or delay", "delay"),
                               ("debounce max_wait", "debounce_max_wait"),
                               ("give start_by or debounce", "debounce"),
+                              ("a job of a sequence", "sequence_key"),
                               ("the payload of signal", "payload"), ("signal name", "name"),
                               ("give a job_id", "job_id"), ("job", "job_id")):  # fmt: skip
         if message.startswith(prefix):

@@ -401,8 +401,9 @@ async def test_the_sql_api_takes_a_deadline_and_version_1_calls_still_work(dsn: 
 
 
 async def test_the_migration_keeps_the_grants_of_the_sql_enqueue(dsn: str) -> None:
-    """enqueue() is dropped and created again with start_by (21) and debounce (22): a
-    producer role that was granted it keeps it, and PUBLIC, revoked, stays revoked."""
+    """enqueue() is dropped and created again with start_by (21), debounce (22) and
+    sequence_key (27): a producer role that was granted it keeps it, and PUBLIC, revoked,
+    stays revoked."""
     async with await trioq.connect(dsn, autocommit=True) as conn:
         await trioq.migrate(conn, target=20)
         old = ("trioq.enqueue(text, jsonb, text, numeric, timestamptz, interval, numeric, text,"
@@ -412,12 +413,12 @@ async def test_the_migration_keeps_the_grants_of_the_sql_enqueue(dsn: str) -> No
         try:
             await conn.execute(f"REVOKE ALL ON FUNCTION {old} FROM PUBLIC")
             await conn.execute(f"GRANT EXECUTE ON FUNCTION {old} TO start_by_producer")
-            for target in (21, 22):  # each drops and creates it again (start_by, debounce)
+            for target in (21, 22, 27):  # each drops and creates it again (start_by, debounce, seq)
                 await trioq.migrate(conn, target=target)
                 new = await scalar(conn, "SELECT oid::regprocedure::text FROM pg_proc"
                                          " WHERE proname = 'enqueue'"
                                          " AND pronamespace = 'trioq'::regnamespace")  # fmt: skip
-                assert new.count(",") == {21: 10, 22: 12}[target], new
+                assert new.count(",") == {21: 10, 22: 12, 27: 13}[target], new
                 query = "SELECT has_function_privilege(%s, %s, 'EXECUTE')"
                 assert await scalar(conn, query, "start_by_producer", new) is True
                 acl = await scalar(

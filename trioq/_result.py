@@ -62,7 +62,8 @@ DEFAULT_POLL_INTERVAL = 2.0
 class JobStatus:
     """Where one job is in its life, as `trioq.job_status` read it.
 
-    ``state`` is ``waiting`` (for its dependencies, ``docs/workflows.md``), ``scheduled``,
+    ``state`` is ``waiting`` (for its dependencies, ``docs/workflows.md``, or for the earlier
+    jobs of its sequence, ``docs/flow-control.md``), ``scheduled``,
     ``available``, ``running`` (``lease_owner`` and
     ``lease_expires_at`` set), ``done`` (kept: ``result``), ``cancelled``, ``dead``
     (``reason``, ``last_error``, ``traceback``; ``finished_at`` is when it died) or
@@ -91,6 +92,10 @@ class JobStatus:
     #: Its deadline to start while it has not started (the claim that starts it clears it),
     #: and for a job that died of it (``docs/flow-control.md``, "Deadlines to start").
     start_by: dt.datetime | None = None
+    #: Its sequence (``docs/flow-control.md``, "Sequences") while it is in ``jobs`` (waiting
+    #: behind an earlier job of its key, or its head; done or cancelled); None for a dead job
+    #: (``dead_jobs`` does not keep it) and for a job without one.
+    sequence_key: str | None = None
     #: What the job reported last with ``job.progress()`` (docs/progress.md), None if nothing;
     #: a retry shows the previous attempt's until it reports its own; a dead job its last. A
     #: stored value no reader can show (written by hand: too large, nested too deep) is an

@@ -46,7 +46,8 @@ log = logging.getLogger("mkdocs.hooks.names")
 
 #: First parts of ``trioq.<part>`` spans that are not Python names: tables and functions of
 #: the SQL schema named trioq, the loggers, the OpenTelemetry span attributes, the examples.
-NOT_PYTHON = frozenset({"now", "jobs", "runtime", "cron", "hooks", "stress", "job", "examples"})
+NOT_PYTHON = frozenset({"now", "jobs", "sequences", "runtime", "cron", "hooks", "stress", "job",
+                        "examples"})
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 #: A link ([text](target), [text][ref]) or an inline code span (`x` or ``x``), whichever

@@ -176,6 +176,8 @@ def _field_lines(s: JobStatus) -> list[str]:
         lines.append(f"  {label}  {s.finished_at}")
     if s.dedup_key is not None:
         lines.append(f"  dedup key: {s.dedup_key}")
+    if s.sequence_key is not None:
+        lines.append(f"  sequence:  {s.sequence_key}")
     if s.state == "done":
         lines.append(f"  result:    {json.dumps(s.result)}")
     if s.reason is not None:

@@ -360,6 +360,8 @@ class JobDetail:
     lease_owner: str | None
     lease_expires_at: dt.datetime | None
     dedup_key: str | None
+    #: Its sequence (docs/flow-control.md, "Sequences"), None without one.
+    sequence_key: str | None
     cancel_requested: bool
     last_error: str | None
     result: str | None

@@ -124,6 +124,6 @@ STATUS_COLUMNS = (
     "j.id, j.state, j.queue, j.task, j.args, j.priority, j.attempt, j.max_attempts, j.run_at, "
     "j.enqueued_at, j.finished_at, j.lease_owner, j.lease_expires_at, j.cancel_requested, "
     "j.dedup_key, j.result, j.last_error, NULL::text AS reason, NULL::text AS traceback, "
-    "j.start_by, "
+    "j.start_by, j.sequence_key, "
     + PROGRESS_COLUMNS.replace("{row}", "j")
 )

@@ -53,7 +53,7 @@ SELECT {status_columns} FROM {jobs} j WHERE j.id = %(id)s
 UNION ALL
 SELECT d.id, 'dead', d.queue, d.task, d.args, d.priority, d.attempt, d.max_attempts, NULL,
        d.enqueued_at, d.died_at, NULL, NULL, false, d.dedup_key, NULL, d.last_error, d.reason,
-       d.traceback, d.start_by, {dead_progress}
+       d.traceback, d.start_by, NULL::text, {dead_progress}
   FROM {dead} d WHERE d.id = %(id)s
 """
 
@@ -91,7 +91,7 @@ SELECT min(run_at) FROM {jobs} WHERE state = 'scheduled' AND queue = ANY(%(queue
 # pg_column_size is the stored (possibly compressed) size and reads no more than the header.
 JOB = """
 SELECT id, queue, task, state, args::text, priority, run_at, attempt, max_attempts,
-       lease_owner, lease_expires_at, dedup_key, cancel_requested, last_error,
+       lease_owner, lease_expires_at, dedup_key, sequence_key, cancel_requested, last_error,
        CASE WHEN pg_catalog.pg_column_size(result) <= %(load)s THEN result::text END,
        enqueued_at, finished_at, {now}, pg_catalog.pg_column_size(result)
   FROM {jobs} WHERE id = %(id)s
