@@ -76,7 +76,7 @@ async def runtime_alone(dsn: str, jobs: int, concurrency: int, label: str) -> No
     handed = [0]
 
     async def fake_claim(self: Driver, conn: Any, queue: str, *, owner: str, limit: int,
-                         lease: dt.timedelta) -> list[Job]:  # fmt: skip
+                         lease: dt.timedelta, weighted: bool = False) -> list[Job]:  # fmt: skip
         await trio.lowlevel.checkpoint()
         n = min(limit, jobs - handed[0])
         handed[0] += n
