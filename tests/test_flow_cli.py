@@ -39,6 +39,7 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
         "key_rate_limit": "2/500ms",
         "paused_until": None,
         "aging": 60.0,
+        "fair": False,
     }
     text = ok("queue", "set", "email", "--aging", "5m", "--dsn", dsn)
     assert text.strip().endswith("per-key rate 2/500ms, aging 5m")
