@@ -53,7 +53,7 @@ def test_set_list_pause_resume_and_status(dsn: str) -> None:
         ("sync", True, 0),
     ]
     lines = ok("queue", "list", "--dsn", dsn).splitlines()
-    assert lines[1].split() == ["email", "no", "5", "-", "1", "2/500ms", "off", "1", "0"]
+    assert lines[1].split() == ["email", "no", "5", "-", "1", "2/500ms", "off", "no", "1", "0"]
     assert lines[2].split()[:2] == ["sync", "yes"]
     status = json.loads(ok("status", "--dsn", dsn, "--json"))
     assert status["paused"] == ["sync"]
