@@ -39,6 +39,7 @@ CLASSES: dict[type, dict[str, Any]] = {
 TAKES_TEXT = {
     "dsn", "session_dsn", "schema", "worker_id", "metrics", "queues", "name", "schedule",
     "task", "queue", "timezone", "misfire", "args", "key", "dedup_key", "concurrency_key",
+    "sequence_key",
     "on_dependency_failure", "rate_limit", "key_rate_limit", "token", "registry",
 }  # fmt: skip
 
