@@ -67,8 +67,8 @@ def _rate(value: object) -> RateLimit | None:
 
 
 def _fair(_inst: object, _attribute: object, value: object) -> None:
-    if value is not UNSET and not isinstance(value, bool):
-        raise TypeError(f"fair must be True or False, got {value!r}")
+    if value is not UNSET:
+        boolean(value, "fair")
 
 
 def _aging(value: object) -> dt.timedelta | Unset | None:

@@ -21,6 +21,7 @@ import attrs
 from ._db.statements import Statements
 from ._job import PRIORITY_MAX, PRIORITY_MIN, Job, check_aware, check_queue_name
 from ._pg.conn import Conn
+from ._rules import boolean
 from ._unique import to_period
 
 __all__ = [
@@ -88,10 +89,7 @@ def _setting_values(changes: dict[str, Any]) -> dict[str, Any]:
         values[f"{prefix}_period"] = None if rate is None else rate.period
     aging = to_aging(changes.get("aging"), "aging")
     values["aging"] = dt.timedelta(0) if aging is None and "aging" in changes else aging
-    fair = changes.get("fair")
-    if "fair" in changes and not isinstance(fair, bool):
-        raise TypeError(f"fair must be True or False, got {fair!r}")
-    values["fair"] = fair
+    values["fair"] = boolean(changes["fair"], "fair") if "fair" in changes else None
     return values
 
 
