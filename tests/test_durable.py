@@ -574,20 +574,19 @@ async def test_a_child_that_ends_while_its_parent_parks_wakes_it(dsn: str) -> No
                 await other.execute("DELETE FROM trioq.jobs WHERE id = %s", (child,))
             ended.set()
 
+        park = ("UPDATE trioq.jobs SET state = 'scheduled', waiting_for = %s, lease_owner = NULL,"
+                " lease_expires_at = NULL, run_at = now() + interval '1 hour' WHERE id = %s")
         waiter = await trioq.connect(dsn, autocommit=True)
-        async with waiter, trio.open_nursery() as nursery:
-            async with waiter.transaction():
-                await waiter.execute("SELECT 1 FROM trioq.jobs WHERE id = %s FOR NO KEY UPDATE",
-                                     (parent,))  # fmt: skip
-                await waiter.execute(
-                    "UPDATE trioq.jobs SET state = 'scheduled', waiting_for = %s, lease_owner = NULL, "
-                    "lease_expires_at = NULL, run_at = now() + interval '1 hour' WHERE id = %s", (f"job {child}", parent))
-                nursery.start_soon(child_ends)
-                with trio.fail_after(10):  # the child's end waits for the row, or has ended
-                    while not ended.is_set() and not await scalar(  # noqa: ASYNC110
-                        conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
-                              "= 'Lock' AND backend_type = 'client backend'"):  # fmt: skip
-                        await trio.sleep(0.01)
+        async with waiter, trio.open_nursery() as nursery, waiter.transaction():
+            await waiter.execute("SELECT 1 FROM trioq.jobs WHERE id = %s FOR NO KEY UPDATE",
+                                 (parent,))  # fmt: skip
+            await waiter.execute(park, (f"job {child}", parent))
+            nursery.start_soon(child_ends)
+            with trio.fail_after(10):  # the child's end waits for the row, or has ended
+                while not ended.is_set() and not await scalar(  # noqa: ASYNC110
+                    conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type "
+                          "= 'Lock' AND backend_type = 'client backend'"):  # fmt: skip
+                    await trio.sleep(0.01)
         assert await rows(conn, "SELECT state, waiting_for FROM trioq.jobs WHERE id = %s",
                           parent) == [("available", None)]  # fmt: skip
         assert await scalar(conn, "SELECT payload->>'state' FROM trioq.job_signals "
