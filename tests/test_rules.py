@@ -96,3 +96,33 @@ def test_the_numbers_of_the_issue() -> None:
         trioq.retry.Constant(seconds="5")  # type: ignore[arg-type]
     config = trioq.Config(registry=trioq.Registry(), poll_interval=dt.timedelta(seconds=3))
     assert config.poll_interval == 3
+
+
+def test_a_default_is_skipped_only_as_the_very_object() -> None:
+    """JobSpec's validators skip a field left at its default (``is``), not a value that
+    only equals it: False is not priority 0, nor 0.0."""
+    for bad in (False, 0.0, True):
+        with pytest.raises(TypeError, match="priority must be an int"):
+            trioq.JobSpec(task="t", priority=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be True or False"):  # a default the rule refuses
+        _rules.rule(_rules.boolean, default=1)
+
+
+def test_names_found_valid_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trioq import _job
+
+    monkeypatch.setattr(_job, "_KNOWN_TASKS", set())
+    monkeypatch.setattr(_job, "_KNOWN_NAMES_CAP", 3)
+    for i in range(5):
+        trioq.JobSpec(task=f"task_{i}")
+    assert {"task_0", "task_1", "task_2"} == _job._KNOWN_TASKS
+
+    class Sneaky(str):
+        pass
+
+    with pytest.raises(ValueError, match="is invalid"):
+        trioq.JobSpec(task=Sneaky("bad name"))
+    with pytest.raises(ValueError, match="is invalid"):
+        trioq.JobSpec(task="task 0")
+    with pytest.raises(TypeError, match="must be a string"):
+        trioq.JobSpec(task=["task_0"])  # type: ignore[arg-type]

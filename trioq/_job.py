@@ -136,16 +136,35 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: Names already found valid (a program uses a few): checked again by a set lookup. Bounded:
+#: a program that makes up names keeps paying for the pattern past `_KNOWN_NAMES_CAP`.
+_KNOWN_TASKS: set[str] = set()
+_KNOWN_QUEUES: set[str] = set()
+_KNOWN_NAMES_CAP = 4096
+
+
+def _known(value: str, known: set[str]) -> str:
+    if len(known) < _KNOWN_NAMES_CAP:
+        known.add(value)
+    return value
+
+
 def check_task_name(value: object, field: str = "task") -> str:
+    if type(value) is str and value in _KNOWN_TASKS:
+        return value
     if value == "":
         raise ValueError(f"{field} must be a non-empty string, got {value!r}")
-    return name(value, field, TASK_NAME_RE, "up to 200 letters, digits, '_', '.', ':' or '-', "
-                "starting with a letter or '_'")  # fmt: skip
+    checked = name(value, field, TASK_NAME_RE, "up to 200 letters, digits, '_', '.', ':' or "
+                   "'-', starting with a letter or '_'")  # fmt: skip
+    return _known(checked, _KNOWN_TASKS) if type(checked) is str else checked
 
 
 def check_queue_name(value: object, field: str = "queue") -> str:
-    return name(value, field, QUEUE_NAME_RE, "1-64 letters, digits, '_', '.', ':' or '-', not "
-                "starting with a punctuation mark")  # fmt: skip
+    if type(value) is str and value in _KNOWN_QUEUES:
+        return value
+    checked = name(value, field, QUEUE_NAME_RE, "1-64 letters, digits, '_', '.', ':' or '-', "
+                   "not starting with a punctuation mark")  # fmt: skip
+    return _known(checked, _KNOWN_QUEUES) if type(checked) is str else checked
 
 
 def check_priority(value: object, field: str = "priority") -> int:
@@ -220,6 +239,9 @@ def check_aware(value: dt.datetime | None, field: str) -> dt.datetime | None:
     return value
 
 
+_NO_DELAY = dt.timedelta(0)
+
+
 def to_delay(
     value: dt.timedelta | float | None,
     field: str = "delay",
@@ -228,7 +250,7 @@ def to_delay(
     """A delay given as a timedelta or seconds (None: none), checked: finite, not negative,
     at most ``limit``."""
     if value is None:
-        return dt.timedelta(0)
+        return _NO_DELAY
     if isinstance(value, dt.timedelta):
         seconds = value.total_seconds()
     elif _is_int(value) or isinstance(value, float):
@@ -272,7 +294,7 @@ def check_job_id(value: object, field: str = "job_id") -> int:
 def check_after(value: object, field: str = "after") -> tuple[int, ...]:
     """The ids of the jobs a job waits for: a list, tuple or set of distinct job ids (at
     most `MAX_DEPENDENCIES`), as a tuple; None is none."""
-    if value is None:
+    if value is None or (type(value) is tuple and not value):
         return ()
     if isinstance(value, str | bytes | Mapping) or not isinstance(
         value, Sequence | set | frozenset
@@ -386,9 +408,11 @@ class JobSpec:
 
     task: str = attrs.field(validator=rule(check_task_name))
     args: JSONValue = attrs.field(default=None, converter=args_or_empty)
-    queue: str = attrs.field(default="default", validator=rule(check_queue_name))
-    priority: int = attrs.field(default=0, validator=rule(check_priority))
-    run_at: dt.datetime | None = attrs.field(default=None, validator=rule(check_aware))
+    queue: str = attrs.field(default="default", validator=rule(check_queue_name, default="default"))
+    priority: int = attrs.field(default=0, validator=rule(check_priority, default=0))
+    run_at: dt.datetime | None = attrs.field(
+        default=None, validator=rule(check_aware, default=None)
+    )
     delay: dt.timedelta = attrs.field(default=None, converter=to_delay)
     #: The deadline to start (``docs/flow-control.md``, "Deadlines to start"): a job not
     #: started by then is dead-lettered, never run late. A datetime, or a timedelta from the
@@ -399,20 +423,26 @@ class JobSpec:
     #: None (the default): the task's, resolved by the worker that claims the job (its
     #: `trioq.Task`'s ``max_attempts``, or `DEFAULT_MAX_ATTEMPTS` for a task it does not know).
     max_attempts: int | None = attrs.field(
-        default=None, validator=rule(check_chosen_max_attempts)
+        default=None, validator=rule(check_chosen_max_attempts, default=None)
     )
     #: An explicit deduplication key, scoped by task; with ``unique=True`` and no key, the
     #: fingerprint of task, queue and canonical args is used; ``unique=trioq.Unique(...)``
     #: chooses what counts (see `trioq.Unique`).
-    dedup_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
-    unique: bool | Unique = attrs.field(default=False, validator=rule(_check_unique))
+    dedup_key: str | None = attrs.field(
+        default=None, validator=rule(check_dedup_key, default=None)
+    )
+    unique: bool | Unique = attrs.field(
+        default=False, validator=rule(_check_unique, default=False)
+    )
     #: The job's key for the per-key limits of its queue (``docs/flow-control.md``).
-    concurrency_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
+    concurrency_key: str | None = attrs.field(
+        default=None, validator=rule(check_dedup_key, default=None)
+    )
     #: Ids of jobs it waits for (``docs/workflows.md``): it is ``waiting`` until they end.
     after: tuple[int, ...] = attrs.field(default=(), converter=check_after)
     #: What a dependency that dies or is cancelled does to it: ``cancel`` or ``run``.
     on_dependency_failure: str = attrs.field(
-        default="cancel", validator=rule(check_dependency_policy)
+        default="cancel", validator=rule(check_dependency_policy, default="cancel")
     )
     #: One job per burst of enqueues with this job's key, run after the burst with the last
     #: args (``docs/flow-control.md``, "Debounce"): a `trioq.Debounce`, or its period.
@@ -421,10 +451,14 @@ class JobSpec:
     #: while it runs (``docs/flow-control.md``, "Weighted slots"). None (the default): its
     #: task's, resolved by the worker that claims it (1 until then, and for a task the
     #: worker does not know).
-    cost: int | None = attrs.field(default=None, validator=rule(check_chosen_cost))
+    cost: int | None = attrs.field(
+        default=None, validator=rule(check_chosen_cost, default=None)
+    )
     #: The job's sequence (``docs/flow-control.md``, "Sequences"): it runs only once every
     #: earlier job of this key has finished, in enqueue order. None: none.
-    sequence_key: str | None = attrs.field(default=None, validator=rule(check_dedup_key))
+    sequence_key: str | None = attrs.field(
+        default=None, validator=rule(check_dedup_key, default=None)
+    )
     #: The args as JSON text; computed at construction so bad args fail here.
     args_json: str = attrs.field(init=False)
 

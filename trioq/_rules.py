@@ -46,8 +46,25 @@ __all__ = [
 Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
 
 
-def rule(check: Callable[[Any, str], object]) -> Validator:
-    """An attrs validator applying ``check(value, field)`` with the attribute's name."""
+_NOTHING: Any = object()
+
+
+def rule(check: Callable[[Any, str], object], *, default: Any = _NOTHING) -> Validator:
+    """An attrs validator applying ``check(value, field)`` with the attribute's name.
+
+    ``default``: the field's default, which ``check`` accepts; the very object (``is``) is
+    not checked again (a JobSpec has a dozen fields, most of them left at their default).
+    """
+    if default is not _NOTHING:
+        check(default, "default")  # accepted, or the skip would hide a bad default
+
+        def validate_unless_default(
+            _inst: object, attribute: attrs.Attribute[Any], value: Any
+        ) -> None:
+            if value is not default:
+                check(value, attribute.name)
+
+        return validate_unless_default
 
     def validate(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         check(value, attribute.name)
