@@ -37,7 +37,8 @@ APP = trioq.Config(
     shared_transaction_jobs=33, unknown_task_timeout=1000, loop_blocked_warning=6,
     history_interval=7, history_retention=dt.timedelta(days=3), retain_done=100,
     retain_cancelled=200, retain_dead=300, prune_interval=70, prune_batch=500,
-    stranded_interval=80, hook_timeout=11, hook_concurrency=5, hook_buffer=900,
+    stranded_interval=80, vacuum_interval=3, vacuum_threshold=12, hook_timeout=11,
+    hook_concurrency=5, hook_buffer=900,
     metrics="127.0.0.1:9200", metrics_depth_interval=8, metrics_depth_cap=5000, tracing=False,
 )  # fmt: skip
 
@@ -67,6 +68,7 @@ SAMPLES: dict[str, tuple[str, Any, str, Any]] = {
     "--retain-dead": ("30d", 30 * 86400.0, "off", None),
     "--prune-interval": ("off", None, "5m", 300.0),
     "--stranded-interval": ("90s", 90.0, "off", None),
+    "--vacuum-interval": ("off", None, "2s", 2.0),
     "--metrics": ("127.0.0.1:9300", "127.0.0.1:9300", "[::1]:9400-9409", "[::1]:9400-9409"),
     "--tracing": ("auto", None, "on", True),
     **{flag: _seconds("13s", "2m") for flag in (
@@ -77,7 +79,7 @@ SAMPLES: dict[str, tuple[str, Any, str, Any]] = {
         "--sync-threads", "--pool-size", "--app-pool-size", "--max-payload-bytes",
         "--max-result-bytes", "--max-progress-bytes", "--shared-transactions",
         "--shared-transaction-jobs", "--prune-batch", "--hook-concurrency", "--hook-buffer",
-        "--metrics-depth-cap")},
+        "--metrics-depth-cap", "--vacuum-threshold")},
 }  # fmt: skip
 
 _BAD_NUMBER = ["", "  ", "abc", "-5", "nan", "inf", "NaN", "1e400", "9" * 400, "5\x00", "٣",

@@ -26,7 +26,7 @@ test checks that every module is named here and there):
   ``tracing``, ``pooling``.
 - ``_worker/services/`` (one module a maintenance service): ``loop``, ``listener``,
   ``heartbeat``, ``liveness``, ``sweeper``, ``scheduler``, ``governor``, ``aging``,
-  ``history_writer``, ``pruner``, ``stranded``, ``lifecycle``, ``progress``.
+  ``history_writer``, ``pruner``, ``stranded``, ``vacuumer``, ``lifecycle``, ``progress``.
 - ``_obs/`` (seeing what it does): ``metrics``, ``prometheus``, ``history``, ``depth``,
   ``carrier``.
 - Tools built on all this, which no library module imports: ``_cli`` (the ``trioq``

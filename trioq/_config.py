@@ -338,6 +338,14 @@ class Config:
     stranded_interval: float | None = attrs.field(
         default=60.0, converter=seconds_or_none, validator=_positive_or_none
     )
+    #: The vacuumer (docs/scaling.md, "Bloat"): how often a process that finished jobs since
+    #: its last look reads the jobs table's dead tuples (from the statistics), and vacuums it
+    #: once they pass ``vacuum_threshold`` plus a tenth of its live tuples. None: this process
+    #: never vacuums (autovacuum alone, once a minute at most).
+    vacuum_interval: float | None = attrs.field(
+        default=1.0, converter=seconds_or_none, validator=_positive_or_none
+    )
+    vacuum_threshold: int = attrs.field(default=10_000, validator=_positive_int)
     #: Event callbacks (``@registry.on(...)``, docs/observability.md): each is cancelled after
     #: this long; at most ``hook_concurrency`` run at once; at most ``hook_buffer`` events
     #: wait for them (beyond that new ones are dropped and counted).

@@ -230,6 +230,11 @@ SETTINGS = (
     _s("prune_batch", "--prune-batch", "count", "rows one pruning statement deletes at most"),
     _s("stranded_interval", "--stranded-interval", "seconds_or_off",
        "look for waiting jobs that can never be freed this often (off: never)"),
+    _s("vacuum_interval", "--vacuum-interval", "seconds_or_off",
+       "look at the jobs table's dead tuples this often while working (off: leave them to "
+       "autovacuum)"),
+    _s("vacuum_threshold", "--vacuum-threshold", "count",
+       "vacuum the jobs table once its dead tuples pass this plus a tenth of its live ones"),
     _s("hook_timeout", "--hook-timeout", "seconds", "an event callback is cancelled after this"),
     _s("hook_concurrency", "--hook-concurrency", "count", "event callbacks running at once"),
     _s("hook_buffer", "--hook-buffer", "count", "events waiting for the callbacks at most"),

@@ -291,6 +291,8 @@ class Statements:
     prune_done = Statement(maintenance.PRUNE_FINISHED, state=sql.Literal("done"))
     prune_cancelled = Statement(maintenance.PRUNE_FINISHED, state=sql.Literal("cancelled"))
     prune_dead = Statement(maintenance.PRUNE_ENDED, table="dead", ended=sql.Identifier("died_at"))
+    vacuum_look = Statement(maintenance.VACUUM_LOOK)
+    vacuum_jobs = Statement(maintenance.VACUUM_JOBS)
     # -- workers: registration, the liveness lock, pings -----------------------------------------
     worker_register = Statement(workers.WORKER_REGISTER)
     worker_lock = Statement(workers.WORKER_LOCK)

@@ -52,6 +52,7 @@ from .services.pruner import Pruner
 from .services.scheduler import Scheduler
 from .services.stranded import Stranded
 from .services.sweeper import Sweeper
+from .services.vacuumer import Vacuumer
 from .tracing import Tracing
 from .tracing import enabled as tracing_enabled
 from .watchdog import Watchdog
@@ -182,6 +183,11 @@ class Services:
         self.stranded = None if config.stranded_interval is None else Stranded(
             self.pool, self.queue.sql, interval=config.stranded_interval
         )
+        completer = self.completer
+        self.vacuumer = None if config.vacuum_interval is None else Vacuumer(
+            self.pool, self.queue.sql, interval=config.vacuum_interval,
+            threshold=config.vacuum_threshold, churn=lambda: completer.outcomes,
+        )  # fmt: skip
         self.governor = Governor(
             self.pool, self.queue, served, poll_interval=config.poll_interval,
             on_change=runtime.wake, on_paused=runtime.release_buffered,
@@ -228,6 +234,8 @@ class Services:
             nursery.start_soon(self.pruner.run)
         if self.stranded is not None:
             nursery.start_soon(self.stranded.run)
+        if self.vacuumer is not None:
+            nursery.start_soon(self.vacuumer.run)
         if self.config.metrics is not None:
             self.metrics_url = await nursery.start(self._serve_metrics)
 

@@ -180,6 +180,21 @@ WITH doomed AS (
 DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """
 
+# The vacuumer (docs/scaling.md, "Bloat"): the jobs table's dead and live tuples as the
+# statistics say (functions of the stats system: no lock, no table read), and whether this
+# role may vacuum it (its owner, a member of the owner's role, or a superuser).
+VACUUM_LOOK = """
+SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid), pg_catalog.pg_stat_get_live_tuples(c.oid),
+       pg_catalog.pg_has_role(c.relowner, 'USAGE')
+  FROM pg_catalog.pg_class c WHERE c.oid = '{jobs}'::pg_catalog.regclass
+"""
+
+# SKIP_LOCKED: a vacuum already running (autovacuum's, another process's) is enough; this one
+# returns at once instead of waiting for its lock.
+VACUUM_JOBS = """
+VACUUM (SKIP_LOCKED) {jobs}
+"""
+
 # Anti-starvation (docs/flow-control.md, "Aging"), one queue a statement: every available
 # job that has waited (aged + 1) x the queue's `aging` climbs to the priority its wait has
 # earned (one level per `aging`), but never past the best priority waiting in the queue now.
