@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import importlib.util
 import json
 import os
@@ -360,6 +361,28 @@ class Table:
 
     def render(self, rows: Iterable[Sequence[str]]) -> str:
         return "\n".join([*self.heading(), *(self.row(*r) for r in rows)])
+
+
+def time_page(host: str, port: int, path: str, requests: int) -> dict[str, Any]:
+    """``requests`` GETs of ``path`` on one connection (after two to warm up)."""
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    took, size, status = [], 0, 0
+    try:
+        for i in range(requests + 2):
+            start = time.perf_counter()
+            conn.request("GET", path.replace(" ", "%20"))
+            response = conn.getresponse()
+            body = response.read()
+            if i >= 2:
+                took.append((time.perf_counter() - start) * 1000)
+            size, status = len(body), response.status
+    finally:
+        conn.close()
+    took.sort()
+    return {
+        "status": status, "bytes": size, "median_ms": statistics.median(took),
+        "p95_ms": took[max(0, int(len(took) * 0.95) - 1)], "max_ms": took[-1],
+    }  # fmt: skip
 
 
 def run_with_peer(main: Any, options: argparse.Namespace) -> None:

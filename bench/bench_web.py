@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
 import statistics
 import subprocess
@@ -44,6 +43,7 @@ from _common import (
     client_versions,
     create_bench_db,
     drop_bench_db,
+    time_page,
     write_json,
 )
 
@@ -86,28 +86,6 @@ def pages(first_dead: int) -> list[tuple[str, str]]:
         ("confirm: retry all dead of a queue", "/confirm/retry?all=1&queue=queue_3"),
         ("cron", "/cron"),
     ]
-
-
-def time_page(host: str, port: int, path: str, requests: int) -> dict[str, Any]:
-    """``requests`` GETs of ``path`` on one connection (after two to warm up)."""
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    took, size, status = [], 0, 0
-    try:
-        for i in range(requests + 2):
-            start = time.perf_counter()
-            conn.request("GET", path.replace(" ", "%20"))
-            response = conn.getresponse()
-            body = response.read()
-            if i >= 2:
-                took.append((time.perf_counter() - start) * 1000)
-            size, status = len(body), response.status
-    finally:
-        conn.close()
-    took.sort()
-    return {
-        "status": status, "bytes": size, "median_ms": statistics.median(took),
-        "p95_ms": took[max(0, int(len(took) * 0.95) - 1)], "max_ms": took[-1],
-    }  # fmt: skip
 
 
 def browser_run(url: str, first_dead: int, shots: Path | None) -> dict[str, float]:

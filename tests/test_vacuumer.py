@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 import pytest
 from helpers import scalar, serving, wait_until
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import trioq
@@ -204,3 +206,44 @@ async def test_serve_vacuums_while_it_works_and_not_when_off(dsn: str) -> None:
 
 async def _positive(value: Any) -> bool:
     return bool(await value)
+
+
+async def test_a_vacuum_that_skips_the_table_for_its_lock_does_not_back_off(
+    dsn: str, clock: list[float]
+) -> None:
+    async with database(dsn) as (conn, pool):
+        await churn(dsn, conn, 500)
+        work = Counter()
+        vac = Vacuumer(pool, Q.sql, interval=1.0, threshold=100, churn=work)
+        holder = await trioq.connect(dsn, autocommit=True)
+        async with holder, holder.transaction():
+            await holder.execute("LOCK TABLE trioq.jobs IN SHARE UPDATE EXCLUSIVE MODE")
+            work.n = 1
+            skipped = await vac.run_once()
+            assert skipped.skipped and not skipped.vacuumed
+        work.n = 2
+        done = await vac.run_once()  # at once: a skip is no reason to wait
+        assert done.vacuumed and done.left is not None and done.left < 100
+
+
+async def test_a_vacuum_that_fails_backs_off(dsn: str, clock: list[float]) -> None:
+    """A VACUUM that errors (here: on a table that is gone, as a statement_timeout would
+    cut it) is not run again at the next look, but after the backoff."""
+
+    class Failing:
+        vacuum_look = Q.sql.vacuum_look
+        vacuum_jobs = sql.SQL("VACUUM (SKIP_LOCKED) trioq.no_such_table")
+
+    async with database(dsn) as (conn, pool):
+        await churn(dsn, conn, 500)
+        work = Counter()
+        failing = Vacuumer(pool, Failing(), interval=1.0, threshold=100, churn=work)  # type: ignore[arg-type]
+        work.n = 1
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await failing.run_once()
+        failing._sql = Q.sql  # the cause is gone
+        work.n = 2
+        assert not (await failing.run_once()).vacuumed  # backed off
+        clock[0] += 1.5
+        work.n = 3
+        assert (await failing.run_once()).vacuumed

@@ -181,11 +181,12 @@ DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """
 
 # The vacuumer (docs/scaling.md, "Bloat"): the jobs table's dead and live tuples as the
-# statistics say (functions of the stats system: no lock, no table read), and whether this
-# role may vacuum it (its owner, a member of the owner's role, or a superuser).
+# statistics say (functions of the stats system: no lock, no table read), whether this role
+# may vacuum it (its owner, a member of the owner's role, or a superuser), and how many
+# manual vacuums it has had (one that skipped the table for its lock adds none).
 VACUUM_LOOK = """
 SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid), pg_catalog.pg_stat_get_live_tuples(c.oid),
-       pg_catalog.pg_has_role(c.relowner, 'USAGE')
+       pg_catalog.pg_has_role(c.relowner, 'USAGE'), pg_catalog.pg_stat_get_vacuum_count(c.oid)
   FROM pg_catalog.pg_class c WHERE c.oid = '{jobs}'::pg_catalog.regclass
 """
 

@@ -14,7 +14,8 @@ process's) makes it return at once. An idle process never looks.
 A vacuum that could remove little (a snapshot pins the xmin horizon: a long transaction, an
 idle-in-transaction session, a replication slot) is not run again at once: the wait doubles
 after each such vacuum, up to `MAX_BACKOFF`, so a pinned table is not scanned every second,
-and the first vacuum after the pin ends comes within `MAX_BACKOFF`. A role that may not vacuum
+and the first vacuum after the pin ends comes within `MAX_BACKOFF`; a vacuum that failed (a
+``statement_timeout``) backs off alike. A role that may not vacuum
 the table (not its owner) is told once in the log, and the process stops looking.
 """
 
@@ -25,8 +26,10 @@ import time
 from collections.abc import Callable
 
 import attrs
+import psycopg
 
 from ..._db.statements import Statements
+from ..._pg.conn import Conn
 from ..._pg.pool import Pool
 from .loop import every
 
@@ -53,6 +56,8 @@ class VacuumRound:
     dead: int | None = None
     live: int | None = None
     vacuumed: bool = False
+    #: It ran VACUUM, which skipped the table: another vacuum held it.
+    skipped: bool = False
     left: int | None = None
     seconds: float | None = None
 
@@ -86,28 +91,26 @@ class Vacuumer:
         if not self.allowed or self._changed_at is None or now - self._changed_at > STATS_LAG:
             return VacuumRound()
         async with self._pool.connection() as conn:
-            cur = await conn.execute(self._sql.vacuum_look, prepare=False)
-            row = await cur.fetchone()
-            assert row is not None
-            dead, live, allowed = int(row[0]), int(row[1]), bool(row[2])
+            dead, live, allowed, count = await self._look(conn)
             if not allowed:
                 self.allowed = False
                 logger.info("the jobs table's dead tuples are left to autovacuum: this role "
                             "may not vacuum it (not its owner)")  # fmt: skip
                 return VacuumRound(looked=True, dead=dead, live=live)
-            if dead < self.threshold + SCALE_FACTOR * live or time.monotonic() < self._not_before:
+            if dead < self.threshold + SCALE_FACTOR * live or now < self._not_before:
                 return VacuumRound(looked=True, dead=dead, live=live)
-            started = time.monotonic()
-            await conn.execute(self._sql.vacuum_jobs, prepare=False)
-            took = time.monotonic() - started
-            cur = await conn.execute(self._sql.vacuum_look, prepare=False)
-            after = await cur.fetchone()
-        assert after is not None
-        left = int(after[0])
+            try:
+                await conn.execute(self._sql.vacuum_jobs, prepare=False)
+            except psycopg.Error:
+                self._back_off()  # a statement_timeout, say: not again at once
+                raise
+            took = time.monotonic() - now
+            left, _live, _allowed, after = await self._look(conn)
+        if after == count:  # skipped: another vacuum held the table (autovacuum's, say)
+            return VacuumRound(looked=True, dead=dead, live=live, skipped=True)
         self.vacuums += 1
         if left * 2 > dead:  # little removed: something pins the horizon
-            self._backoff = min(MAX_BACKOFF, max(self.interval, self._backoff * 2))
-            self._not_before = time.monotonic() + self._backoff
+            self._back_off()
             logger.info("vacuum of the jobs table removed %d of %d dead tuples: the next one "
                         "in %.0f s or later (a snapshot may pin the xmin horizon)",
                         max(0, dead - left), dead, self._backoff)  # fmt: skip
@@ -116,3 +119,13 @@ class Vacuumer:
             self._not_before = 0.0
         return VacuumRound(looked=True, dead=dead, live=live, vacuumed=True, left=left,
                            seconds=took)  # fmt: skip
+
+    async def _look(self, conn: Conn) -> tuple[int, int, bool, int]:
+        cur = await conn.execute(self._sql.vacuum_look, prepare=False)
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), bool(row[2]), int(row[3])
+
+    def _back_off(self) -> None:
+        self._backoff = min(MAX_BACKOFF, max(self.interval, self._backoff * 2))
+        self._not_before = time.monotonic() + self._backoff
