@@ -11,9 +11,9 @@ measures for ``--seconds``:
 - the ``workers`` table: updates and how many were HOT, dead tuples, size at the end;
 - the serve processes' own CPU, and their connections (``pg_stat_activity``).
 
-A local server only (it reads /proc). 200 processes hold about 5 connections each: give
-the server room (``max_connections``), e.g. the bench server started with
-``-c max_connections=1200``.
+A local server only (it reads /proc). An idle process holds 6 connections: give the server
+room (``max_connections``), e.g. the bench server started with ``-c max_connections=1600``
+for 200 processes.
 
 Usage::
 
