@@ -52,11 +52,16 @@ async def _at_least(conn: Any, n: int) -> bool:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The vacuumer's monotonic clock, moved by the test."""
-    now = [1000.0]
-    monkeypatch.setattr(vacuumer_module.time, "monotonic", lambda: now[0])
-    return now
+def clock() -> list[float]:
+    """The vacuumers' monotonic clock (`vacuumer`), moved by the test."""
+    return [1000.0]
+
+
+def vacuumer(
+    pool: Any, clock: list[float], work: Counter, *, threshold: int, sql: Any = None
+) -> Vacuumer:
+    return Vacuumer(pool, sql or Q.sql, interval=1.0, threshold=threshold, churn=work,
+                    clock=lambda: clock[0])  # fmt: skip
 
 
 class Counter:
@@ -72,7 +77,7 @@ async def test_a_process_that_finished_jobs_vacuums_past_the_threshold(
 ) -> None:
     async with database(dsn) as (conn, pool):
         work = Counter()
-        vac = Vacuumer(pool, Q.sql, interval=1.0, threshold=1000, churn=work)
+        vac = vacuumer(pool, clock, work, threshold=1000)
         await churn(dsn, conn, 500)
         assert (await vac.run_once()).looked is False  # no job finished here: no look
         work.n = 1
@@ -100,7 +105,7 @@ async def test_the_threshold_grows_with_the_live_tuples(dsn: str, clock: list[fl
         await churn_some(dsn, conn, 1500)
         work = Counter()
         work.n = 1
-        vac = Vacuumer(pool, Q.sql, interval=1.0, threshold=1000, churn=work)
+        vac = vacuumer(pool, clock, work, threshold=1000)
         look = await vac.run_once()  # 1,500 dead < 1,000 + 0.1 x 20,000
         assert look.looked and not look.vacuumed and look.live == 20000
         await churn_some(dsn, conn, 1600)
@@ -123,7 +128,7 @@ async def test_a_pinned_horizon_backs_the_vacuum_off(dsn: str, clock: list[float
     passed, the vacuum removes them."""
     async with database(dsn) as (conn, pool):
         work = Counter()
-        vac = Vacuumer(pool, Q.sql, interval=1.0, threshold=100, churn=work)
+        vac = vacuumer(pool, clock, work, threshold=100)
         pin = await trioq.connect(dsn, autocommit=True)
         async with pin, pin.transaction():
             await pin.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -165,7 +170,7 @@ async def test_a_role_that_may_not_vacuum_is_told_once(
             async with trioq.pg.Pool(other, max_size=1,
                                      connect_kwargs={"autocommit": True}) as pool:  # fmt: skip
                 work = Counter()
-                vac = Vacuumer(pool, Q.sql, interval=1.0, threshold=100, churn=work)
+                vac = vacuumer(pool, clock, work, threshold=100)
                 work.n = 1
                 with caplog.at_level(logging.INFO, logger="trioq.runtime"):
                     look = await vac.run_once()
@@ -192,7 +197,7 @@ async def test_serve_vacuums_while_it_works_and_not_when_off(dsn: str) -> None:
                                       "WHERE relid = 'trioq.jobs'::regclass"))  # fmt: skip
 
     async def drained(conn: Any) -> bool:
-        return await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
+        return bool(await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0)
 
     async with serving(dsn, tasks, vacuum_interval=0.05, vacuum_threshold=200) as (conn, rt):
         assert rt._services.vacuumer is not None
@@ -214,7 +219,7 @@ async def test_a_vacuum_that_skips_the_table_for_its_lock_does_not_back_off(
     async with database(dsn) as (conn, pool):
         await churn(dsn, conn, 500)
         work = Counter()
-        vac = Vacuumer(pool, Q.sql, interval=1.0, threshold=100, churn=work)
+        vac = vacuumer(pool, clock, work, threshold=100)
         holder = await trioq.connect(dsn, autocommit=True)
         async with holder, holder.transaction():
             await holder.execute("LOCK TABLE trioq.jobs IN SHARE UPDATE EXCLUSIVE MODE")
@@ -237,7 +242,7 @@ async def test_a_vacuum_that_fails_backs_off(dsn: str, clock: list[float]) -> No
     async with database(dsn) as (conn, pool):
         await churn(dsn, conn, 500)
         work = Counter()
-        failing = Vacuumer(pool, Failing(), interval=1.0, threshold=100, churn=work)  # type: ignore[arg-type]
+        failing = vacuumer(pool, clock, work, threshold=100, sql=Failing())
         work.n = 1
         with pytest.raises(psycopg.errors.UndefinedTable):
             await failing.run_once()

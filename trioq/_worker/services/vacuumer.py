@@ -65,13 +65,14 @@ class VacuumRound:
 class Vacuumer:
     def __init__(
         self, pool: Pool, sql: Statements, *, interval: float, threshold: int,
-        churn: Callable[[], int],
+        churn: Callable[[], int], clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
         self._pool = pool
         self._sql = sql
         self.interval = interval
         self.threshold = threshold
         self._churn = churn  # the jobs this process has finished so far
+        self._clock = clock
         self._seen = 0
         self._changed_at: float | None = None  # when the churn last moved (None: never)
         self._backoff = 0.0  # seconds to wait before the next vacuum (0: none)
@@ -85,7 +86,7 @@ class Vacuumer:
                     wait_first=True)  # fmt: skip
 
     async def run_once(self) -> VacuumRound:
-        churn, now = self._churn(), time.monotonic()
+        churn, now = self._churn(), self._clock()
         if churn != self._seen:
             self._seen, self._changed_at = churn, now
         if not self.allowed or self._changed_at is None or now - self._changed_at > STATS_LAG:
@@ -104,7 +105,7 @@ class Vacuumer:
             except psycopg.Error:
                 self._back_off()  # a statement_timeout, say: not again at once
                 raise
-            took = time.monotonic() - now
+            took = self._clock() - now
             left, _live, _allowed, after = await self._look(conn)
         if after == count:  # skipped: another vacuum held the table (autovacuum's, say)
             return VacuumRound(looked=True, dead=dead, live=live, skipped=True)
@@ -128,4 +129,4 @@ class Vacuumer:
 
     def _back_off(self) -> None:
         self._backoff = min(MAX_BACKOFF, max(self.interval, self._backoff * 2))
-        self._not_before = time.monotonic() + self._backoff
+        self._not_before = self._clock() + self._backoff
