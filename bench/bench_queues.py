@@ -1,8 +1,9 @@
 """Many queues: does what trioq does stay flat from 1 queue to 10,000? (not a test)
 
-For each count of ``--counts`` (default 1, 1,000, 10,000), a fresh schema gets that many queues,
-each with ``--per-queue`` available jobs (and a row in ``queues`` with a setting, as a
-tenant's queue would have), ``VACUUM ANALYZE``; then:
+For each count of ``--counts`` (default 1, 1,000, 10,000), a fresh schema gets that many queues
+sharing ``--jobs`` available jobs evenly (the same backlog in every run: what changes is how
+many queues hold it), each with a row in ``queues`` with a setting, as a tenant's queue would
+have; ``VACUUM ANALYZE``; then:
 
 a. the claim of one queue (`Queue.claim`, batch 10, completed and replaced): median and p99;
 b. ``trioq status`` as a subprocess (median wall time, and beyond ``trioq --version``);
@@ -68,14 +69,14 @@ def queue_name(i: int) -> str:
     return f"tenant_{i:05d}"
 
 
-async def fill(conn: Conn, count: int, per_queue: int) -> None:
+async def fill(conn: Conn, count: int, jobs_total: int) -> None:
     await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
     await trioq.migrate(conn, schema=SCHEMA)
     jobs, queues = sql.Identifier(SCHEMA, "jobs"), sql.Identifier(SCHEMA, "queues")
     await conn.execute(sql.SQL(
         "INSERT INTO {} (queue, task, args) SELECT 'tenant_' || lpad(q::text, 5, '0'), %s, '{{}}'"
         "  FROM generate_series(0, %s - 1) q, generate_series(1, %s) n").format(jobs),
-        (TASK, count, per_queue))  # fmt: skip
+        (TASK, count, max(1, jobs_total // count)))  # fmt: skip
     await conn.execute(sql.SQL(
         "INSERT INTO {} (name, global_concurrency) SELECT 'tenant_' || lpad(q::text, 5, '0'), 100"
         "  FROM generate_series(0, %s - 1) q").format(queues), (count,))  # fmt: skip
@@ -183,7 +184,7 @@ async def drain(dsn: str, conn: Conn, per_queue: int) -> float:
 
 async def one_count(dsn: str, count: int, opts: argparse.Namespace) -> dict[str, Any]:
     async with await trioq.connect(dsn, autocommit=True) as conn:
-        await fill(conn, count, opts.per_queue)
+        await fill(conn, count, opts.jobs)
         q = Queue(schema=SCHEMA)
         claim = await claims(conn, q, opts.repeat)
         status, status_beyond = await trio.to_thread.run_sync(
@@ -240,7 +241,7 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dsn", default=default_dsn())
     parser.add_argument("--counts", type=int_list, default=[1, 1000, 10000])
-    parser.add_argument("--per-queue", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=100_000, help="the backlog, all queues")
     parser.add_argument("--repeat", type=int, default=300, help="claims per count")
     parser.add_argument("--cli-runs", type=int, default=5)
     parser.add_argument("--web-requests", type=int, default=20)
