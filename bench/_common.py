@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.client
 import importlib.util
 import json
@@ -29,10 +30,12 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,8 +61,10 @@ __all__ = [
     "create_database",
     "default_dsn",
     "drop_bench_db",
+    "drop_schema",
     "find_pgbench",
     "fmt",
+    "fresh_schema",
     "int_list",
     "machine_busy",
     "median_or_none",
@@ -72,9 +77,12 @@ __all__ = [
     "process_cpu",
     "run_with_peer",
     "scalar",
+    "serve_process",
     "show_settings",
     "wait_quiet",
+    "wait_workers",
     "write_json",
+    "write_report",
 ]
 
 #: The server the scripts use when neither ``--dsn`` nor ``$TRIOQ_DSN`` names one.
@@ -399,6 +407,61 @@ def run_with_peer(main: Any, options: argparse.Namespace) -> None:
 def write_json(path: Path, report: Any) -> None:
     """``report`` as indented JSON (what JSON cannot hold written as ``str()``)."""
     path.write_text(json.dumps(report, indent=2, default=str))
+
+
+def write_report(path: Path, options: argparse.Namespace, results: Any, **more: Any) -> None:
+    """`write_json` of ``results`` with the machine, the client and the options (``--json``
+    itself left out), and ``more``."""
+    write_json(path, {**more, "cpu": cpu_model(), "client": client_versions(),
+                      "options": {k: v for k, v in vars(options).items() if k != "json"},
+                      "results": results})  # fmt: skip
+
+
+# -- a schema and the serve processes of a run ---------------------------------------------------
+
+
+async def fresh_schema(conn: trioq.TrioConnection, schema: str) -> None:
+    """``schema`` dropped if it was there, and migrated anew."""
+    await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    await trioq.migrate(conn, schema=schema)
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+            sql.Identifier(schema)))  # fmt: skip
+
+
+async def wait_workers(
+    conn: trioq.TrioConnection, schema: str, count: int, procs: Sequence[trio.Process] = (),
+) -> None:  # fmt: skip
+    """Until ``schema``'s workers table has ``count`` rows (every serve process is ready);
+    raised if one of ``procs`` exits first (the caller bounds the wait)."""
+    rows = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "workers"))
+    while (await (await conn.execute(rows)).fetchone() or [0])[0] < count:
+            if any(p.returncode is not None for p in procs):
+                raise RuntimeError("a serve process exited before it was ready")
+            await trio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def serve_process(cmd: Sequence[str], env: Mapping[str, str]) -> AsyncIterator[trio.Process]:
+    """``cmd`` (a ``trioq serve``) running; at the end SIGTERM, its exit awaited (60 s at
+    most), and an error with the end of its stderr if it did not exit 0."""
+    with tempfile.TemporaryFile() as log:
+        async with trio.open_nursery() as nursery:
+            proc: trio.Process = await nursery.start(functools.partial(
+                trio.run_process, list(cmd), env=dict(env), stdout=subprocess.DEVNULL,
+                stderr=log, check=False))  # fmt: skip
+            try:
+                yield proc
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                with trio.fail_after(60, shield=True):
+                    await proc.wait()
+        if proc.returncode != 0:
+            log.seek(0)
+            raise RuntimeError(f"trioq serve exited {proc.returncode}: {log.read()[-2000:]!r}")
 
 
 @contextlib.contextmanager

@@ -43,13 +43,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -68,6 +65,7 @@ from _common import (
     median_or_none,
     process_cpu,
     scalar,
+    serve_process,
     show_settings,
     wait_quiet,
     write_json,
@@ -330,30 +328,20 @@ async def serve_drain(
         cmd += ["--concurrency", str(concurrency)]
     rss: list[int] = []
     fed = [0]
-    with tempfile.TemporaryFile() as log:
-        async with trio.open_nursery() as nursery:
-            run = functools.partial(trio.run_process, cmd, env=env, stdout=subprocess.DEVNULL,
-                                    stderr=log, check=False)  # fmt: skip
-            proc: trio.Process = await nursery.start(run)
-            nursery.start_soon(sample_rss, proc.pid, rss)
-            await wait_ready(conn, q.schema, proc.pid, proc)
-            ready_rss = rss[-1] if rss else rss_kib(proc.pid)
-            nursery.start_soon(feeder, feed_conn, q, size, fed)
-            before, t0 = await available(conn, q.schema), time.perf_counter()
-            pids = await serve_pids(conn)
-            cpu0, own0 = backends_cpu(pids), process_cpu(proc.pid) or 0.0
-            m0, me0 = machine_busy(), time.process_time()
-            await trio.sleep(seconds)
-            cpu1, own1 = backends_cpu(pids), process_cpu(proc.pid) or 0.0
-            machine, me = machine_busy() - m0, time.process_time() - me0
-            end_rss = rss[-1] if rss else None
-            proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(60):
-                await proc.wait()
-            nursery.cancel_scope.cancel()
-            if proc.returncode != 0:
-                log.seek(0)
-                raise RuntimeError(f"trioq serve exited {proc.returncode}: {log.read()[-2000:]!r}")
+    async with serve_process(cmd, env) as proc, trio.open_nursery() as nursery:
+        nursery.start_soon(sample_rss, proc.pid, rss)
+        await wait_ready(conn, q.schema, proc.pid, proc)
+        ready_rss = rss[-1] if rss else rss_kib(proc.pid)
+        nursery.start_soon(feeder, feed_conn, q, size, fed)
+        before, t0 = await available(conn, q.schema), time.perf_counter()
+        pids = await serve_pids(conn)
+        cpu0, own0 = backends_cpu(pids), process_cpu(proc.pid) or 0.0
+        m0, me0 = machine_busy(), time.process_time()
+        await trio.sleep(seconds)
+        cpu1, own1 = backends_cpu(pids), process_cpu(proc.pid) or 0.0
+        machine, me = machine_busy() - m0, time.process_time() - me0
+        end_rss = rss[-1] if rss else None
+        nursery.cancel_scope.cancel()  # then serve_process stops it (SIGTERM) and checks it
     wall = time.perf_counter() - t0
     after = await available(conn, q.schema)
     drained = before - after + fed[0]

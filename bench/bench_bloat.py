@@ -36,18 +36,24 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import trio
-from _common import Table, client_versions, cpu_model, default_dsn, fmt, show_settings, write_json
+from _common import (
+    Table,
+    default_dsn,
+    drop_schema,
+    fmt,
+    fresh_schema,
+    serve_process,
+    show_settings,
+    wait_workers,
+    write_report,
+)
 from psycopg import sql
 
 import trioq
@@ -177,17 +183,8 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-async def workers_ready(conn: Conn, processes: int) -> None:
-    """Until every serve process has its workers row (bounded: 60 s)."""
-    count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(SCHEMA, "workers"))
-    with trio.fail_after(60):
-        while (await (await conn.execute(count)).fetchone())[0] < processes:  # noqa: ASYNC110
-            await trio.sleep(0.1)
-
-
 async def prepare(admin: Conn, variant: str) -> Queue:
-    await admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-    await trioq.migrate(admin, schema=SCHEMA)
+    await fresh_schema(admin, SCHEMA)
     if VARIANTS[variant][1]:
         await admin.execute(sql.SQL("ALTER TABLE {} SET (" + TUNED + ")").format(
             sql.Identifier(SCHEMA, "jobs")))  # fmt: skip
@@ -206,38 +203,29 @@ async def one_variant(dsn: str, variant: str, opts: argparse.Namespace) -> dict[
            "--processes", str(opts.processes), "--concurrency", str(opts.concurrency),
            *VARIANTS[variant][0]]  # fmt: skip
     run = Run()
-    with tempfile.TemporaryFile() as log:
-        async with (await trioq.connect(dsn, autocommit=True) as feed,
-                    await trioq.connect(dsn, autocommit=True) as probe_conn,
-                    await trioq.connect(dsn, autocommit=True) as stats,
-                    trio.open_nursery() as nursery):  # fmt: skip
-            spawn = functools.partial(trio.run_process, cmd, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=log, check=False)  # fmt: skip
-            proc: trio.Process = await nursery.start(spawn)
-            await workers_ready(stats, opts.processes)
-            run.t0 = time.perf_counter()
+    async with (await trioq.connect(dsn, autocommit=True) as feed,
+                await trioq.connect(dsn, autocommit=True) as probe_conn,
+                await trioq.connect(dsn, autocommit=True) as stats,
+                serve_process(cmd, env) as proc, trio.open_nursery() as nursery):  # fmt: skip
+        with trio.fail_after(60):
+            await wait_workers(stats, SCHEMA, opts.processes, [proc])
+        run.t0 = time.perf_counter()
 
-            async def pin() -> None:
-                await trio.sleep(max(0.0, opts.pin_at - run.now()))
-                run.pin_open = True
-                try:
-                    await pinner(dsn, run, opts.pin_at, opts.pin_for)
-                finally:
-                    run.pin_open = False
+        async def pin() -> None:
+            await trio.sleep(max(0.0, opts.pin_at - run.now()))
+            run.pin_open = True
+            try:
+                await pinner(dsn, run, opts.pin_at, opts.pin_for)
+            finally:
+                run.pin_open = False
 
-            nursery.start_soon(sampler, stats, SCHEMA, run, opts.sample, opts.quiet)
-            nursery.start_soon(probe, probe_conn, q, run)
-            if opts.pin_for > 0:
-                nursery.start_soon(pin)
-            await feeder(feed, q, run, opts.rate, opts.duration)
-            done_at = run.now()
-            proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(60):
-                await proc.wait()
-            nursery.cancel_scope.cancel()
-        if proc.returncode != 0:
-            log.seek(0)
-            raise RuntimeError(f"trioq serve exited {proc.returncode}: {log.read()[-2000:]!r}")
+        nursery.start_soon(sampler, stats, SCHEMA, run, opts.sample, opts.quiet)
+        nursery.start_soon(probe, probe_conn, q, run)
+        if opts.pin_for > 0:
+            nursery.start_soon(pin)
+        await feeder(feed, q, run, opts.rate, opts.duration)
+        done_at = run.now()
+        nursery.cancel_scope.cancel()
     return summarise(variant, reloptions, run, done_at, opts)
 
 
@@ -315,14 +303,10 @@ async def main(opts: argparse.Namespace) -> None:
             raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
         print(f"--- {variant}", flush=True)
         results.append(await one_variant(opts.dsn, variant, opts))
-    async with await trioq.connect(opts.dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(SCHEMA)))  # fmt: skip
+    await drop_schema(opts.dsn, SCHEMA)
     report(results, opts)
     if opts.json:
-        write_json(opts.json, {"server": settings, "cpu": cpu_model(), "client": client_versions(),
-                               "options": {k: v for k, v in vars(opts).items() if k != "json"},
-                               "results": results})  # fmt: skip
+        write_report(opts.json, opts, results, server=settings)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

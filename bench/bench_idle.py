@@ -35,16 +35,16 @@ from typing import Any
 import trio
 from _common import (
     Table,
-    client_versions,
-    cpu_model,
     default_dsn,
+    drop_schema,
     fmt,
+    fresh_schema,
     int_list,
     process_cpu,
     show_settings,
-    write_json,
+    wait_workers,
+    write_report,
 )
-from psycopg import sql
 
 import trioq
 
@@ -101,22 +101,15 @@ async def one_count(
     dsn: str, count: int, opts: argparse.Namespace, postmaster: int
 ) -> dict[str, Any]:
     async with await trioq.connect(dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(SCHEMA)))  # fmt: skip
-        await trioq.migrate(conn, schema=SCHEMA)
+        await fresh_schema(conn, SCHEMA)
         env = {**os.environ, "PGAPPNAME": APP_NAME, "PYTHONPATH": str(HERE)}
         cmd = [*TRIOQ, "serve", "--app", "backlog_app:tasks", "--dsn", dsn, "--schema", SCHEMA]
         procs = [await trio.lowlevel.open_process(cmd, env=env, stdout=subprocess.DEVNULL,
                                                   stderr=subprocess.DEVNULL)
                  for _ in range(count)]  # fmt: skip
         try:
-            count_rows = sql.SQL("SELECT count(*) FROM {}").format(
-                sql.Identifier(SCHEMA, "workers"))  # fmt: skip
             with trio.fail_after(60 + count):
-                while (await (await conn.execute(count_rows)).fetchone() or [0])[0] < count:
-                    if any(p.returncode is not None for p in procs):
-                        raise RuntimeError("a serve process exited before it was ready")
-                    await trio.sleep(0.2)
+                await wait_workers(conn, SCHEMA, count, procs)
             await trio.sleep(opts.settle)
             cur = await conn.execute("SELECT count(*) FROM pg_stat_activity "
                                      "WHERE application_name = %s", (APP_NAME,))  # fmt: skip
@@ -185,14 +178,10 @@ async def main(opts: argparse.Namespace) -> None:
         result = await one_count(opts.dsn, count, opts, postmaster)
         print(result, flush=True)
         results.append(result)
-    async with await trioq.connect(opts.dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(SCHEMA)))  # fmt: skip
+    await drop_schema(opts.dsn, SCHEMA)
     report(results)
     if opts.json:
-        write_json(opts.json, {"server": settings, "cpu": cpu_model(), "client": client_versions(),
-                               "options": {k: v for k, v in vars(opts).items() if k != "json"},
-                               "results": results})  # fmt: skip
+        write_report(opts.json, opts, results, server=settings)
 
 
 def parse() -> argparse.Namespace:

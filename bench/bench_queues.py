@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import os
 import statistics
 import subprocess
@@ -38,13 +37,14 @@ from typing import Any
 import trio
 from _common import (
     Table,
-    client_versions,
-    cpu_model,
     default_dsn,
+    drop_schema,
     fmt,
+    fresh_schema,
     int_list,
+    serve_process,
     time_page,
-    write_json,
+    write_report,
 )
 from bench_backlog import DEPTH_STATEMENTS, percentiles
 from psycopg import sql
@@ -70,8 +70,7 @@ def queue_name(i: int) -> str:
 
 
 async def fill(conn: Conn, count: int, jobs_total: int) -> None:
-    await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-    await trioq.migrate(conn, schema=SCHEMA)
+    await fresh_schema(conn, SCHEMA)
     jobs, queues = sql.Identifier(SCHEMA, "jobs"), sql.Identifier(SCHEMA, "queues")
     await conn.execute(sql.SQL(
         "INSERT INTO {} (queue, task, args) SELECT 'tenant_' || lpad(q::text, 5, '0'), %s, '{{}}'"
@@ -162,10 +161,7 @@ async def drain(dsn: str, conn: Conn, per_queue: int) -> float:
            "--queues", ",".join(served)]  # fmt: skip
     left = sql.SQL("SELECT count(*) FROM {} WHERE queue = ANY(%s)").format(jobs)
     total = per_queue * SERVED
-    async with trio.open_nursery() as nursery:
-        run = functools.partial(trio.run_process, cmd, check=False, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        proc: trio.Process = await nursery.start(run)
+    async with serve_process(cmd, env):
         t0 = None
         with trio.fail_after(300):
             while True:
@@ -178,7 +174,6 @@ async def drain(dsn: str, conn: Conn, per_queue: int) -> float:
                 await trio.sleep(0.02)
         assert t0 is not None
         wall = time.perf_counter() - t0
-        proc.terminate()
     return float(total - first) / wall
 
 
@@ -227,14 +222,10 @@ async def main(opts: argparse.Namespace) -> None:
         result = await one_count(opts.dsn, count, opts)
         print(result, flush=True)
         results.append(result)
-    async with await trioq.connect(opts.dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(SCHEMA)))  # fmt: skip
+    await drop_schema(opts.dsn, SCHEMA)
     report(results)
     if opts.json:
-        write_json(opts.json, {"cpu": cpu_model(), "client": client_versions(),
-                               "options": {k: v for k, v in vars(opts).items() if k != "json"},
-                               "results": results})  # fmt: skip
+        write_report(opts.json, opts, results)
 
 
 def parse() -> argparse.Namespace:
