@@ -137,6 +137,7 @@ async def one_count(
         "seconds": wall,
         "connections": connections,
         "pg_cores": pg_cores,
+        "pg_cpu_s_total": cpu1,  # the server's CPU since it started: proves /proc was read
         "pg_core_pct_per_worker": 100 * pg_cores / count,
         "serve_cores": (own1 - own0) / wall,
         "wal_kb_s": (after["lsn"] - before["lsn"]) / 1024 / wall,

@@ -51,6 +51,9 @@ def test_bench_idle_smoke(dsn: str, tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     assert [r["count"] for r in results] == [1, 2]
     for r in results:
-        assert r["pg_cores"] > 0 and r["connections"] >= r["count"]
+        # One idle worker costs Postgres about 6 ms of CPU a second: 2 s can read as 0 clock
+        # ticks (10 ms each), so the window's share may be 0; the server's total may not.
+        assert r["pg_cores"] >= 0 and r["pg_cpu_s_total"] > 0
+        assert r["connections"] >= r["count"]
         assert r["worker_updates_s"] > 0  # the pings
     assert schemas(dsn) == []
