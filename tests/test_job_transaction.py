@@ -144,9 +144,42 @@ async def test_every_kind_of_first_operation_runs_inside_the_transaction(
         assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 1
 
 
+@pytest.mark.parametrize(
+    "first",
+    ["execute", "cursor", "copy", "executemany", "nested", "server_cursor", "no_params",
+     "pipeline"],
+)  # fmt: skip
+async def test_a_shared_members_fence_goes_before_any_first_operation(
+    dsn: str, first: str
+) -> None:
+    """Whatever a member's first operation, its SAVEPOINT and fence go out before it: a
+    member whose lease was lost fails with `LeaseLostError` and leaves nothing; the next
+    commits its writes with its completion."""
+    async with claimed_jobs(dsn, 2) as (conn, (stolen, kept)), contexts(
+        dsn, [stolen, kept], shared=SHARED
+    ) as ((lost_ctx, kept_ctx), _, _):
+        await conn.execute("UPDATE trioq.jobs SET lease_owner = 'x' WHERE id = %s", (stolen.id,))
+        reached = False
+        with pytest.raises(trioq.LeaseLostError):
+            async with lost_ctx.transaction(shared=True) as tx:
+                await first_operation(tx, first, stolen.id * 10)
+                reached = True
+        assert not reached  # raised by the first operation: its fence went ahead of it
+        assert await scalar(conn, "SELECT count(*) FROM ledger") == 0
+        async with kept_ctx.transaction(shared=True) as tx:
+            await first_operation(tx, first, kept.id * 10)
+        assert await scalar(conn, "SELECT count(*) FROM ledger") >= 1
+        assert await rows(conn, "SELECT id FROM trioq.jobs") == [(stolen.id,)]
+
+
 async def first_operation(tx: Any, kind: str, job_id: int) -> None:
     insert = "INSERT INTO ledger VALUES (%s, 'x')"
-    if kind == "cursor":
+    if kind == "execute":
+        await tx.execute(insert, (job_id,))
+    elif kind == "pipeline":
+        async with tx.pipeline():
+            await tx.execute(insert, (job_id,))
+    elif kind == "cursor":
         async with tx.cursor() as cur:
             await cur.execute(insert, (job_id,))
     elif kind == "copy":
@@ -336,18 +369,79 @@ async def test_a_failing_block_rolls_back_alone(dsn: str) -> None:
         assert await rows(conn, "SELECT id FROM trioq.jobs") == [(bad,)]  # for its retry
 
 
-async def test_a_lost_lease_fails_the_shared_transaction_for_all(dsn: str) -> None:
+async def test_a_lost_lease_fails_only_its_own_job(dsn: str) -> None:
+    """Its fence, ahead of its first statement, fails: its savepoint rolls back (its
+    statement never ran) and the others commit in the same transaction."""
     async with claimed_jobs(dsn, 4) as (conn, jobs), contexts(dsn, jobs, shared=SHARED) as (
         ctxs, _, _
     ):
         stolen = jobs[1].id
         await conn.execute("UPDATE trioq.jobs SET lease_owner = 'other' WHERE id = %s", (stolen,))
-        errors = await run_blocks(ctxs, insert)
-        assert isinstance(errors.pop(stolen), trioq.LeaseLostError)
-        assert len(errors) == 3
-        assert all(isinstance(ex, trioq.SharedTransactionError) for ex in errors.values())
-        assert await scalar(conn, "SELECT count(*) FROM ledger") == 0
-        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 4
+        ran: list[int] = []
+
+        async def body(ctx: trioq.JobContext, tx: Any) -> None:
+            await insert(ctx, tx)
+            ran.append(ctx.id)
+
+        errors = await run_blocks(ctxs, body)
+        assert list(errors) == [stolen] and isinstance(errors[stolen], trioq.LeaseLostError)
+        assert sorted(ran) == sorted(job.id for job in jobs if job.id != stolen)
+        lanes = ctxs[0].services.shared
+        assert lanes is not None and lanes.statistics().transactions == 1
+        assert sorted(r[0] for r in await rows(conn, "SELECT job_id FROM ledger")) == sorted(ran)
+        assert await rows(conn, "SELECT id FROM trioq.jobs") == [(stolen,)]  # the thief's
+
+
+async def test_a_lost_lease_of_a_member_without_statements_fails_only_its_job(dsn: str) -> None:
+    async with claimed_jobs(dsn, 3) as (conn, jobs), contexts(dsn, jobs, shared=SHARED) as (
+        ctxs, _, _
+    ):
+        quiet = jobs[2].id
+        await conn.execute("UPDATE trioq.jobs SET lease_owner = 'other' WHERE id = %s", (quiet,))
+
+        async def body(ctx: trioq.JobContext, tx: Any) -> None:
+            if ctx.id != quiet:
+                await insert(ctx, tx)
+
+        errors = await run_blocks(ctxs, body)
+        assert list(errors) == [quiet] and isinstance(errors[quiet], trioq.LeaseLostError)
+        assert await scalar(conn, "SELECT count(*) FROM ledger") == 2
+        assert await rows(conn, "SELECT id FROM trioq.jobs") == [(quiet,)]
+
+
+async def test_a_member_holds_its_row_against_the_sweeper_but_not_the_heartbeat(
+    dsn: str,
+) -> None:
+    """While a member waits for its transaction (another block is running), its lease
+    expires: the sweeper must not reclaim it (its writes are about to commit with its
+    completion), and a heartbeat of it must not wait for the transaction."""
+    async with claimed_jobs(dsn, 2) as (conn, (first, second)), contexts(
+        dsn, [first, second], shared=SHARED
+    ) as ((ctx1, _), _, _):
+        inside, release = trio.Event(), trio.Event()
+
+        async def one(ctx: trioq.JobContext, hold: bool) -> None:
+            async with ctx.transaction(shared=True) as tx:
+                await insert(ctx, tx)
+                if hold:
+                    inside.set()
+                    await release.wait()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, ctx1, True)
+            await inside.wait()
+            await conn.execute("UPDATE trioq.jobs SET lease_expires_at = now() - interval '1 s'")
+            held = Lease(first.id, first.attempt)
+            with trio.fail_after(5):
+                beat = await Q.heartbeat(conn, owner="w", leases=[held], lease=LEASE)
+            assert beat.extended == {held}
+            await conn.execute("UPDATE trioq.jobs SET lease_expires_at = now() - interval '1 s'")
+            swept = await Q.sweep(conn)
+            assert swept.returned == {second.id}  # its block has not started: not held
+            release.set()
+        assert await rows(conn, "SELECT job_id FROM ledger") == [(first.id,)]
+        assert await rows(conn, "SELECT id, attempt FROM trioq.jobs") == [(second.id, 1)]
+        assert ctx1.completed_in_transaction
 
 
 async def test_a_cancelled_waiter_does_not_strand_the_others(dsn: str) -> None:

@@ -23,15 +23,19 @@ The job that ends its block when nobody waits for the lane, or when the transact
 ``Config.shared_transaction_jobs`` jobs, commits it (shielded, bounded), for everyone. No
 timer: under load the transactions fill up, when idle each commits at once.
 
-A job whose block fails rolls back to its savepoint: the others are untouched. When the
-commit fails (a lease was lost, the connection broke), every job of that transaction
-raises: `LeaseLostError` for the jobs whose leases were lost (nothing is written for
-them), `SharedTransactionError` for the others (retried as a failure).
+Each member's first statement carries its ``SAVEPOINT`` and its fence (``lock_member``:
+the lease checked, the job's row held ``FOR KEY SHARE``, which the sweeper's reclaims skip
+and the heartbeat's update does not wait for). A member whose lease was lost fails there,
+alone: its savepoint rolls back, `LeaseLostError`. A job whose block fails rolls back to
+its savepoint: the others are untouched. The completion of the fenced members cannot find
+one gone, so a lost lease no longer fails the transaction. When the commit fails all the
+same (the connection broke, a deferred constraint), every job of that transaction raises
+`SharedTransactionError` (retried as a failure).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from typing import Any
 
@@ -62,6 +66,7 @@ _SAVEPOINT = b"SAVEPOINT trioq_job"
 _RELEASE = b"RELEASE SAVEPOINT trioq_job"
 _UNDO = b"ROLLBACK TO SAVEPOINT trioq_job; RELEASE SAVEPOINT trioq_job"
 _IDLE = TransactionStatus.IDLE
+_INERROR = TransactionStatus.INERROR
 #: What a member's `Committing` is told when its commit failed.
 _NOT_COMMITTED = LeaseLostError("the shared transaction did not commit this job")
 
@@ -80,16 +85,6 @@ def _lost_ids(error: BaseException) -> frozenset[int] | None:
         return None
     detail = error.diag.message_detail or ""
     return frozenset(int(x) for x in detail.split(",") if x)
-
-
-async def _complete_and_commit(
-    conn: TrioConnection[Any], queue: Queue, owner: str, leases: Sequence[Lease]
-) -> None:
-    """The fenced completion of ``leases`` and COMMIT in one round trip (pipeline mode),
-    after whatever commands are still deferred (a shared transaction's RELEASE)."""
-    params = {**_fence(leases), "owner": owner}
-    statement = rendered(queue.schema, "complete_in_transaction")
-    await execute_pipelined(conn, [(statement, params)], then=[_COMMIT])
 
 
 def _completion(queue: Queue, owner: str, lease: Lease) -> tuple[Any, dict[str, Any]]:
@@ -167,11 +162,20 @@ async def _nested_transaction(
 
 
 @attrs.define(eq=False)
+class _Member:
+    lease: Lease
+    committing: Committing
+    #: Its block ran a statement, so its fence went first (its row is held): the completion
+    #: cannot find it gone. A member without (no write of its own) is completed unfenced.
+    fenced: bool
+
+
+@attrs.define(eq=False)
 class _Batch:
     """One open shared transaction."""
 
     conn: TrioConnection[Any]
-    members: list[tuple[Lease, Committing]] = attrs.field(factory=list)
+    members: list[_Member] = attrs.field(factory=list)
     done: trio.Event = attrs.field(factory=trio.Event)
     #: Why the transaction did not commit (None: it did).
     error: BaseException | None = None
@@ -220,9 +224,14 @@ class SharedTransactions(Lanes[_Lane]):
             await lane.lock.acquire()
             try:
                 batch = await self._enter(lane)
-                async with self._turn(lane, batch) as conn:
-                    yield conn
-                batch.members.append((lease, committing))
+                try:
+                    async with self._turn(lane, batch, lease) as (conn, fenced):
+                        yield conn
+                except psycopg.Error as ex:
+                    if _lost_ids(ex) is not None:  # its fence: rolled back alone
+                        raise _lost(lease) from None
+                    raise
+                batch.members.append(_Member(lease, committing, fenced()))
             finally:
                 await self._leave(lane)
         finally:
@@ -245,29 +254,48 @@ class SharedTransactions(Lanes[_Lane]):
         return lane.batch
 
     @asynccontextmanager
-    async def _turn(self, lane: _Lane, batch: _Batch) -> AsyncIterator[TrioConnection[Any]]:
-        """One job's block under a savepoint; undone (to the savepoint) if it fails."""
+    async def _turn(
+        self, lane: _Lane, batch: _Batch, lease: Lease
+    ) -> AsyncIterator[tuple[TrioConnection[Any], Callable[[], bool]]]:
+        """One job's block under a savepoint, its fence (`LOCK_MEMBER`) first, both
+        deferred to its first statement; undone (to the savepoint) if it fails. Yields the
+        connection and whether the fence went out (once the block is over)."""
         conn = batch.conn
         conn.defer(_SAVEPOINT)
+        conn.defer_statement(*self._fence(lease))
         conn.guard_transaction("job.transaction(shared=True)")
+        fenced = False
         try:
-            yield conn
+            yield conn, lambda: fenced
         except BaseException:
             conn.guard_transaction(None)
             await self._undo(lane, batch)
             raise
         finally:
             conn.guard_transaction(None)
-        if conn.deferred:  # no statement ran: the savepoint never went out
+        if conn.deferred_statements:  # no statement ran: savepoint and fence never went out
             _drop_savepoint(conn)
-        else:
-            conn.defer(_RELEASE)
+            return
+        if conn.pgconn.transaction_status == _INERROR:
+            # The block caught its statement's error and went on: the transaction cannot
+            # take another statement until its savepoint is rolled back.
+            await self._undo(lane, batch)
+            raise psycopg.errors.InFailedSqlTransaction(
+                f"job {lease.job_id}: a statement of its job.transaction(shared=True) block "
+                "failed and the block went on; its writes were rolled back"
+            )
+        fenced = True
+        conn.defer(_RELEASE)
+
+    def _fence(self, lease: Lease) -> tuple[bytes, dict[str, Any]]:
+        params = {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": self._owner}
+        return rendered(self._queue.schema, "lock_member"), params
 
     async def _undo(self, lane: _Lane, batch: _Batch) -> None:
         """Roll the failed job's block back to its savepoint; if that fails, the whole
         transaction is lost (its jobs are told so when it is finished)."""
         conn = batch.conn
-        if conn.deferred:  # nothing of this job reached the server
+        if conn.deferred_statements:  # nothing of this job reached the server
             _drop_savepoint(conn)
             return
         with trio.move_on_after(COMMIT_TIMEOUT, shield=True) as scope:
@@ -320,13 +348,12 @@ class SharedTransactions(Lanes[_Lane]):
         `own_transaction`); what did not commit is in ``batch.error`` and ``batch.lost``."""
         if batch.error is not None or not batch.members:
             return
-        leases = [lease for lease, _ in batch.members]
         with ExitStack() as stack:
-            settle = {lease.job_id: commits(lease) for lease, commits in batch.members}
+            settle = {m.lease.job_id: m.committing(m.lease) for m in batch.members}
             for committing in settle.values():
                 stack.enter_context(committing)
             try:
-                batch.lost = await self._complete(batch.conn, leases)
+                batch.lost = await self._complete(batch.conn, batch.members)
             except psycopg.Error as ex:
                 batch.error = ex
                 batch.lost = _lost_ids(ex) or frozenset()
@@ -336,20 +363,37 @@ class SharedTransactions(Lanes[_Lane]):
             committing.__exit__(*((LeaseLostError, _NOT_COMMITTED, None) if failed
                                   else (None, None, None)))  # fmt: skip
 
-    async def _complete(self, conn: TrioConnection[Any], leases: list[Lease]) -> frozenset[int]:
-        """Complete ``leases`` with the transaction's writes; the ids whose leases were lost
-        (none were written then, but for a transaction with no statement: the others)."""
+    async def _complete(self, conn: TrioConnection[Any], members: list[_Member]) -> frozenset[int]:
+        """Complete ``members`` with the transaction's writes, in one round trip with the
+        COMMIT; the ids whose leases were lost (members that wrote nothing: their fence
+        never went out). A fenced member's row is held, so its completion raising
+        (`lease_lost`) means something broke the fence, and nothing commits."""
+        fenced = [m.lease for m in members if m.fenced]
+        unfenced = [m.lease for m in members if not m.fenced]
         if conn.pgconn.transaction_status == _IDLE and conn.deferred:
-            # No member ran a statement: their completions alone, in one statement.
+            # No statement went out (BEGIN is still deferred): the completions alone.
+            assert not fenced
             conn.discard_deferred()
-            done = await self._queue.complete_many(conn, owner=self._owner, leases=leases)
-            return frozenset(lease.job_id for lease in leases) - done
-        await _complete_and_commit(conn, self._queue, self._owner, leases)
-        return frozenset()
+            done = await self._queue.complete_many(conn, owner=self._owner, leases=unfenced)
+            return frozenset(lease.job_id for lease in unfenced) - done
+        owner = {"owner": self._owner}
+        statements: list[tuple[bytes, dict[str, Any]]] = []
+        if fenced:
+            statements.append((rendered(self._queue.schema, "complete_in_transaction"),
+                               {**_fence(fenced), **owner}))  # fmt: skip
+        if unfenced:
+            statements.append((rendered(self._queue.schema, "complete"),
+                               {**_fence(unfenced), **owner}))  # fmt: skip
+        cursors = await execute_pipelined(conn, statements, then=[_COMMIT])
+        if not unfenced:
+            return frozenset()
+        completed = {int(row[0]) for row in await cursors[-1].fetchall()}
+        return frozenset(lease.job_id for lease in unfenced) - completed
 
 
 def _drop_savepoint(conn: TrioConnection[Any]) -> None:
-    """Take the job's SAVEPOINT (the last deferred command) back; keep the others."""
+    """Take the job's SAVEPOINT (the last deferred command) and its fence (the deferred
+    statement) back; keep the other commands."""
     pending = conn.discard_deferred()
     assert pending[-1] == _SAVEPOINT, pending
     conn.defer(*pending[:-1])

@@ -274,6 +274,7 @@ class Statements:
     complete_one = Statement(leases.COMPLETE_ONE)
     lock_one = Statement(leases.LOCK_ONE)
     lock_in_transaction = Statement(leases.LOCK_IN_TRANSACTION)
+    lock_member = Statement(leases.LOCK_MEMBER)
     fail = Statement(leases.FAIL)
     resolve_max_attempts = Statement(leases.RESOLVE_MAX_ATTEMPTS)
     release = Statement(leases.RELEASE)

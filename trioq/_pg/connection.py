@@ -126,6 +126,8 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         self.lock = ConnectionLock()  # type: ignore[assignment]
         #: Commands to send before the next statement (`defer`).
         self._deferred: list[bytes] = []
+        #: Statements with parameters to send after those (`defer_statement`).
+        self._deferred_statements: list[tuple[Any, Any]] = []
         #: Commands to send before those, in a transaction of their own (`prelude`).
         self._prelude: tuple[bytes, ...] = ()
         #: Set while the connection is lent out inside a transaction that someone else
@@ -212,15 +214,33 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         """
         self._deferred.extend(commands)
 
+    def defer_statement(self, query: Any, params: Any) -> None:
+        """Send ``query`` with ``params`` after the deferred commands (`defer`), before this
+        connection's next statement, in its round trip (pipeline mode; before an operation
+        that cannot be pipelined, in a round trip of their own). Its rows are dropped; its
+        error is raised by that operation, and what follows it does not run."""
+        self._deferred_statements.append((query, params))
+
     def discard_deferred(self) -> list[bytes]:
-        """Forget the commands not sent yet; returns them."""
+        """Forget the commands and statements not sent yet; returns the commands."""
         deferred, self._deferred = self._deferred, []
+        self._deferred_statements = []
         return deferred
+
+    def take_deferred_statements(self) -> list[tuple[Any, Any]]:
+        """The statements `defer_statement` holds, forgotten."""
+        taken, self._deferred_statements = self._deferred_statements, []
+        return taken
 
     @property
     def deferred(self) -> tuple[bytes, ...]:
         """The commands `defer` holds, not sent yet."""
         return tuple(self._deferred)
+
+    @property
+    def deferred_statements(self) -> tuple[tuple[Any, Any], ...]:
+        """The statements `defer_statement` holds, not sent yet."""
+        return tuple(self._deferred_statements)
 
     @property
     def prelude(self) -> tuple[bytes, ...]:
@@ -248,7 +268,8 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
     ) -> psycopg.AsyncCursor[Row]:  # fmt: skip
         """psycopg's ``execute``; deferred commands (`defer`) travel in its round trip."""
         try:
-            if params and (self._deferred or self._prelude) and self._pipeline is None:
+            ahead = self._deferred or self._prelude or self._deferred_statements
+            if params and ahead and self._pipeline is None:
                 (cur,) = await self.execute_together([(query, params)], prepare=prepare,
                                                      binary=binary)  # fmt: skip
                 return cur
@@ -308,7 +329,7 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         is left usable; if the drain does not finish, the connection is closed.
         The cancellation is always re-raised.
         """
-        if self._deferred or self._prelude:
+        if self._deferred or self._prelude or self._deferred_statements:
             await self._send_deferred()
         return await self._wait(gen, timeout)
 
@@ -331,14 +352,18 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         pipeline = self._pipeline
         if pipeline is not None:
             if self.pgconn.pipeline_status == _PIPELINE_OFF:
+                if self._deferred_statements:  # entering pipeline mode: send them all first
+                    await send_pipelined(self, ())
                 return  # entering pipeline mode: the next operation queues them
+            if self._deferred_statements:  # no cursor would take their results
+                raise e.ProgrammingError("a statement was deferred into an open pipeline")
             send = self.pgconn.send_query_params
             for command in (*self.take_prelude(), *self.discard_deferred()):
                 pipeline.command_queue.append(partial(send, command, None))
                 pipeline.result_queue.append(None)
             return
         self._check_connection_ok()
-        if self._prelude:
+        if self._prelude or self._deferred_statements:
             await send_pipelined(self, ())  # the lock is held already
             return
         self.pgconn.send_query(b"; ".join(self.discard_deferred()))

@@ -110,7 +110,8 @@ async def send_pipelined(
     pgconn = conn.pgconn
     # Parameters are adapted first: one that cannot be (NUL in a string, an unknown type)
     # raises here, with nothing sent and the deferred commands still deferred.
-    converted = [_convert(conn, query, params) for query, params in statements]
+    early = conn.deferred_statements  # `TrioConnection.defer_statement`: rows dropped
+    converted = [_convert(conn, query, params) for query, params in (*early, *statements)]
     prelude = conn.take_prelude()
     commands = conn.discard_deferred()
     ahead = len(prelude) + len(commands)  # the results ahead of the statements'
@@ -146,7 +147,7 @@ async def send_pipelined(
         _forget_failed_parses(conn, ahead, sent, groups)
         raise
     await conn._wait(conn._prepared.maintain_gen(conn), None)
-    return cursors
+    return cursors[len(early) :]
 
 
 def _check_prelude(conn: TrioConnection, groups: list[list[pq.abc.PGresult]]) -> None:

@@ -116,6 +116,20 @@ WITH fenced AS (
 {lost_unless_one}
 """
 
+# A member of a shared transaction (`job.transaction(shared=True)`) sends this first, after
+# its SAVEPOINT: the lease checked (a lost one raises TQ001, and its savepoint rolls back:
+# that job alone fails) and the row held with a KEY SHARE lock. The sweeper's reclaims take
+# rows FOR UPDATE SKIP LOCKED, so they skip it until the transaction ends, and the
+# transaction's completion of the job cannot find it gone; the heartbeat's UPDATE (a
+# NO KEY UPDATE lock) does not conflict with it, so heartbeats go on while the job waits for
+# the transaction's other members.
+LOCK_MEMBER = """
+WITH fenced AS (
+    SELECT id FROM {jobs} WHERE {fence_one} FOR KEY SHARE
+)
+{lost_unless_one}
+"""
+
 LOCK_IN_TRANSACTION = """
 WITH fenced AS (
     SELECT j.id FROM {jobs} j WHERE {fence_by_id} FOR UPDATE
