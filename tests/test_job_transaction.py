@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -65,14 +66,17 @@ async def claimed_jobs(dsn: str, n: int = 1) -> AsyncIterator[tuple[Any, list[tr
 @asynccontextmanager
 async def contexts(
     dsn: str, jobs: list[trioq.Job], *, shared: SharedTransactions | None = None,
-    pool_size: int = 1,
+    pool_size: int = 1, patience: float = math.inf,
 ) -> AsyncIterator[tuple[list[trioq.JobContext], trioq.pg.Pool, list[Lease]]]:  # fmt: skip
+    """Contexts of ``jobs``; with ``shared``, one lane, where a job waits ``patience`` s
+    behind a block before it runs alone (by default for ever: these tests hold blocks)."""
     forgotten = Commits()
     async with trioq.pg.Pool(dsn, max_size=pool_size, connect_kwargs={"autocommit": True}) as pool:
         if shared is None:
             lanes = None
         else:
             lanes = SharedTransactions(pool, Q, "w", lanes=1, max_jobs=shared.max_jobs)
+            lanes.patience = patience
         services = trioq.JobServices(app_pool=pool, queue=Q, owner="w",
                                      committing=forgotten, shared=lanes)  # fmt: skip
         yield [trioq.JobContext(job, services) for job in jobs], pool, forgotten
@@ -442,6 +446,40 @@ async def test_a_member_holds_its_row_against_the_sweeper_but_not_the_heartbeat(
         assert await rows(conn, "SELECT job_id FROM ledger") == [(first.id,)]
         assert await rows(conn, "SELECT id, attempt FROM trioq.jobs") == [(second.id, 1)]
         assert ctx1.completed_in_transaction
+
+
+@pytest.mark.parametrize("patience", [0.2, 0.0])
+async def test_a_job_does_not_wait_behind_a_slow_block(dsn: str, patience: float) -> None:
+    """A block holds its lane (it waits on something slow): the next job waits at most
+    ``patience`` s (0: not at all), then runs and commits in a transaction of its own while
+    the slow block still holds the lane; the slow block then commits in its own."""
+    async with claimed_jobs(dsn, 2) as (conn, (slow, quick)), contexts(
+        dsn, [slow, quick], shared=SHARED, pool_size=2, patience=patience
+    ) as ((slow_ctx, quick_ctx), _, gone):
+        inside, release = trio.Event(), trio.Event()
+
+        async def hold() -> None:
+            async with slow_ctx.transaction(shared=True) as tx:
+                await insert(slow_ctx, tx)
+                inside.set()
+                await release.wait()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold)
+            await inside.wait()
+            with trio.fail_after(5):  # without the patience: until the slow block ends
+                async with quick_ctx.transaction(shared=True) as tx:
+                    await insert(quick_ctx, tx)
+            assert await rows(conn, "SELECT job_id FROM ledger") == [(quick.id,)]
+            assert [lease.job_id for lease in gone] == [quick.id]
+            release.set()
+        lanes = slow_ctx.services.shared
+        assert lanes is not None
+        assert (lanes.statistics().alone, lanes.statistics().transactions) == (1, 1)
+        assert sorted(r[0] for r in await rows(conn, "SELECT job_id FROM ledger")) == sorted(
+            [slow.id, quick.id]
+        )
+        assert await scalar(conn, "SELECT count(*) FROM trioq.jobs") == 0
 
 
 async def test_a_cancelled_waiter_does_not_strand_the_others(dsn: str) -> None:

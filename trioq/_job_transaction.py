@@ -67,6 +67,13 @@ _RELEASE = b"RELEASE SAVEPOINT trioq_job"
 _UNDO = b"ROLLBACK TO SAVEPOINT trioq_job; RELEASE SAVEPOINT trioq_job"
 _IDLE = TransactionStatus.IDLE
 _INERROR = TransactionStatus.INERROR
+#: How long a job waits behind one block of its lane (one waiting on something slow: an
+#: HTTP call, a lock) before it gives up the lane and runs in a transaction of its own
+#: (`SharedTransactions.patience`). A block of short statements takes a round trip or a few.
+SLOW_BLOCK = 0.05
+#: While no block runs in a lane (it commits, or is being handed over), how often a job
+#: waiting for it looks again whether one runs now.
+_LOOK_AGAIN = 0.01
 #: What a member's `Committing` is told when its commit failed.
 _NOT_COMMITTED = LeaseLostError("the shared transaction did not commit this job")
 
@@ -188,6 +195,12 @@ class _Lane:
     lock: trio.Lock = attrs.field(factory=trio.Lock)
     batch: _Batch | None = None
     users: int = 0  # in the lane or waiting for it
+    #: When the block running in the lane started (trio's clock); None: none runs.
+    block_started: float | None = None
+
+    def slow_since(self, patience: float) -> float | None:
+        """When the running block became slow (ran ``patience`` s); None: no block."""
+        return None if self.block_started is None else self.block_started + patience
 
     def waiting(self) -> int:
         return self.lock.statistics().tasks_waiting
@@ -200,28 +213,40 @@ class SharedStatistics:
     transactions: int  # committed
     jobs: int  # completed in them
     failed: int  # transactions that did not commit
+    #: Jobs that did not wait behind a slow block (`SharedTransactions.patience`) and ran
+    #: in a transaction of their own.
+    alone: int = 0
 
 
 class SharedTransactions(Lanes[_Lane]):
     """The lanes of ``job.transaction(shared=True)`` in one worker (see the module docs)."""
 
     LANE = _Lane
-    _committed = _jobs = _failed = 0  # counts (each instance's own once it counts)
+    _committed = _jobs = _failed = _alone = 0  # counts (each instance's own once it counts)
+    #: How long a job waits behind one block before it runs in a transaction of its own.
+    patience = SLOW_BLOCK
 
     def statistics(self) -> SharedStatistics:
         return SharedStatistics(
-            transactions=self._committed, jobs=self._jobs, failed=self._failed
-        )
+            transactions=self._committed, jobs=self._jobs, failed=self._failed,
+            alone=self._alone,
+        )  # fmt: skip
 
     @asynccontextmanager
     async def member(
         self, lease: Lease, committing: Committing
     ) -> AsyncIterator[TrioConnection[Any]]:
-        """A turn in a shared transaction for the job of ``lease``; returns once committed."""
-        lane = self._least_busy(lambda lane: lane.users)
-        lane.users += 1
+        """A turn in a shared transaction for the job of ``lease``; returns once committed.
+        Behind a block that has run ``patience`` s (it waits on something slow), the job
+        does not wait: it runs in a transaction of its own (`own_transaction`)."""
+        lane = await self._take_lane()
+        if lane is None:
+            self._alone += 1
+            async with own_transaction(self._pool, self._queue, self._owner, lease,
+                                       committing) as conn:  # fmt: skip
+                yield conn
+            return
         try:
-            await lane.lock.acquire()
             try:
                 batch = await self._enter(lane)
                 try:
@@ -245,6 +270,30 @@ class SharedTransactions(Lanes[_Lane]):
                 f"commit: {batch.error}"
             ) from batch.error
 
+    async def _take_lane(self) -> _Lane | None:
+        """The least busy lane whose block is not slow, its lock held (``users`` counted);
+        None when every lane's block is slow, or became slow while this job waited."""
+        now = trio.current_time()
+        fast = [lane for lane in self._lanes if not _slow(lane.slow_since(self.patience), now)]
+        if not fast:
+            return None
+        lane = min(fast, key=lambda lane: lane.users)
+        lane.users += 1
+        try:
+            while True:
+                block, slow = lane.block_started, lane.slow_since(self.patience)
+                if slow is None:  # no block runs (the lane commits, or is handed over)
+                    slow = trio.current_time() + max(self.patience, _LOOK_AGAIN)
+                with trio.move_on_at(slow):
+                    await lane.lock.acquire()
+                    return lane
+                if block is not None and lane.block_started == block:
+                    lane.users -= 1  # the same block ran past patience: do not wait for it
+                    return None
+        except BaseException:
+            lane.users -= 1
+            raise
+
     async def _enter(self, lane: _Lane) -> _Batch:
         """The lane's open transaction, or a new one (BEGIN deferred). Holds the lock."""
         if lane.batch is None:
@@ -265,13 +314,16 @@ class SharedTransactions(Lanes[_Lane]):
         conn.defer_statement(*self._fence(lease))
         conn.guard_transaction("job.transaction(shared=True)")
         fenced = False
+        lane.block_started = trio.current_time()
         try:
             yield conn, lambda: fenced
         except BaseException:
+            lane.block_started = None
             conn.guard_transaction(None)
             await self._undo(lane, batch)
             raise
         finally:
+            lane.block_started = None
             conn.guard_transaction(None)
         if conn.deferred_statements:  # no statement ran: savepoint and fence never went out
             _drop_savepoint(conn)
@@ -389,6 +441,10 @@ class SharedTransactions(Lanes[_Lane]):
             return frozenset()
         completed = {int(row[0]) for row in await cursors[-1].fetchall()}
         return frozenset(lease.job_id for lease in unfenced) - completed
+
+
+def _slow(since: float | None, now: float) -> bool:
+    return since is not None and since <= now
 
 
 def _drop_savepoint(conn: TrioConnection[Any]) -> None:

@@ -5,6 +5,7 @@ row commits with the job's completion. Timed from the first handler call until n
 left (polled every 2 ms on another connection). Prints one JSON line.
 
     python bench/peers/trioq_insert.py --dsn DSN --jobs N --concurrency C [--shared]
+        [--slow-every N --slow-ms MS]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ tasks = trioq.Registry()
 started: list[float] = []
 SHARED = [False]
 ONE = [False]  # --one: job.complete_with(statement)
+SLOW: list[Any] = [0, 0.0]  # --slow-every N, --slow-ms: every Nth block sleeps in its transaction
 TUNING: dict[str, Any] = {}  # Config fields from the command line (--lanes, ...)
 
 
@@ -37,6 +39,8 @@ async def insert(job: trioq.JobContext, n: int) -> None:
         return
     async with job.transaction(shared=SHARED[0]) as tx:
         await tx.execute("INSERT INTO ledger (job_id, n) VALUES (%s, %s)", (job.id, n))
+        if SLOW[0] and n % SLOW[0] == 0:  # --slow-every: this block waits on something slow
+            await trio.sleep(SLOW[1])
 
 
 async def main(dsn: str, jobs: int, concurrency: int) -> None:
@@ -76,7 +80,11 @@ if __name__ == "__main__":
     parser.add_argument("--lanes", type=int, help="Config.shared_transactions")
     parser.add_argument("--lane-jobs", type=int, help="Config.shared_transaction_jobs")
     parser.add_argument("--app-pool", type=int, help="Config.app_pool_size")
+    parser.add_argument("--slow-every", type=int, default=0,
+                        help="every Nth job's block sleeps --slow-ms inside its transaction")
+    parser.add_argument("--slow-ms", type=float, default=200.0)
     args = parser.parse_args()
+    SLOW[:] = [args.slow_every, args.slow_ms / 1000]
     SHARED[0] = args.shared
     ONE[0] = args.one
     for field, value in (("shared_transactions", args.lanes),
