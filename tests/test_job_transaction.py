@@ -532,16 +532,43 @@ async def test_shared_transactions_under_the_runtime_are_exactly_once(dsn: str) 
         assert shared.jobs == 300 and shared.transactions < 300
 
 
+@pytest.mark.parametrize(
+    ("group_commit", "shared", "grouped"),
+    [(True, None, True), (False, None, False), (True, False, False), (False, True, True)],
+)
+async def test_job_transaction_uses_group_commit_by_default_under_serve(
+    dsn: str, group_commit: bool, shared: bool | None, grouped: bool
+) -> None:
+    """``job.transaction()`` as the docs write it first joins the worker's shared
+    transactions (``Config.group_commit``, default True); ``shared=`` decides for one block."""
+    tasks = trioq.Registry()
+    done = Counter()
+
+    @tasks.task
+    async def credit(job: trioq.JobContext, n: int) -> None:
+        block = job.transaction() if shared is None else job.transaction(shared=shared)
+        async with block as tx:
+            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, str(n)))
+        done.hit()
+
+    options = {"group_commit": group_commit} if not group_commit else {}
+    async with ledger_jobs_served(dsn, tasks, done, n=100, **options) as runtime:
+        stats = runtime._services.shared.statistics()
+        assert stats.jobs + stats.alone == (100 if grouped else 0)
+        if grouped:
+            assert stats.transactions < 100
+    assert trioq.Config(registry=tasks).group_commit is True
+
+
 @asynccontextmanager
 async def ledger_jobs_served(
-    dsn: str, tasks: trioq.Registry, done: Counter, n: int = 300
+    dsn: str, tasks: trioq.Registry, done: Counter, n: int = 300, **options: Any
 ) -> AsyncIterator[trioq.Runtime]:
     """``n`` jobs of the task ``credit`` (which writes the job's ledger row), run by a
-    worker of 20 slots; yields its runtime once all ran, each row written once, no job left
-    or dead."""
-    async with serving(dsn, tasks, queues={"default": trioq.QueueConfig(concurrency=20)}) as (
-        conn, runtime
-    ):
+    worker of 20 slots (and ``options``); yields its runtime once all ran, each row written
+    once, no job left or dead."""
+    queues = {"default": trioq.QueueConfig(concurrency=20)}
+    async with serving(dsn, tasks, queues=queues, **options) as (conn, runtime):
         await conn.execute("CREATE TABLE ledger (job_id bigint PRIMARY KEY, note text)")
         await trioq.enqueue_bulk(conn, "credit", [{"n": i} for i in range(n)])
         await done.wait_for(n)

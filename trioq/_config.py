@@ -290,6 +290,11 @@ class Config:
     progress_interval: float = attrs.field(
         default=DEFAULT_PROGRESS_INTERVAL, converter=seconds, validator=_positive
     )
+    #: Group commit for ``job.transaction()`` without ``shared=``: its block joins a shared
+    #: transaction (each job's block under its savepoint and fence, committed with the
+    #: others'; docs/transactions.md). False: each block has a transaction of its own, as
+    #: ``shared=False`` asks for one block.
+    group_commit: bool = attrs.field(default=True, validator=rule(boolean))
     #: ``job.transaction(shared=True)``: how many shared transactions may be open at once,
     #: each on a connection of the app pool (docs/transactions.md).
     shared_transactions: int = attrs.field(default=2, validator=_positive_int)

@@ -52,6 +52,8 @@ class JobServices:
     committing: Committing
     #: The lanes of ``job.transaction(shared=True)``; None: every job gets its own.
     shared: SharedTransactions | None = None
+    #: ``job.transaction()`` without ``shared=`` joins them (``Config.group_commit``).
+    shared_by_default: bool = False
     #: The lanes of ``job.complete_with(..., shared=True)``; None: every job gets its own.
     completions: SharedCompletions | None = None
     #: The largest JSON a durable step may record (``Config.max_result_bytes``).
@@ -346,7 +348,9 @@ class JobContext:
                 yield conn
 
     @asynccontextmanager
-    async def transaction(self, *, shared: bool = False) -> AsyncIterator[TrioConnection[Any]]:
+    async def transaction(
+        self, *, shared: bool | None = None
+    ) -> AsyncIterator[TrioConnection[Any]]:
         """A transaction that also completes this job: exactly-once effects.
 
         Do the job's database writes on the yielded connection; when the block
@@ -356,14 +360,20 @@ class JobContext:
         the job runs twice. ``BEGIN`` travels with the block's first statement, and
         the completion with ``COMMIT``: no round trip of its own.
 
-        ``shared=True``: the block runs in a transaction shared with other jobs' blocks
-        (each under a savepoint), committed with all their completions when the worker
-        has no more blocks waiting (``Config.shared_transactions``, ``docs/transactions.md``):
-        for short blocks, several times the jobs per second. The block returns once
-        that transaction has committed; if it did not (another job's lease was lost,
-        the commit failed), `SharedTransactionError` is raised and the job is retried.
+        ``shared=True`` (under ``serve``, the default: ``Config.group_commit``): the block
+        runs in a transaction shared with other jobs' blocks (each under its savepoint,
+        its lease checked and its row held by its first statement), committed with all
+        their completions when the worker has no more blocks waiting
+        (``Config.shared_transactions``, ``docs/transactions.md``): for short blocks,
+        about twice the jobs per second. A failing block or a lost lease fails only its
+        own job. The block returns once that transaction has committed; if the commit
+        failed, `SharedTransactionError` is raised and the job is retried.
+        ``shared=False``: a transaction of its own (for ``SET TRANSACTION``, ``SET LOCAL``,
+        transaction-level advisory locks, or a block that waits on something slow).
         """
         services = self.services
+        if shared is None:
+            shared = services.shared_by_default
         if shared and services.shared is not None:
             block = services.shared.member(self.lease, services.committing)
         else:

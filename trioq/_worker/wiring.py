@@ -123,6 +123,7 @@ class Services:
             config.registry,
             JobServices(app_pool=self.app_pool, queue=self.queue, owner=owner,
                         committing=runtime.held.committing, shared=self.shared,
+                        shared_by_default=config.group_commit,
                         completions=self.completions,
                         max_result_bytes=config.max_result_bytes, progress=self.progress,
                         max_progress_bytes=config.max_progress_bytes),
