@@ -1,8 +1,10 @@
 """The one-row-insert workload next to pgqueuer (not a test): a backlog of ``--jobs`` jobs,
 each writing one ledger row, drained by one worker process.
 
-* trioq (``trioq_insert.py``): the row in ``job.transaction()``, which commits it with the
-  job's completion (exactly once); ``trioq-shared``: ``job.transaction(shared=True)``;
+* trioq (``trioq_insert.py``): the row in ``job.transaction(shared=False)`` (a transaction of
+  its own), which commits it with the job's completion (exactly once); ``trioq-shared``:
+  ``job.transaction(shared=True)``; ``trioq-default``: ``job.transaction()``, as the docs
+  write it first (group commit under ``serve``, ``Config.group_commit``);
   ``trioq-one``: ``job.complete_with(the INSERT)`` (the statement, the completion and
   ``COMMIT`` in one round trip); ``trioq-one-shared``: ``complete_with(..., shared=True)``
   (group commit). One worker, ``--concurrency`` slots, default pools and settings (app
@@ -63,6 +65,7 @@ def _cells(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     cells = {
         "trioq": (sys.executable, [trioq_worker, *jobs, "--concurrency", c]),
         "trioq-shared": (sys.executable, [trioq_worker, *jobs, "--concurrency", c, "--shared"]),
+        "trioq-default": (sys.executable, [trioq_worker, *jobs, "--concurrency", c, "--default"]),
         "trioq-one": (sys.executable, [trioq_worker, *jobs, "--concurrency", c, "--one"]),
         "trioq-one-shared": (
             sys.executable, [trioq_worker, *jobs, "--concurrency", c, "--one", "--shared"]

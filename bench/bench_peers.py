@@ -1,7 +1,10 @@
 """trioq next to pgqueuer and procrastinate on one burn-down, and a raw SQL ceiling (not a test).
 
 The workload is the same for every library: ``--jobs`` (20,000) no-op jobs are prefilled
-through the library's own bulk enqueue, then ONE worker process drains them. Each library
+through the library's own bulk enqueue, then ONE worker process drains them (``--processes
+2``: also TWO, each with the cell's settings; the jobs' table is held in EXCLUSIVE mode until
+both said READY, so they start claiming together, and each stops once no job is left). Each
+library
 runs in its own process: trioq under /work/venv's Python (``trio.run(trioq.serve, config)``),
 pgqueuer and procrastinate under the Python of throwaway venvs that this script creates in
 ``--venvs`` (default /tmp/trioq-bench-peers) and fills from PyPI with the versions pinned in
@@ -53,6 +56,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -121,6 +125,9 @@ class Library:
     unfinished_sql: str
     #: jobs finished successfully; ``{jobs}`` is the prefilled count
     succeeded_sql: str
+    #: the table the jobs wait in: several worker processes start claiming together, once
+    #: all are ready (`drain_many` holds it in EXCLUSIVE mode until then)
+    table: str = ""
 
 
 LIBRARIES = {
@@ -133,6 +140,7 @@ LIBRARIES = {
         "('available', 'running', 'scheduled'))",
         "SELECT {jobs} - (SELECT count(*) FROM trioq.jobs)"
         " - (SELECT count(*) FROM trioq.dead_jobs)",
+        "trioq.jobs",
     ),
     "pgqueuer": Library(
         "pgqueuer",
@@ -141,6 +149,7 @@ LIBRARIES = {
         "SELECT count(*) FROM pgqueuer WHERE status = 'queued'",
         "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
         "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'",
+        "pgqueuer",
     ),
     "procrastinate": Library(
         "procrastinate",
@@ -162,6 +171,7 @@ class Cell:
     batch: int | None  # None: the library has no batch setting
     variant: str = ""  # pgqueuer: uvloop or asyncio; trioq: prototypes (trioq_prototypes.py)
     managers: int = 1  # pgqueuer: QueueManagers in the process, a connection each
+    processes: int = 1  # worker processes, each with these settings (--processes)
 
     @property
     def label(self) -> str:
@@ -174,6 +184,8 @@ class Cell:
             parts.append(f"batch {self.batch}")
         if self.managers != 1:
             parts.append(f"{self.managers} managers")
+        if self.processes != 1:
+            parts.append(f"{self.processes} processes")
         if self.variant:
             if (
                 self.library != "trioq"
@@ -213,6 +225,8 @@ class Options:
     json: Path | None
     trioq_baseline: Path | None = None
     trioq_global_concurrency: int | None = None
+    #: Worker processes per drain, each with the cell's settings (trioq and pgqueuer).
+    processes: list[int] = field(default_factory=lambda: [1])
     pgbench: str | None = None
     pythons: dict[str, str] = field(default_factory=dict)
 
@@ -347,6 +361,21 @@ class Lines:
             if line.startswith(prefix + " ") or line == prefix:
                 return line.split()[1:]
 
+    async def expect_any(self, prefixes: Sequence[str]) -> tuple[str, list[str]]:
+        """The next line that starts with one of ``prefixes``: that prefix and the rest."""
+        while True:
+            while b"\n" not in self._buffer:
+                chunk = await self._stream.receive_some(65536)
+                if not chunk:
+                    raise EOFError(f"worker exited before printing {prefixes}: {self.seen}")
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\n", 1)
+            line = raw.decode().strip()
+            self.seen.append(line)
+            kind, *rest = line.split()
+            if kind in prefixes:
+                return kind, rest
+
     async def rest(self) -> list[str]:
         """Every line still to come, until the child closes its stdout."""
         while chunk := await self._stream.receive_some(65536):
@@ -374,6 +403,83 @@ async def drain(
     """Run the worker; time its first handler call to the last committed completion."""
     with tempfile.TemporaryFile() as stderr:
         return await _drain(cmd, dsn, lib, limit_s, stderr, env=env)
+
+
+async def drain_many(
+    cmds: Sequence[Sequence[str]], dsn: str, lib: Library, limit_s: float, env: dict[str, str]
+) -> Drain:
+    """Run several workers (``--share``: each stops once no job is left); time the first
+    handler call of any to the last committed completion; their CPU and calls summed.
+
+    The jobs' table is held in EXCLUSIVE mode (plain reads pass, claims wait) until every
+    worker said READY, so that they start claiming together: a worker that started first
+    would otherwise take the backlog alone."""
+    with contextlib.ExitStack() as stack:
+        errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in cmds]
+        async with await trioq.connect(dsn, autocommit=True) as poll, \
+                await trioq.connect(dsn) as gate:  # fmt: skip
+            await scalar(poll, lib.unfinished_sql)  # warm, as in _drain
+            await gate.execute(f"LOCK TABLE {lib.table} IN EXCLUSIVE MODE")
+            procs = [await trio.lowlevel.open_process(list(cmd), cwd=PEERS, env=env,
+                                                      stdout=subprocess.PIPE, stderr=err)
+                     for cmd, err in zip(cmds, errs, strict=True)]  # fmt: skip
+            lines = [Lines(p.stdout) for p in procs if p.stdout is not None]
+            try:
+                with trio.fail_after(limit_s):
+                    for one in lines:
+                        await one.expect("READY")
+                    cpu0 = [process_cpu(p.pid) for p in procs]
+                    await gate.commit()  # the claims go
+                    busy0, seen0 = machine_busy(), time.monotonic()
+                    firsts, ends = await _firsts_and_ends(lines)
+                    while await scalar(poll, lib.unfinished_sql):  # noqa: ASYNC110
+                        await trio.sleep(0.001)
+                    t_end = time.monotonic()
+                    cpu1 = [process_cpu(p.pid) for p in procs]
+                    busy1 = machine_busy()
+                    dones = [[int(x) for x in await one.expect("DONE")] for one in lines]
+                    for one in lines:
+                        await one.rest()
+                    for p in procs:
+                        await p.wait()
+            except Exception as ex:
+                tails = [_tail(err) for err in errs]
+                seen = [one.seen for one in lines]
+                raise RuntimeError(f"drain of {len(cmds)} failed: {ex!r}\n{seen}\n{tails}") from ex
+            finally:
+                for p in procs:
+                    if p.returncode is None:
+                        p.kill()
+                        await p.wait()
+    worker_cpu = None
+    if None not in cpu0 and None not in cpu1:
+        worker_cpu = sum(c for c in cpu1 if c is not None) - sum(c for c in cpu0 if c is not None)
+    return Drain(
+        elapsed=t_end - min(firsts),
+        worker_cpu=worker_cpu,
+        machine_cores=(busy1 - busy0) / max(t_end - seen0, 1e-9),
+        calls=sum(calls for calls, _ in dones),
+        distinct=sum(distinct for _, distinct in dones),
+        tail=t_end - max(ends),
+    )
+
+
+async def _firsts_and_ends(lines: Sequence[Lines]) -> tuple[list[float], list[float]]:
+    """Each worker's FIRST (if it got a job) and ALL times."""
+    firsts: list[float] = []
+    ends: list[float] = []
+    for one in lines:  # a process that got no job says ALL 0 without FIRST
+        kind, args = await one.expect_any(("FIRST", "ALL"))
+        if kind == "FIRST":
+            firsts.append(float(args[0]))
+            args = await one.expect("ALL")
+        ends.append(float(args[0]))
+    return firsts, ends
+
+
+def _tail(err: Any) -> str:
+    err.seek(0)
+    return str(err.read().decode(errors="replace")[-2000:])
 
 
 async def _drain(
@@ -476,8 +582,11 @@ def worker_command(opts: Options, cell: Cell, dsn: str, tag: str) -> list[str]:
         cmd += ["--batch", str(cell.batch), "--concurrency", str(cell.concurrency or 0)]
         cmd += ["--loop", cell.variant or "uvloop", "--managers", str(cell.managers)]
     else:
+        assert cell.processes == 1
         assert cell.concurrency is not None
         cmd += ["--concurrency", str(cell.concurrency)]
+    if cell.processes > 1:
+        cmd += ["--share"]
     return cmd
 
 
@@ -511,8 +620,13 @@ async def measure(opts: Options, cell: Cell, rep: int) -> dict[str, Any]:
             )  # fmt: skip
         else:
             tag = f"{cell.library}-c{cell.concurrency or 'unl'}-b{cell.batch or 0}-r{rep}"
-            cmd = worker_command(opts, cell, dsn, tag)
-            result = await drain(cmd, dsn, lib, opts.timeout, env)
+            if cell.processes == 1:
+                cmd = worker_command(opts, cell, dsn, tag)
+                result = await drain(cmd, dsn, lib, opts.timeout, env)
+            else:
+                cmds = [worker_command(opts, cell, dsn, f"{tag}-p{i}")
+                        for i in range(cell.processes)]  # fmt: skip
+                result = await drain_many(cmds, dsn, lib, opts.timeout, env)
         async with await trioq.connect(dsn, autocommit=True) as conn:
             unfinished = await scalar(conn, lib.unfinished_sql)
             succeeded = await scalar(conn, lib.succeeded_sql.format(jobs=opts.jobs))
@@ -588,7 +702,9 @@ def cells(opts: Options) -> list[Cell]:
                 for clients in opts.pgbench_clients
                 for b in opts.pgbench_batches
             ]
-    return out
+    # trioq and pgqueuer also at --processes: that many worker processes, each as the cell
+    single = [c for c in out if c.library in ("trioq", "pgqueuer")]
+    return out + [replace(c, processes=n) for n in opts.processes if n > 1 for c in single]
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -621,8 +737,9 @@ def ratio_to_trioq(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | N
     trioq_rows = [r for r in rows if r["cell"]["library"] == "trioq" and not r["cell"]["variant"]]
     if not trioq_rows:
         return None
-    c = row["cell"]["concurrency"]
-    same = [r for r in trioq_rows if r["cell"]["concurrency"] == c]
+    c, n = row["cell"]["concurrency"], row["cell"].get("processes", 1)
+    same = [r for r in trioq_rows if r["cell"]["concurrency"] == c
+            and r["cell"].get("processes", 1) == n]  # fmt: skip
     if row["cell"]["library"] in ("trioq", "pgqueuer", "procrastinate") and same:
         return float(row["jobs_s"] / same[0]["jobs_s"])
     return float(row["jobs_s"] / max(r["jobs_s"] for r in trioq_rows))
@@ -676,7 +793,8 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"{name}: {shown}")
     if env.get("pgbench_version"):
         print(f"pgbench: {env['pgbench']} ({env['pgbench_version']})")
-    print(f"{report['options']['jobs']:,} no-op jobs per drain, one worker process per library")
+    print(f"{report['options']['jobs']:,} no-op jobs per drain, one worker process per library "
+          "(\", N processes\": N)")
     print()
     print("\n".join(SUMMARY_TABLE.heading()))
     for row in report["summary"]:
@@ -824,6 +942,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     )  # fmt: skip
     p.add_argument("--pgbench-batches", type=int_list, default=[10, 100])
     p.add_argument("--pgbench-clients", type=int_list, default=[1])
+    p.add_argument("--processes", type=int_list, default=[1],
+                   help="comma list: also run trioq's and pgqueuer's cells with this many worker "
+                   "processes, each with the cell's settings (1: one process, as always)")
     p.add_argument("--libraries", default="trioq,pgqueuer,procrastinate,pgbench")
     p.add_argument("--venvs", type=Path, default=Path(tempfile.gettempdir()) / "trioq-bench-peers")
     p.add_argument("--fresh-venvs", action="store_true", help="re-create the venvs")
@@ -867,7 +988,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         libraries=libraries, repeat=a.repeat, venvs=a.venvs, fresh_venvs=a.fresh_venvs,
         remove_venvs=a.remove_venvs, python=a.python, quiet_cores=a.quiet_cores,
         quiet_wait=a.quiet_wait, timeout=a.timeout, py_spy=a.py_spy, cprofile=a.cprofile,
-        trioq_stats=a.trioq_stats,
+        trioq_stats=a.trioq_stats, processes=a.processes,
         trioq_prototypes=[x for x in a.trioq_prototypes.split(",") if x],
         json=a.json, pgbench=a.pgbench, trioq_baseline=a.trioq_baseline,
         trioq_global_concurrency=a.trioq_global_concurrency,

@@ -13,6 +13,10 @@ with the job id:
   last completion), the same way for every library;
 * `Probe.done` prints ``DONE <calls> <distinct ids>`` when the worker exits.
 
+With ``--share`` (one of several worker processes over the same jobs), the calls never reach
+``jobs`` in one process: it stops once no job is left and then prints ``ALL`` with the time
+of its own last handler call (`Probe.all_done`).
+
 ``time.monotonic`` is CLOCK_MONOTONIC, the same clock in every process of the
 machine, so the parent can compare it with its own.
 
@@ -40,15 +44,21 @@ class Probe:
         self.calls = 0
         self.ids: set[object] = set()
         self.all_seen = False
+        self.last = 0.0
 
     def hit(self, job_id: object) -> None:
         self.calls += 1
         self.ids.add(job_id)
+        self.last = time.monotonic()
         if self.calls == 1:
             say(f"FIRST {time.monotonic():.6f} {time.process_time():.6f}")
         if self.calls == self.jobs:
             self.all_seen = True
             say(f"ALL {time.monotonic():.6f}")
+
+    def all_done(self) -> None:
+        """``ALL`` at the last handler call (``--share``: this process saw no job left)."""
+        say(f"ALL {self.last:.6f}")
 
     def done(self) -> None:
         say(f"DONE {self.calls} {len(self.ids)}")
@@ -86,6 +96,9 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("command", choices=["install", "prefill", "drain", "versions"])
     p.add_argument("--dsn")
     p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--share", action="store_true",
+                   help="drain: one of several worker processes; stop once no job is left, "
+                   "then say ALL (the time of this process's last handler call)")
     return p
 
 

@@ -53,8 +53,10 @@ async def prefill(dsn: str, jobs: int) -> None:
         await conn.close()
 
 
-async def drain(dsn: str, jobs: int, batch: int, concurrency: int, managers: int) -> None:
-    probe = Probe(jobs)
+async def drain(
+    dsn: str, jobs: int, batch: int, concurrency: int, managers: int, *, share: bool = False
+) -> None:
+    probe = Probe(0 if share else jobs)
     conns = [await asyncpg.connect(dsn) for _ in range(managers)]
     try:
 
@@ -75,7 +77,9 @@ async def drain(dsn: str, jobs: int, batch: int, concurrency: int, managers: int
                 )
             )
         say("READY")
-        await asyncio.gather(*runs)
+        await asyncio.gather(*runs)  # drain mode: until its queue is empty
+        if share:
+            probe.all_done()
     finally:
         for conn in conns:
             await conn.close()
@@ -105,7 +109,7 @@ def main() -> None:
     elif a.command == "prefill":
         run(prefill(a.dsn, a.jobs), a.loop)
     else:
-        run(drain(a.dsn, a.jobs, a.batch, a.concurrency, a.managers), a.loop)
+        run(drain(a.dsn, a.jobs, a.batch, a.concurrency, a.managers, share=a.share), a.loop)
 
 
 if __name__ == "__main__":

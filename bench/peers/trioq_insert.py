@@ -1,6 +1,7 @@
 """trioq's side of `bench/bench_insert_peers.py`: one worker (``trioq.serve``, one queue of
 ``--concurrency`` slots, default pools) drains ``--jobs`` prefilled jobs, each writing one
-ledger row in ``job.transaction()`` (``--shared``: ``job.transaction(shared=True)``), so the
+ledger row in ``job.transaction(shared=False)`` (``--shared``: ``shared=True``; ``--default``:
+no ``shared=``, so ``Config.group_commit`` decides), so the
 row commits with the job's completion. Timed from the first handler call until no job is
 left (polled every 2 ms on another connection). Prints one JSON line.
 
@@ -21,7 +22,7 @@ import trioq
 
 tasks = trioq.Registry()
 started: list[float] = []
-SHARED = [False]
+SHARED: list[bool | None] = [False]  # --shared: True; --default: None (Config.group_commit)
 ONE = [False]  # --one: job.complete_with(statement)
 SLOW: list[Any] = [0, 0.0]  # --slow-every N, --slow-ms: every Nth block sleeps in its transaction
 TUNING: dict[str, Any] = {}  # Config fields from the command line (--lanes, ...)
@@ -34,7 +35,7 @@ async def insert(job: trioq.JobContext, n: int) -> None:
         started.append(time.process_time())
     if ONE[0]:
         await job.complete_with(
-            "INSERT INTO ledger (job_id, n) VALUES (%s, %s)", (job.id, n), shared=SHARED[0]
+            "INSERT INTO ledger (job_id, n) VALUES (%s, %s)", (job.id, n), shared=bool(SHARED[0])
         )
         return
     async with job.transaction(shared=SHARED[0]) as tx:
@@ -76,6 +77,8 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--shared", action="store_true")
+    parser.add_argument("--default", action="store_true",
+                        help="job.transaction() without shared=: the worker's default")
     parser.add_argument("--one", action="store_true", help="job.complete_with(the INSERT)")
     parser.add_argument("--lanes", type=int, help="Config.shared_transactions")
     parser.add_argument("--lane-jobs", type=int, help="Config.shared_transaction_jobs")
@@ -85,7 +88,7 @@ if __name__ == "__main__":
     parser.add_argument("--slow-ms", type=float, default=200.0)
     args = parser.parse_args()
     SLOW[:] = [args.slow_every, args.slow_ms / 1000]
-    SHARED[0] = args.shared
+    SHARED[0] = None if args.default else args.shared
     ONE[0] = args.one
     for field, value in (("shared_transactions", args.lanes),
                          ("shared_transaction_jobs", args.lane_jobs),

@@ -61,8 +61,14 @@ async def prefill(dsn: str, jobs: int) -> None:
         say(f"PREFILLED {time.perf_counter() - t0:.6f}")
 
 
-async def drain(dsn: str, jobs: int, concurrency: int, limit: int | None = None) -> None:
-    probe.reset(jobs)
+#: Whether any job is left: with --share, a process stops once none is.
+LEFT = "SELECT EXISTS (SELECT 1 FROM trioq.jobs)"
+
+
+async def drain(
+    dsn: str, jobs: int, concurrency: int, limit: int | None = None, share: bool = False
+) -> None:
+    probe.reset(0 if share else jobs)
     all_seen[:] = [trio.Event()]
     queue = trioq.QueueConfig(concurrency=concurrency)
     if limit is not None:  # only then: a baseline trioq has no such field
@@ -71,10 +77,16 @@ async def drain(dsn: str, jobs: int, concurrency: int, limit: int | None = None)
     async with trio.open_nursery() as nursery:
         runtime = await nursery.start(trioq.serve, config)
         say("READY")
-        await all_seen[0].wait()
-        # the runtime has no event for "outcomes written": poll its counter (1 ms, tail only)
-        while runtime.statistics().outcomes_written < jobs:  # noqa: ASYNC110
-            await trio.sleep(0.001)
+        if share:  # one of several processes: until no job is left (polled every 5 ms)
+            async with await trioq.connect(dsn, autocommit=True) as conn:
+                while await (await conn.execute(LEFT)).fetchone() != (False,):  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            probe.all_done()
+        else:
+            await all_seen[0].wait()
+            # the runtime has no event for "outcomes written": poll its counter (1 ms, tail)
+            while runtime.statistics().outcomes_written < jobs:  # noqa: ASYNC110
+                await trio.sleep(0.001)
         runtime.stop()
     probe.done()
 
@@ -167,10 +179,11 @@ def main() -> None:
         trio.run(prefill, a.dsn, a.jobs)
     elif a.cprofile:
         profiler = cProfile.Profile()
-        profiler.runcall(trio.run, drain, a.dsn, a.jobs, a.concurrency, a.global_concurrency)
+        profiler.runcall(trio.run, drain, a.dsn, a.jobs, a.concurrency, a.global_concurrency,
+                         a.share)
         profiler.dump_stats(a.cprofile)
     else:
-        trio.run(drain, a.dsn, a.jobs, a.concurrency, a.global_concurrency)
+        trio.run(drain, a.dsn, a.jobs, a.concurrency, a.global_concurrency, a.share)
     if stats is not None:
         say("STATS " + json.dumps(stats.report()))
 
