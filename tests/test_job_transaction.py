@@ -448,6 +448,20 @@ async def test_a_member_holds_its_row_against_the_sweeper_but_not_the_heartbeat(
         assert ctx1.completed_in_transaction
 
 
+async def test_set_transaction_in_a_shared_block_says_to_ask_for_its_own(dsn: str) -> None:
+    """Postgres refuses ``SET TRANSACTION`` after a transaction's first statement: in a
+    shared block the error says what to do, and the block rolls back alone."""
+    async with claimed_jobs(dsn, 2) as (conn, (first, second)), contexts(
+        dsn, [first, second], shared=SHARED
+    ) as ((ctx1, ctx2), _, _):
+        async with ctx1.transaction(shared=True) as tx:
+            await insert(ctx1, tx)
+        with pytest.raises(psycopg.errors.ActiveSqlTransaction, match=r"shared=False\)\)$"):
+            async with ctx2.transaction(shared=True) as tx:
+                await tx.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        assert await rows(conn, "SELECT job_id FROM ledger") == [(first.id,)]
+
+
 @pytest.mark.parametrize("patience", [0.2, 0.0])
 async def test_a_job_does_not_wait_behind_a_slow_block(dsn: str, patience: float) -> None:
     """A block holds its lane (it waits on something slow): the next job waits at most

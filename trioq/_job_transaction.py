@@ -252,6 +252,12 @@ class SharedTransactions(Lanes[_Lane]):
                 try:
                     async with self._turn(lane, batch, lease) as (conn, fenced):
                         yield conn
+                except psycopg.errors.ActiveSqlTransaction as ex:  # SET TRANSACTION, ...
+                    raise psycopg.errors.ActiveSqlTransaction(
+                        f"{ex} (job.transaction() shares its transaction with other jobs' "
+                        "blocks, group commit: give it one of its own with "
+                        "job.transaction(shared=False))"
+                    ) from ex
                 except psycopg.Error as ex:
                     if _lost_ids(ex) is not None:  # its fence: rolled back alone
                         raise _lost(lease) from None
