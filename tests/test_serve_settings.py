@@ -71,6 +71,7 @@ SAMPLES: dict[str, tuple[str, Any, str, Any]] = {
     "--vacuum-interval": ("off", None, "2s", 2.0),
     "--metrics": ("127.0.0.1:9300", "127.0.0.1:9300", "[::1]:9400-9409", "[::1]:9400-9409"),
     "--tracing": ("auto", None, "on", True),
+    "--group-commit": ("off", False, "on", True),
     **{flag: _seconds("13s", "2m") for flag in (
         "--poll-interval", "--sweep-interval", "--unknown-task-timeout",
         "--loop-blocked-warning", "--history-interval", "--hook-timeout",
@@ -93,6 +94,7 @@ BAD: dict[str, list[str]] = {
     "count": [*_BAD_NUMBER, "0", "1.5", "1000001", "9" * 30],
     "bytes": [*_BAD_NUMBER, "0", "1.5", str(2**30 + 1), "1MiB"],
     "switch": ["", "maybe", "2", "-1", "nan", "on\x00"],
+    "on_off": ["", "maybe", "auto", "2", "-1", "nan", "on\x00"],
     "dsn": ["", " ", "postgresql://u:pw@[::1/app", "host=x dbname='unterminated", "h\x00x"],
     "schema": ["", "X", "a b", "x\x00", "1abc", "a" * 64, "x; DROP TABLE y"],
     "queues": ["", ",", " , ", "a b", "x\x00", "a" * 65, "ok,x'; DROP TABLE jobs;--"],
@@ -143,7 +145,30 @@ def test_the_docs_table_lists_every_setting() -> None:
         assert f"| `{name}` |" in text, f"the exclusion of {name} is not in docs/cli.md"
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.flag)
+#: Settings of two values (on|off): the test above cannot pick three different ones.
+TWO_VALUED = [setting for setting in SETTINGS if setting.kind.name == "on_off"]
+
+
+@pytest.mark.parametrize("setting", TWO_VALUED, ids=lambda s: s.flag)
+def test_each_on_off_setting_by_flag_beats_variable_beats_the_apps_config(
+    setting: Setting,
+) -> None:
+    """With two values, each order is tried against an app of the other value."""
+    for app_value in (False, True):
+        app = attrs.evolve(APP, **{setting.field: app_value})
+        mine, other = ("off", "on") if app_value else ("on", "off")
+        assert _read(serve_config(_args(), app, {}), setting) is app_value
+        assert _read(serve_config(_args(setting.flag, mine), app, {}), setting) is not app_value
+        for name in setting.env:
+            environ = {name: mine}
+            assert _read(serve_config(_args(), app, environ), setting) is not app_value
+            flag_wins = serve_config(_args(setting.flag, other), app, environ)
+            assert _read(flag_wins, setting) is app_value  # the flag's (off/on) over the variable's
+
+
+@pytest.mark.parametrize(
+    "setting", [s for s in SETTINGS if s not in TWO_VALUED], ids=lambda s: s.flag
+)
 def test_each_setting_by_flag_beats_variable_beats_the_apps_config(setting: Setting) -> None:
     flag_text, flag_value, env_text, env_value = SAMPLES[setting.flag]
     app_value = _read(APP, setting)

@@ -82,6 +82,13 @@ def _switch(text: str, source: str) -> bool | None:
     return value  # type: ignore[return-value]
 
 
+def _on_off(text: str, source: str) -> bool:
+    value = _SWITCH.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"{source} {shown(text)}: use on or off")
+    return value
+
+
 def _checked(check: Callable[[str], object]) -> Callable[[str, str], Any]:
     """A text kind whose ``check`` raises a message that quotes the value itself."""
 
@@ -117,6 +124,7 @@ KINDS = {kind.name: kind for kind in (
     Kind("count", "N", "10", _count(MAX_COUNT)),
     Kind("bytes", "BYTES", "1048576", _count(MAX_BYTES)),
     Kind("switch", "on|off|auto", "on", _switch),
+    Kind("on_off", "on|off", "off", _on_off),
     Kind("dsn", "URL", "postgresql://app@db/app", _dsn),
     Kind("schema", "SCHEMA", "trioq", _checked(validate_schema_name)),
     Kind("queues", "a,b", "email,sms", _queues),
@@ -209,6 +217,8 @@ SETTINGS = (
        "the largest value job.progress() takes (at most 1 MiB)"),
     _s("progress_interval", "--progress-interval", "seconds",
        "write each running job's latest progress at most this often"),
+    _s("group_commit", "--group-commit", "on_off",
+       "job.transaction() without shared= joins a shared transaction (on) or has its own"),
     _s("shared_transactions", "--shared-transactions", "count",
        "shared transactions open at once"),
     _s("shared_transaction_jobs", "--shared-transaction-jobs", "count",
