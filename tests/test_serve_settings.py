@@ -155,7 +155,8 @@ def test_each_on_off_setting_by_flag_beats_variable_beats_the_apps_config(
 ) -> None:
     """With two values, each order is tried against an app of the other value."""
     for app_value in (False, True):
-        app = attrs.evolve(APP, **{setting.field: app_value})
+        changed: dict[str, Any] = {setting.field: app_value}
+        app = attrs.evolve(APP, **changed)
         mine, other = ("off", "on") if app_value else ("on", "off")
         assert _read(serve_config(_args(), app, {}), setting) is app_value
         assert _read(serve_config(_args(setting.flag, mine), app, {}), setting) is not app_value
