@@ -349,17 +349,8 @@ class Lines:
         self.seen: list[str] = []
 
     async def expect(self, prefix: str) -> list[str]:
-        while True:
-            while b"\n" not in self._buffer:
-                chunk = await self._stream.receive_some(65536)
-                if not chunk:
-                    raise EOFError(f"worker exited before printing {prefix}: {self.seen}")
-                self._buffer += chunk
-            raw, self._buffer = self._buffer.split(b"\n", 1)
-            line = raw.decode().strip()
-            self.seen.append(line)
-            if line.startswith(prefix + " ") or line == prefix:
-                return line.split()[1:]
+        """The rest of the next line that starts with ``prefix``."""
+        return (await self.expect_any((prefix,)))[1]
 
     async def expect_any(self, prefixes: Sequence[str]) -> tuple[str, list[str]]:
         """The next line that starts with one of ``prefixes``: that prefix and the rest."""
@@ -372,7 +363,7 @@ class Lines:
             raw, self._buffer = self._buffer.split(b"\n", 1)
             line = raw.decode().strip()
             self.seen.append(line)
-            kind, *rest = line.split()
+            kind, *rest = line.split() or [""]
             if kind in prefixes:
                 return kind, rest
 

@@ -94,11 +94,16 @@ def _lost_ids(error: BaseException) -> frozenset[int] | None:
     return frozenset(int(x) for x in detail.split(",") if x)
 
 
+def _one(owner: str, lease: Lease) -> dict[str, Any]:
+    """The parameters of one job's fence (``FENCE_ONE``), typed so that its prepared plan is
+    generic."""
+    return {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": owner}
+
+
 def _completion(queue: Queue, owner: str, lease: Lease) -> tuple[Any, dict[str, Any]]:
     """The fenced completion of one job, with parameters, so it is prepared (its plan costs
     the server more than its run)."""
-    params = {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": owner}
-    return rendered(queue.schema, "complete_one"), params
+    return rendered(queue.schema, "complete_one"), _one(owner, lease)
 
 
 async def _complete_one_and_commit(
@@ -250,7 +255,7 @@ class SharedTransactions(Lanes[_Lane]):
             try:
                 batch = await self._enter(lane)
                 try:
-                    async with self._turn(lane, batch, lease) as (conn, fenced):
+                    async with self._turn(lane, batch, lease, committing) as conn:
                         yield conn
                 except psycopg.errors.ActiveSqlTransaction as ex:  # SET TRANSACTION, ...
                     raise psycopg.errors.ActiveSqlTransaction(
@@ -262,7 +267,6 @@ class SharedTransactions(Lanes[_Lane]):
                     if _lost_ids(ex) is not None:  # its fence: rolled back alone
                         raise _lost(lease) from None
                     raise
-                batch.members.append(_Member(lease, committing, fenced()))
             finally:
                 await self._leave(lane)
         finally:
@@ -310,19 +314,18 @@ class SharedTransactions(Lanes[_Lane]):
 
     @asynccontextmanager
     async def _turn(
-        self, lane: _Lane, batch: _Batch, lease: Lease
-    ) -> AsyncIterator[tuple[TrioConnection[Any], Callable[[], bool]]]:
+        self, lane: _Lane, batch: _Batch, lease: Lease, committing: Committing
+    ) -> AsyncIterator[TrioConnection[Any]]:
         """One job's block under a savepoint, its fence (`LOCK_MEMBER`) first, both
-        deferred to its first statement; undone (to the savepoint) if it fails. Yields the
-        connection and whether the fence went out (once the block is over)."""
+        deferred to its first statement; undone (to the savepoint) if it fails, else the
+        job joins the batch's members."""
         conn = batch.conn
         conn.defer(_SAVEPOINT)
-        conn.defer_statement(*self._fence(lease))
+        conn.defer_statement(rendered(self._queue.schema, "lock_member"), _one(self._owner, lease))
         conn.guard_transaction("job.transaction(shared=True)")
-        fenced = False
         lane.block_started = trio.current_time()
         try:
-            yield conn, lambda: fenced
+            yield conn
         except BaseException:
             lane.block_started = None
             conn.guard_transaction(None)
@@ -333,6 +336,7 @@ class SharedTransactions(Lanes[_Lane]):
             conn.guard_transaction(None)
         if conn.deferred_statements:  # no statement ran: savepoint and fence never went out
             _drop_savepoint(conn)
+            batch.members.append(_Member(lease, committing, fenced=False))
             return
         if conn.pgconn.transaction_status == _INERROR:
             # The block caught its statement's error and went on: the transaction cannot
@@ -342,12 +346,8 @@ class SharedTransactions(Lanes[_Lane]):
                 f"job {lease.job_id}: a statement of its job.transaction(shared=True) block "
                 "failed and the block went on; its writes were rolled back"
             )
-        fenced = True
         conn.defer(_RELEASE)
-
-    def _fence(self, lease: Lease) -> tuple[bytes, dict[str, Any]]:
-        params = {"id": Int8(lease.job_id), "attempt": Int4(lease.attempt), "owner": self._owner}
-        return rendered(self._queue.schema, "lock_member"), params
+        batch.members.append(_Member(lease, committing, fenced=True))
 
     async def _undo(self, lane: _Lane, batch: _Batch) -> None:
         """Roll the failed job's block back to its savepoint; if that fails, the whole

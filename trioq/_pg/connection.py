@@ -227,11 +227,6 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         self._deferred_statements = []
         return deferred
 
-    def take_deferred_statements(self) -> list[tuple[Any, Any]]:
-        """The statements `defer_statement` holds, forgotten."""
-        taken, self._deferred_statements = self._deferred_statements, []
-        return taken
-
     @property
     def deferred(self) -> tuple[bytes, ...]:
         """The commands `defer` holds, not sent yet."""
