@@ -69,11 +69,13 @@ __all__ = [
     "machine_busy",
     "median_or_none",
     "medians",
+    "parent_pid",
     "patched",
     "pgbench_drain_command",
     "pgbench_drain_script",
     "pgbench_tps",
     "pgbench_version",
+    "postmaster_pid",
     "process_cpu",
     "run_with_peer",
     "scalar",
@@ -473,3 +475,17 @@ def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, original)
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of local process ``pid`` (from ``/proc``), or 0 if there is no such one."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+async def postmaster_pid(conn: trioq.TrioConnection) -> int:
+    """The server's postmaster (the parent of this backend), or 0 if it is not local."""
+    return parent_pid(int(await scalar(conn, "SELECT pg_backend_pid()")))

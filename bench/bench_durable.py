@@ -59,6 +59,7 @@ from _common import (
     drop_bench_db,
     fmt,
     int_list,
+    postmaster_pid,
     scalar,
     show_settings,
     wait_quiet,
@@ -90,20 +91,6 @@ def child(python: str, script: str, *args: str) -> dict[str, Any]:
         raise RuntimeError(f"{script} {' '.join(args[:1])} failed:\n{done.stderr[-3000:]}")
     found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return found
-
-
-def parent_pid(pid: int) -> int:
-    """The parent of local process ``pid`` (from ``/proc``), or 0 if there is no such one."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return 0
-
-
-async def postmaster_pid(conn: trioq.TrioConnection) -> int:
-    """The server's postmaster (the parent of this backend), or 0 if it is not local."""
-    return parent_pid(int(await scalar(conn, "SELECT pg_backend_pid()")))
 
 
 def rotated(labels: Sequence[str], rep: int) -> list[str]:

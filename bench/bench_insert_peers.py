@@ -16,7 +16,9 @@ each writing one ledger row, drained by one worker process.
 
 Each measurement gets a fresh database ``trioq_insert_<label>`` (dropped after), and counts
 the ledger rows afterwards (every job once). Repetitions rotate the order; the table shows
-medians and every run is printed. Timing: first handler call to the last completion.
+medians and every run is printed. Timing: first handler call to the last completion. Worker
+CPU is the worker process's; server CPU (when Postgres is local) is its backends' and
+helpers' over the same span (`_probe.server_cpu`).
 
     python bench/bench_insert_peers.py --dsn DSN --repeat 3 \\
         --pgqueuer-python /tmp/trioq-bench-peers/pgqueuer/bin/python
@@ -33,15 +35,23 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from _common import add_common_options, create_database, drop_bench_db, run_with_peer
+from _common import (
+    add_common_options,
+    create_database,
+    drop_bench_db,
+    postmaster_pid,
+    run_with_peer,
+)
+
+import trioq
 
 HERE = Path(__file__).parent
 
 
-def _child(python: str, argv: list[str], dsn: str) -> dict[str, Any]:
+def _child(python: str, argv: list[str], dsn: str, pg_pid: int) -> dict[str, Any]:
     done = subprocess.run(
-        [python, *argv, "--dsn", dsn], check=False, capture_output=True, text=True,
-        timeout=900,
+        [python, *argv, "--dsn", dsn, "--pg-pid", str(pg_pid)], check=False,
+        capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{argv[0]} failed:\n{done.stderr[-3000:]}")
@@ -49,12 +59,14 @@ def _child(python: str, argv: list[str], dsn: str) -> dict[str, Any]:
     return result
 
 
-async def _measure(admin: str, label: str, python: str, argv: list[str]) -> dict[str, Any]:
+async def _measure(
+    admin: str, label: str, python: str, argv: list[str], pg_pid: int
+) -> dict[str, Any]:
     database = "trioq_insert_" + label.replace("-", "_")
     await drop_bench_db(admin, database)
     dsn = await create_database(admin, database)
     try:
-        return await trio.to_thread.run_sync(_child, python, argv, dsn)
+        return await trio.to_thread.run_sync(_child, python, argv, dsn, pg_pid)
     finally:
         await drop_bench_db(admin, database)
 
@@ -82,24 +94,36 @@ def _cells(args: argparse.Namespace) -> dict[str, tuple[str, list[str]]]:
     return cells
 
 
+def _per_job(result: dict[str, Any], key: str) -> str:
+    """``result[key]`` (CPU seconds) per job in µs, or ``-`` when not measured."""
+    value = result.get(key)
+    return "    -" if value is None else f"{value / result['jobs'] * 1e6:5.0f} us"
+
+
 async def main(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     cells = _cells(args)
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in cells}
     labels = list(cells)
+    async with await trioq.connect(args.dsn, autocommit=True) as conn:
+        pg_pid = await postmaster_pid(conn)  # 0: not local, no server CPU
     for rep in range(args.repeat):
         for label in labels[rep % len(labels) :] + labels[: rep % len(labels)]:
             python, argv = cells[label]
-            result = await _measure(args.dsn, label, python, argv)
+            result = await _measure(args.dsn, label, python, argv, pg_pid)
             runs[label].append(result)
             ok = result["rows"] == result["distinct"] == result["jobs"]
             print(f"  run {rep + 1} {label:>16}: {result['jobs'] / result['wall']:8,.0f} jobs/s"
                   f"  worker CPU/job {result['cpu'] / result['jobs'] * 1e6:5.0f} us"
+                  f"  server {_per_job(result, 'server_cpu')}"
                   f"  ledger {'ok' if ok else 'WRONG: ' + str(result)}", flush=True)  # fmt: skip
     print(f"\nmedians of {args.repeat}, {args.jobs} jobs, concurrency {args.concurrency}:")
     for label, found in runs.items():
         rate = statistics.median(r["jobs"] / r["wall"] for r in found)
         cpu = statistics.median(r["cpu"] / r["jobs"] * 1e6 for r in found)
-        print(f"  {label:>16}: {rate:8,.0f} jobs/s   worker CPU/job {cpu:.0f} us")
+        server = [r["server_cpu"] / r["jobs"] * 1e6 for r in found if r.get("server_cpu")]
+        shown = f"{statistics.median(server):.0f} us" if server else "-"
+        print(f"  {label:>16}: {rate:8,.0f} jobs/s   worker CPU/job {cpu:.0f} us"
+              f"   server CPU/job {shown}")
     return runs
 
 

@@ -17,13 +17,16 @@ import time
 
 import asyncpg
 import uvloop
+from _probe import server_cpu
 from pgqueuer import AsyncpgDriver, Queries, QueueManager
 from pgqueuer.domain.types import QueueExecutionMode
 from pgqueuer.models import Job
 from pgqueuer_enqueue import _connect
 
 
-async def main(dsn: str, jobs: int, batch: int, concurrency: int, pool_size: int) -> None:
+async def main(
+    dsn: str, jobs: int, batch: int, concurrency: int, pool_size: int, *, pg_pid: int
+) -> None:
     conn = await _connect(dsn)
     kwargs = {"dsn": dsn} if "://" in dsn else {
         {"dbname": "database"}.get(k, k): v for k, v in (p.split("=", 1) for p in dsn.split())
@@ -41,7 +44,7 @@ async def main(dsn: str, jobs: int, batch: int, concurrency: int, pool_size: int
 
         async def insert(job: Job) -> None:
             if not started:
-                started.extend((time.perf_counter(), time.process_time()))
+                started.extend((time.perf_counter(), time.process_time(), server_cpu(pg_pid)))
             n = json.loads(job.payload or b"{}")["n"]
             await pool.execute("INSERT INTO ledger (job_id, n) VALUES ($1, $2)", job.id, n)
 
@@ -49,12 +52,14 @@ async def main(dsn: str, jobs: int, batch: int, concurrency: int, pool_size: int
         await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
                      max_concurrent_tasks=concurrency or None)  # fmt: skip
         wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+        server = server_cpu(pg_pid) - started[2]
         counted = await conn.fetchrow("SELECT count(*), count(DISTINCT job_id) FROM ledger")
     finally:
         await pool.close()
         await conn.close()
     print(json.dumps({"wall": wall, "cpu": cpu, "jobs": jobs, "rows": counted[0],
-                      "distinct": counted[1]}))  # fmt: skip
+                      "distinct": counted[1],
+                      "server_cpu": server if pg_pid else None}))  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -64,5 +69,8 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=0)
     parser.add_argument("--pool", type=int, default=10)
+    parser.add_argument("--pg-pid", type=int, default=0,
+                        help="the postmaster (local), to read the server's CPU per job")
     args = parser.parse_args()
-    uvloop.run(main(args.dsn, args.jobs, args.batch, args.concurrency, args.pool))
+    uvloop.run(main(args.dsn, args.jobs, args.batch, args.concurrency, args.pool,
+                    pg_pid=args.pg_pid))
