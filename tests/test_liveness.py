@@ -24,6 +24,7 @@ from helpers import rows, scalar, serving, wait_until
 from psycopg import sql
 
 import trioq
+from trioq._worker.services.liveness import Liveness
 
 
 async def liveness_pids(conn: Any, schema: str = "trioq") -> list[int]:
@@ -159,3 +160,37 @@ def _poll(conn: psycopg.Connection[Any], query: str, timeout: float = 10) -> Non
     while not conn.execute(query).fetchone()[0]:  # type: ignore[index]
         assert time.monotonic() < deadline, f"{query!r} still false after {timeout} s"
         time.sleep(0.05)
+
+
+async def test_the_pool_pings_only_while_the_liveness_connection_does_not(
+    dsn: str, pg_admin_dsn: str
+) -> None:
+    """The pool is the fallback channel: while the liveness connection pings on time it
+    sends nothing (an idle worker's pings cost half the transactions), and once that
+    connection is cut and cannot reconnect, the pool pings every interval: the row stays
+    fresh and the worker alive. Both halves fail if the pool pings all along, or never."""
+    interval = 0.2
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            async with pool.connection() as warm:  # open before new connections are refused
+                await warm.execute("SELECT 1")
+            driver = trioq.Queue().driver
+            liveness = Liveness(dsn, pool, driver, name="fallback", queues={"default": 1},
+                                interval=interval, running=lambda: 0)  # fmt: skip
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await trio.sleep(10 * interval)  # ten pings through the liveness connection
+                assert liveness.pool_pings <= 1  # one late ping at most (a loaded machine)
+                quiet = liveness.pool_pings
+                (pid,) = await liveness_pids(conn)
+                async with refused(pg_admin_dsn, await scalar(conn, "SELECT current_database()")):
+                    await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                    await wait_until(lambda: _true(liveness.pool_pings >= quiet + 3))
+                    age = await scalar(
+                        conn, "SELECT extract(epoch FROM now() - seen_at)::float"
+                        " FROM trioq.workers WHERE id = %s", liveness.worker,
+                    )  # fmt: skip
+                    assert age < 2 * interval  # kept fresh through the pool
+                await wait_until(lambda: _locked(conn))  # the liveness connection is back
+                nursery.cancel_scope.cancel()

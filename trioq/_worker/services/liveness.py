@@ -3,8 +3,11 @@
 Leases alone make a crashed worker's jobs wait for their expiry (30 s by default).
 Instead each worker keeps a row in ``workers``, holds, on a connection of its own, a
 session-level advisory lock keyed by its row's id, and pings the row every
-``Config.liveness_interval`` through two channels: that connection, and its pool. Postgres
-drops the lock the moment the process (or that connection) dies.
+``Config.liveness_interval`` through two channels: that connection, and, whenever a ping
+through it is late (`LATE`: the connection is cut, reconnecting, or stuck), its pool.
+Postgres drops the lock the moment the process (or that connection) dies. While the
+liveness connection pings on time the pool sends nothing: an idle worker's pings cost the
+database half as many transactions (docs/benchmarks.md, "An idle fleet").
 
 The sweepers of every process (`Driver.reclaim_dead_workers`) take a worker for dead only
 on two pieces of evidence that one flaky connection cannot fake: no ping through either
@@ -52,6 +55,13 @@ __all__ = ["Liveness"]
 logger = logging.getLogger("trioq.runtime")
 
 RECONNECT_MIN, RECONNECT_MAX = 0.05, 0.5
+#: The pool pings once no ping went through for this many intervals. The liveness
+#: connection pings every interval on the clock (its round trip does not add up), so one
+#: that is merely slow (by under a quarter of an interval) does not trigger it; and a cut
+#: connection leaves the row unpinged for at most this many intervals and a round trip,
+#: inside the grace (at least two intervals, `Config`): 0.625 s and a round trip of the
+#: default 1 s.
+LATE = 1.25
 #: Bound on removing the worker's row at shutdown.
 REMOVE_TIMEOUT = 5.0
 
@@ -74,12 +84,17 @@ class Liveness:
         self._running = running  # how many handlers run now, for the ping
         self.worker: int | None = None  # this worker's row id, once registered
         self._gone: int | None = None  # the row id last found gone (reported once)
+        #: When a ping last went through (trio's clock), by either channel.
+        self._pinged_at = -float("inf")
+        #: Pings that went through the pool (the fallback channel), for tests.
+        self.pool_pings = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the lock and ping until cancelled; ``task_status.started()`` once the lock is
         held (a failure before that is raised: ``serve`` refuses to start)."""
         try:
             async with trio.open_nursery() as nursery:
+                self._pinged_at = trio.current_time()  # the first ping follows the lock
                 await nursery.start(self._hold_lock)
                 nursery.start_soon(self._ping_through_pool)
                 task_status.started()
@@ -114,15 +129,23 @@ class Liveness:
                 backoff = min(backoff * 2, RECONNECT_MAX)
 
     async def _ping_through_pool(self) -> None:
-        """The second channel: a ping through the pool every interval, so that a cut
-        liveness connection alone never looks like death."""
+        """The second channel: a ping through the pool whenever none went through for
+        `LATE` intervals (the liveness connection is cut, reconnecting, or stuck), so that
+        a cut liveness connection alone never looks like death; every interval until the
+        liveness connection pings again."""
         while True:
-            await trio.sleep(self.interval)
+            due = self._pinged_at + self.interval * LATE
+            if trio.current_time() < due:
+                await trio.sleep_until(due)
+                continue
             try:
                 async with self._pool.connection() as conn:
-                    await self.run_once(conn)
+                    if await self.run_once(conn):
+                        self.pool_pings += 1
+                        continue
             except (psycopg.Error, OSError, PoolClosedError) as ex:
                 logger.info("liveness ping through the pool failed: %s", ex)
+            await trio.sleep(self.interval)  # failed, or the row is gone: an interval later
 
     async def _register_and_lock(self, conn: Conn) -> None:
         """Register (the row it had, if the sweepers left it) and take the lock. A new row
@@ -139,10 +162,13 @@ class Liveness:
         await conn.execute(st.worker_lock, {"space": st.lock_space, "id": self.worker})
 
     async def _ping_until_gone(self, conn: Conn) -> None:
+        """A ping every interval on the clock: a slow round trip does not push the next
+        one back (which would wake the pool's fallback, `LATE`)."""
         while True:
+            started = trio.current_time()
             if not await self.run_once(conn):
                 return  # registering again
-            await trio.sleep(self.interval)
+            await trio.sleep_until(started + self.interval)
 
     async def run_once(self, conn: Conn) -> bool:
         """One ping on ``conn``; False if this worker's row is gone (it was taken for dead:
@@ -151,6 +177,7 @@ class Liveness:
         params = {"id": worker, "running": self._running()}
         cur = await conn.execute(self._sql.worker_ping, params)
         if await cur.fetchone() is not None:
+            self._pinged_at = trio.current_time()
             return True
         if worker is not None:
             self._taken_for_dead(worker)
