@@ -4,6 +4,7 @@ what it returns, against real Postgres, instead of waiting for the loop's timers
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +19,7 @@ from trioq._worker.services.heartbeat import Heartbeat, HeartbeatRound
 from trioq._worker.services.listener import Listener
 from trioq._worker.services.liveness import Liveness
 from trioq._worker.services.scheduler import MAX_SLEEP, CronSet, Scheduler, ScheduleRound
-from trioq._worker.services.sweeper import Sweeper
+from trioq._worker.services.sweeper import CHECKS, Sweeper, reclaim_gap
 
 UTC = dt.UTC
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
@@ -119,6 +120,44 @@ async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> Non
             assert error == [("worker died (its liveness lock was free)",)]
             assert (await sweeper.run_once(sweep=False)).reclaimed.returned == frozenset()
             assert dead and fresh
+
+
+def test_the_fleet_checks_for_dead_workers_a_few_times_an_interval_whatever_its_size() -> None:
+    """Every process checked every interval: 200 idle workers sent 400 checks a second. Each
+    now checks every interval while the fleet has at most CHECKS workers, else every
+    workers / CHECKS intervals at a random point of that span around it (so the fleet's
+    checks do not bunch): CHECKS checks per interval on average, for 5 or 200 workers."""
+    assert reclaim_gap(0.5, 1) == reclaim_gap(0.5, CHECKS) == 0.5
+    assert reclaim_gap(0.5, 200, lambda: 0.0) == 0.5 * 200 / CHECKS * 0.5
+    assert reclaim_gap(0.5, 200, lambda: 0.999) == pytest.approx(0.5 * 200 / CHECKS * 1.499)
+    for workers in (5, 50, 200):
+        draws = [i / 1000 for i in range(1000)]  # evenly over [0, 1)
+        mean = sum(reclaim_gap(0.5, workers, functools.partial(float, d)) for d in draws) / 1000
+        per_interval = workers * 0.5 / mean  # the fleet's checks per interval
+        assert per_interval == pytest.approx(CHECKS, rel=0.01)
+
+
+async def test_a_dead_worker_check_counts_the_fleet_and_a_sweep_alone_does_not_check(
+    dsn: str,
+) -> None:
+    """The check counts the workers left (how often this process checks next); a round
+    without it (an expired-lease sweep between two checks) sends no check at all."""
+    async with database(dsn) as (conn, pool):
+        sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
+                          on_returned=lambda: None)  # fmt: skip
+        for i in range(6):
+            await register(conn, f"w{i}", seen_ago=0)
+        dead = await register(conn, "dead", seen_ago=10)  # no lock, no ping: deleted
+        round_ = await sweeper.run_once(sweep=False)
+        assert round_.reclaimed.workers == 7  # counted before its deletion showed
+        assert sweeper.workers == 7
+        assert await rows(conn, "SELECT count(*) FROM trioq.workers") == [(6,)]
+        assert (await sweeper.run_once(sweep=False)).reclaimed.workers == 6
+        await register(conn, "dead-too", seen_ago=10)
+        skipped = await sweeper.run_once(sweep=True, reclaim=False)
+        assert skipped.reclaimed.workers is None and sweeper.workers == 6
+        assert await rows(conn, "SELECT count(*) FROM trioq.workers") == [(7,)]  # still there
+        assert dead
 
 
 async def test_a_lock_held_by_the_sweepers_own_session_is_not_free(dsn: str) -> None:

@@ -71,17 +71,26 @@ class SweepResult:
     cancelled: frozenset[int]  # lease expired while a cancel was requested
     #: The queues of the jobs returned (their workers may want a wake-up).
     queues: frozenset[str] = frozenset()
+    #: After a dead-worker check, the rows left in ``workers`` (the fleet's size: how often
+    #: each process checks, `trioq._worker.services.sweeper`); None after other sweeps.
+    workers: int | None = None
 
     @classmethod
     def from_rows(cls, rows: Sequence[tuple[Any, ...]]) -> SweepResult:
-        """From the sweep's (id, what became of it, queue) rows."""
+        """From the sweep's (id, what became of it, queue) rows; a ``fleet`` row carries the
+        count of workers in its id."""
         by_kind: dict[str, set[int]] = {"dead": set(), "cancelled": set(), "available": set()}
+        workers = None
         for job_id, kind, _queue in rows:
-            by_kind[kind].add(job_id)
+            if kind == "fleet":
+                workers = int(job_id)
+            else:
+                by_kind[kind].add(job_id)
         return cls(
             returned=frozenset(by_kind["available"]), dead=frozenset(by_kind["dead"]),
             cancelled=frozenset(by_kind["cancelled"]),
             queues=frozenset(queue for _id, kind, queue in rows if kind == "available"),
+            workers=workers,
         )  # fmt: skip
 
 
@@ -304,8 +313,8 @@ class Driver:
     async def reclaim_dead_workers(self, conn: Conn, *, grace: dt.timedelta) -> SweepResult:
         """Sweep the running jobs of workers that are provably gone, without waiting for their
         leases: no ping for longer than ``grace`` and their liveness lock free (see
-        `trioq._worker.services.liveness`). Their rows in ``workers`` are deleted. Safe in
-        every process."""
+        `trioq._worker.services.liveness`). Their rows in ``workers`` are deleted, and the
+        count of those left is in ``workers``. Safe in every process."""
         params = {
             "grace": grace,
             "restart_grace": RESTART_GRACE,

@@ -286,7 +286,9 @@ class Statements:
     age = Statement(maintenance.AGE)
     next_due = Statement(maintenance.NEXT_DUE)
     sweep = Statement(maintenance.SWEEP_EXPIRED + maintenance.SWEEP_OUTCOMES)
-    reclaim = Statement(maintenance.RECLAIM_EXPIRED + maintenance.SWEEP_OUTCOMES)
+    reclaim = Statement(
+        maintenance.RECLAIM_EXPIRED + maintenance.SWEEP_OUTCOMES + maintenance.FLEET_ROW
+    )
     expire_start_by = Statement(maintenance.EXPIRE_START_BY)
     swept_details = Statement(maintenance.SWEPT_DETAILS)
     prune_done = Statement(maintenance.PRUNE_FINISHED, state=sql.Literal("done"))

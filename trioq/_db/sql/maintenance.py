@@ -140,6 +140,12 @@ UNION ALL SELECT id, 'cancelled', queue FROM cancelled
 UNION ALL SELECT id, 'available', queue FROM returned
 """
 
+# The dead-worker check's last row: how many workers are left (rows the statement deleted
+# are still counted: its snapshot predates them), so that each process knows how often to
+# check (`trioq._worker.services.sweeper`).
+FLEET_ROW = """UNION ALL SELECT count(*), 'fleet', NULL FROM {workers}
+"""
+
 # What a sweep (of this process) killed or cancelled: the jobs' details, for their events.
 SWEPT_DETAILS = """
 SELECT d.id, 'dead', d.queue, d.task, d.attempt, d.args::text, d.reason, d.last_error

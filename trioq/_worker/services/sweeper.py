@@ -2,9 +2,13 @@
 
 Two checks, both safe in every process at once (rows are taken with SKIP LOCKED):
 
-- dead workers (every ``Config.liveness_interval``): workers whose liveness lock is free
-  and whose pings stopped (`trioq._worker.services.liveness`) have their running and prefetched jobs
-  returned at once, without waiting for the leases;
+- dead workers: workers whose liveness lock is free and whose pings stopped
+  (`trioq._worker.services.liveness`) have their running and prefetched jobs returned at
+  once, without waiting for the leases. The fleet checks about `CHECKS` times every
+  ``Config.liveness_interval``, whatever its size: each process every interval while the
+  fleet has at most that many workers, else every ``workers / CHECKS`` intervals, at a
+  random point in that span (`reclaim_gap`), so 200 idle workers do not send 400 checks
+  a second and a death is still noticed within a fraction of an interval after the grace;
 - expired leases (every ``Config.sweep_interval``): the fallback, for workers that are
   unreachable rather than dead (a network partition) or that never registered.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import random
 from collections.abc import Callable
 
 import attrs
@@ -35,6 +40,18 @@ __all__ = ["SweepRound", "Sweeper"]
 logger = logging.getLogger("trioq.runtime")
 
 _NOTHING = SweepResult(returned=frozenset(), dead=frozenset(), cancelled=frozenset())
+#: How many dead-worker checks the whole fleet makes per ``Config.liveness_interval``.
+CHECKS = 4
+
+
+def reclaim_gap(interval: float, workers: int, draw: Callable[[], float] = random.random) -> float:
+    """How long one process waits before its next dead-worker check, in a fleet of
+    ``workers``: ``interval`` while the fleet has at most `CHECKS` workers; else a random
+    point (``draw()`` in [0, 1)) of a span from a half to one and a half times ``interval x
+    workers / CHECKS``, so the fleet checks `CHECKS` times an interval on average, spread out."""
+    if workers <= CHECKS:
+        return interval
+    return interval * workers / CHECKS * (0.5 + draw())
 
 
 @attrs.frozen(kw_only=True)
@@ -62,26 +79,38 @@ class Sweeper:
         self._on_swept = on_swept  # what every round did (the lifecycle reports deaths)
         #: Jobs returned, killed, cancelled so far (the metrics).
         self.returned = self.dead = self.cancelled = 0
+        #: The fleet's size, as the last dead-worker check counted it (`reclaim_gap`).
+        self.workers = 1
 
     async def run(self) -> None:
-        """Dead workers every ``reclaim_interval``, expired leases every ``interval``; a
-        failed round is logged."""
-        next_sweep = trio.current_time()
+        """Dead workers every `reclaim_gap`, expired leases every ``interval``; a failed
+        round is logged."""
+        next_sweep = next_reclaim = trio.current_time()
 
         async def round_() -> SweepRound:
-            nonlocal next_sweep
-            sweep = trio.current_time() >= next_sweep
+            nonlocal next_sweep, next_reclaim
+            now = trio.current_time()
+            sweep, reclaim = now >= next_sweep, now >= next_reclaim
             try:
-                return await self.run_once(sweep=sweep)
+                return await self.run_once(sweep=sweep, reclaim=reclaim)
             finally:
+                now = trio.current_time()
                 if sweep:
-                    next_sweep = trio.current_time() + self.interval
+                    next_sweep = now + self.interval
+                if reclaim:
+                    next_reclaim = now + reclaim_gap(self.reclaim_interval, self.workers)
 
-        await every(min(self.reclaim_interval, self.interval), round_, failed="sweep failed")
+        def wait(_round: SweepRound | None) -> float:
+            return max(0.0, min(next_sweep, next_reclaim) - trio.current_time())
 
-    async def run_once(self, *, sweep: bool = True) -> SweepRound:
+        await every(wait, round_, failed="sweep failed")
+
+    async def run_once(self, *, sweep: bool = True, reclaim: bool = True) -> SweepRound:
         async with self._pool.connection() as conn:
-            reclaimed = await self._driver.reclaim_dead_workers(conn, grace=self._grace)
+            reclaimed = _NOTHING
+            if reclaim:
+                reclaimed = await self._driver.reclaim_dead_workers(conn, grace=self._grace)
+                self.workers = max(1, reclaimed.workers or 1)
             swept = await self._driver.sweep(conn) if sweep else _NOTHING
             expired = await self._driver.expire_start_by(conn) if sweep else _NOTHING
             queues = reclaimed.queues | swept.queues
