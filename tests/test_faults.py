@@ -32,7 +32,7 @@ from pgcluster import copy_cluster, scratch_dir, template_cluster
 from trioq._pg.connection import connect
 from trioq._queue import Queue
 from trioq._stress.ledger import reset
-from trioq._stress.load import IdRanges, Workload, enqueue_backlog
+from trioq._stress.load import CHUNK, IdRanges, Workload, enqueue_backlog
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,13 @@ def _assert_exactly_once(run: Run) -> None:
     report, v = run.report, run.report["verification"]
     assert run.returncode == 0 and v["passed"], f"{run.stdout}\n{run.stderr[-3000:]}"
     enqueued = report["steady"]["produced"]
-    assert (v["enqueued"], v["completed"]) == (enqueued, enqueued), v
+    # An enqueue whose COMMIT's answer was lost (the primary killed at a failover, the
+    # connection cut) raised in the producer, which does not count its jobs, though the
+    # commit went through: they run once like the others ("phantoms", each explained by an
+    # enqueue error, at most a chunk each).
+    errors, phantoms = report["steady"]["enqueue_errors"], v["phantoms"]
+    assert phantoms <= errors * CHUNK, (errors, v)
+    assert (v["enqueued"], v["completed"]) == (enqueued, enqueued + phantoms), v
     assert (v["lost"], v["duplicate_completions"], v["dead"]) == (0, 0, 0), v
     assert v["left"] == {}, v  # nothing scheduled, available or running after recovery
     assert "(no reason recorded)" not in v["reexecuted_reasons"], v
