@@ -128,6 +128,8 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         self._deferred: list[bytes] = []
         #: Statements with parameters to send after those (`defer_statement`).
         self._deferred_statements: list[tuple[Any, Any]] = []
+        #: The cursor that adapts deferred statements (`dropped_rows_cursor`).
+        self._dropped_rows: psycopg.AsyncCursor[Any] | None = None
         #: Commands to send before those, in a transaction of their own (`prelude`).
         self._prelude: tuple[bytes, ...] = ()
         #: Set while the connection is lent out inside a transaction that someone else
@@ -220,6 +222,16 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         that cannot be pipelined, in a round trip of their own). Its rows are dropped; its
         error is raised by that operation, and what follows it does not run."""
         self._deferred_statements.append((query, params))
+
+    def dropped_rows_cursor(self) -> psycopg.AsyncCursor[Any]:
+        """The one cursor of this connection that adapts the parameters of deferred
+        statements (`defer_statement`), whose rows no one reads: made once, so its adapters
+        are too. Not for callers' statements."""
+        if self._dropped_rows is None:
+            cursor = psycopg.AsyncCursor(self)
+            cursor._tx = psycopg.adapt.Transformer(cursor)
+            self._dropped_rows = cursor
+        return self._dropped_rows
 
     def discard_deferred(self) -> list[bytes]:
         """Forget the commands and statements not sent yet; returns the commands."""

@@ -111,7 +111,8 @@ async def send_pipelined(
     # Parameters are adapted first: one that cannot be (NUL in a string, an unknown type)
     # raises here, with nothing sent and the deferred commands still deferred.
     early = conn.deferred_statements  # `TrioConnection.defer_statement`: rows dropped
-    converted = [_convert(conn, query, params) for query, params in (*early, *statements)]
+    converted = [_convert_dropped(conn, query, params) for query, params in early]
+    converted += [_convert(conn, query, params) for query, params in statements]
     prelude = conn.take_prelude()
     commands = conn.discard_deferred()
     ahead = len(prelude) + len(commands)  # the results ahead of the statements'
@@ -121,7 +122,8 @@ async def send_pipelined(
             pgconn.send_query_params(command, None)
         for command in commands:
             pgconn.send_query_params(command, None)
-        sent = [_send(conn, cursor, pgq, prepare, binary) for cursor, pgq in converted]
+        sent = [_send(conn, cursor, pgq, prepare, binary, dropped=i < len(early))
+                for i, (cursor, pgq) in enumerate(converted)]  # fmt: skip
         for command in then:
             pgconn.send_query_params(command, None)
         pgconn.pipeline_sync()
@@ -147,7 +149,7 @@ async def send_pipelined(
         _forget_failed_parses(conn, ahead, sent, groups)
         raise
     await conn._wait(conn._prepared.maintain_gen(conn), None)
-    return cursors[len(early) :]
+    return cursors
 
 
 def _check_prelude(conn: TrioConnection, groups: list[list[pq.abc.PGresult]]) -> None:
@@ -162,7 +164,8 @@ def _check_prelude(conn: TrioConnection, groups: list[list[pq.abc.PGresult]]) ->
 def _cursors(
     conn: TrioConnection, commands: int, sent: list[_Sent], groups: list[list[pq.abc.PGresult]]
 ) -> list[psycopg.AsyncCursor[Any]]:
-    """Each statement's results on its cursor; raises the first error (in pipeline order)."""
+    """Each statement's results on its cursor (none for a deferred statement: its rows are
+    dropped); raises the first error (in pipeline order)."""
     encoding = conn.pgconn._encoding
     _raise_first_error(groups[:commands], encoding)
     position = commands
@@ -176,8 +179,9 @@ def _cursors(
         if one.key is not None:
             conn._prepared.validate(one.key, one.prep, one.name, mine)
         one.cursor._check_results(mine)
-        one.cursor._set_results(mine)
-        cursors.append(one.cursor)
+        if not one.dropped:
+            one.cursor._set_results(mine)
+            cursors.append(one.cursor)
     _raise_first_error(groups[position:], encoding)
     return cursors
 
@@ -213,6 +217,7 @@ class _Sent:
     name: bytes
     parsed: bool  # a Parse went out ahead of it (prepared now)
     query: Any  # the adapted statement (psycopg's PostgresQuery)
+    dropped: bool  # a deferred statement (`TrioConnection.defer_statement`): no cursor
 
 
 def _convert(
@@ -228,12 +233,24 @@ def _convert(
     return cursor, pgq
 
 
+def _convert_dropped(conn: TrioConnection, query: Any, params: Any) -> tuple[Any, Any]:
+    """`_convert` for a statement whose rows are dropped: the connection's one cursor for
+    them, whose adapters (``_tx``) are kept from one statement to the next, instead of a new
+    cursor and a new `Transformer` each time (a shared transaction's fence, once a job)."""
+    cursor = conn.dropped_rows_cursor()
+    cursor._reset()
+    pgq = cursor._convert_query(query, params)
+    return cursor, pgq
+
+
 def _send(
     conn: TrioConnection,
     cursor: psycopg.AsyncCursor[Any],
     pgq: Any,
     prepare: bool | None,
     binary: bool,
+    *,
+    dropped: bool = False,
 ) -> _Sent:
     """Queue one statement, prepared as ``execute()`` would."""
     pgconn = conn.pgconn
@@ -251,7 +268,7 @@ def _send(
             parsed = True
         pgconn.send_query_prepared(name, pgq.params, param_formats=pgq.formats, result_format=fmt)
     key = conn._prepared.maybe_add_to_cache(pgq, prep, name)
-    return _Sent(cursor, key, prep, name, parsed, pgq)
+    return _Sent(cursor, key, prep, name, parsed, pgq, dropped)
 
 
 def _leave_pipeline(conn: TrioConnection) -> None:
