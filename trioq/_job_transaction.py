@@ -290,6 +290,9 @@ class SharedTransactions(Lanes[_Lane]):
         lane = min(fast, key=lambda lane: lane.users)
         lane.users += 1
         try:
+            if not lane.lock.locked():  # free: taken at once, no deadline (cancel scope) needed
+                await lane.lock.acquire()
+                return lane
             while True:
                 block, slow = lane.block_started, lane.slow_since(self.patience)
                 if slow is None:  # no block runs (the lane commits, or is handed over)
