@@ -1,0 +1,33 @@
+"""bench/bench_round_trip.py at a tiny size: every driver's round trip and trio's primitives
+are measured and printed (a smoke test, not a benchmark: its numbers are not checked against
+targets, only that each was measured)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from clitool import cli_env
+
+BENCH = Path(__file__).parent.parent / "bench" / "bench_round_trip.py"
+
+
+def test_bench_round_trip_smoke(dsn: str, tmp_path: Path) -> None:
+    out = tmp_path / "round_trip.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--dsn", dsn, "--calls", "50", "--repeat", "1",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=120, env=cli_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    medians = json.loads(out.read_text())["medians"]
+    assert set(medians) == {
+        "libpq exec", "psycopg sync", "psycopg asyncio", "trioq execute",
+        "trioq pipelined insert", "trioq member (savepoint, fence, insert)", "trio checkpoint",
+        "trio checkpoint in a cancel scope with a deadline", "trio lock, uncontended",
+    }  # fmt: skip
+    for label, cell in medians.items():
+        assert cell["cpu_us"] > 0 and cell["wall_us"] > 0, label
+        assert label in done.stdout
