@@ -87,6 +87,7 @@ def cases() -> Iterator[tuple[str, sql.Composed, Mapping[str, Any]]]:
     yield "Queue.clock", LIB.clock, {}
     yield "Queue.queue_settings", LIB.queue_settings, {"names": None}
     yield "Queue.queue_settings one", LIB.queue_settings, {"names": ["queue_3"]}
+    yield "paused_settings", ST.paused_settings, {"limit": 200}
     yield "Queue.steps", LIB.job_steps, {"id": 42}
     yield "Queue.signal", LIB.signal_job, {"id": 42, "key": None, "name": "approval",
                                            "payload": "{}", "channel": LIB.channel}

@@ -200,8 +200,7 @@ class Dashboard:
 
     async def _overview_data(self) -> queries.Overview:
         async with self._connection() as conn:
-            settings = await self.queue.queue_settings(conn)
-            paused = {s.name: s.paused_until for s in settings if s.paused}
+            paused = await queries.paused_queues(conn, self.statements)
             return await queries.overview(conn, self.statements, now=time.time(), paused=paused)
 
     async def _history(self, request: Request) -> Response:

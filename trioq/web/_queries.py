@@ -13,6 +13,7 @@ import attrs
 
 from .._db.statements import Statements
 from .._dead import DeadJob
+from .._flow import QueueSettings
 from .._obs.history import percentile_ms
 from .._pg.conn import Conn
 from ._limits import (
@@ -43,6 +44,7 @@ __all__ = [
     "job_page",
     "job_progress",
     "overview",
+    "paused_queues",
 ]
 
 #: The most bytes of a stored result a job page reads (`JobDetail.result_stored`).
@@ -264,6 +266,14 @@ async def history(
             )
         )
     return now, points
+
+
+async def paused_queues(conn: Conn, st: Statements) -> dict[str, dt.datetime | None]:
+    """The paused queues (at most `MAX_QUEUES`, by name), each with the end of its timed
+    pause or None: only those, not every queue's settings (10,000 tenants' queues)."""
+    cur = await conn.execute(st.paused_settings, {"limit": MAX_QUEUES})
+    found = (QueueSettings.from_row(row) for row in await cur.fetchall())
+    return {s.name: s.paused_until for s in found}
 
 
 async def history_queues(conn: Conn, st: Statements, *, since: int) -> list[str]:

@@ -4,14 +4,24 @@
 # paused_until NULL) whether or not a governor has tidied its row yet; paused_until is in
 # microseconds since the Unix epoch (`epoch_us`: a time that got past the CHECK is clamped
 # rather than failing the read; NULL is kept apart, as epoch_us would clamp it too).
-QUEUE_SETTINGS = """
+_SETTINGS = """
 SELECT name, paused AND NOT {pause_ended}, global_concurrency, rate_limit, rate_period,
        key_concurrency, key_rate_limit, key_rate_period,
        CASE WHEN paused AND NOT {pause_ended} AND paused_until IS NOT NULL
             THEN {epoch_us}(paused_until) END, aging, fair
   FROM {queues}
+"""
+QUEUE_SETTINGS = _SETTINGS + """
  WHERE %(names)s::text[] IS NULL OR name = ANY(%(names)s::text[])
  ORDER BY name
+"""
+
+# The paused queues only, the first `limit` by name (the dashboard's overview lists them so
+# they can be resumed: with 10,000 queues, reading every queue's settings to find them cost
+# the page more than all its counts).
+PAUSED_SETTINGS = _SETTINGS + """
+ WHERE paused AND NOT {pause_ended}
+ ORDER BY name LIMIT %(limit)s
 """
 
 # Changes only the settings whose set_* flag is true (atomic: two concurrent changes of
