@@ -84,7 +84,7 @@ class Liveness:
         self._running = running  # how many handlers run now, for the ping
         self.worker: int | None = None  # this worker's row id, once registered
         self._gone: int | None = None  # the row id last found gone (reported once)
-        #: When a ping last went through (trio's clock), by either channel.
+        #: When the last ping that went through was sent (trio's clock), by either channel.
         self._pinged_at = -float("inf")
         #: Pings that went through the pool (the fallback channel), for tests.
         self.pool_pings = 0
@@ -175,9 +175,10 @@ class Liveness:
         then `on_taken_for_dead` is called, once per row)."""
         worker = self.worker
         params = {"id": worker, "running": self._running()}
+        sent = trio.current_time()  # the row's seen_at is no later than this
         cur = await conn.execute(self._sql.worker_ping, params)
         if await cur.fetchone() is not None:
-            self._pinged_at = trio.current_time()
+            self._pinged_at = max(self._pinged_at, sent)
             return True
         if worker is not None:
             self._taken_for_dead(worker)
