@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 import trio
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.abc import Query
 
 import trioq
@@ -165,3 +166,21 @@ def assert_missing_fails(
     monkeypatch.setenv(skip_var, "1")
     with pytest.raises(pytest.skip.Exception):
         require()
+
+
+@contextmanager
+def traced(conn: Any) -> Iterator[list[str]]:
+    """The frontend messages ``conn`` sends in the block (libpq's trace), by type."""
+    sent: list[str] = []
+    with tempfile.TemporaryFile() as log:
+        conn.pgconn.trace(log.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            conn.pgconn.untrace()
+            log.seek(0)
+            for line in log.read().decode().splitlines():
+                direction, _length, message, *_ = [*line.split("\t"), "", ""]
+                if direction == "F":
+                    sent.append(message.strip())

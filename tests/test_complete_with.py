@@ -14,9 +14,9 @@ import pytest
 import trio
 import trio.testing
 from committing import Commits
-from helpers import Counter, rows, serving, wait_until
+from helpers import Counter, rows, serving, traced, wait_until
 from psycopg import pq
-from test_job_transaction import claimed_jobs, ledger_jobs_served, round_trips, traced, warm
+from test_job_transaction import claimed_jobs, ledger_jobs_served, round_trips, warm
 
 import trioq
 import trioq._complete_with

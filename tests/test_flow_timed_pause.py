@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from helpers import migrated, wait_until_blocked
+from helpers import migrated, traced, wait_until_blocked
 
 import trioq
 from trioq import Queue, QueueConfig
@@ -218,6 +218,33 @@ async def governor_clock(governor: Governor, conn: Any, when: dt.datetime) -> No
         await set_clock([service_conn], when)
 
 
+async def test_without_a_timed_pause_a_governor_round_is_one_statement(dsn: str) -> None:
+    """Every idle worker's governor ran its tidy of ended timed pauses every poll, beside its
+    read of the settings, though a tidy has nothing to do without a timed pause: a round is
+    the read alone now, and read and tidy once a timed pause runs (and the round after it
+    ends, which the last round timed)."""
+    async with governed(dsn) as (conn, _listener, governor, _):
+        service_conn = await governor._pool.getconn()  # the pool's one connection
+        await governor._pool.putconn(service_conn)
+
+        async def executes() -> int:
+            with traced(service_conn) as sent:
+                await governor.run_once()
+            return sent.count("Execute")
+
+        assert await executes() == 1
+        await Q.pause(conn, "q")  # until resumed: no time to tidy at
+        assert await executes() == 1
+        await Q.pause(conn, "r", until=T0 + 10 * SEC)
+        assert await executes() == 2
+        await governor_clock(governor, conn, T0 + 10 * SEC)
+        assert await executes() == 2  # the round the last one timed: the tidy resumes r
+        assert await row(conn, "r") == (False, None)
+        assert await executes() == 1  # q's pause has no end: nothing to time
+        await Q.resume(conn, "q")
+        assert await executes() == 1
+
+
 async def test_the_governor_tidies_an_ended_pause_and_tells_every_worker(dsn: str) -> None:
     async with governed(dsn) as (conn, listener, governor, changed):
         await Q.pause(conn, "q", until=T0 + 10 * SEC)
@@ -259,6 +286,7 @@ async def test_a_newer_pause_committed_while_the_tidy_waits_for_the_row_stays(ds
     the queue again, and then must not resume it (its guard is re-checked on the new row)."""
     async with governed(dsn) as (conn, _listener, governor, _):
         await Q.pause(conn, "q", until=T0 + 10 * SEC)
+        await governor.run_once()  # it hears of the pause (a notification) and times its end
         await governor_clock(governor, conn, T0 + 11 * SEC)
         async with await trioq.connect(dsn, autocommit=True) as other:
             await other.execute("BEGIN")

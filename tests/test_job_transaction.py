@@ -8,9 +8,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -18,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 from committing import Commits
-from helpers import Counter, rows, scalar, serving, wait_until
+from helpers import Counter, rows, scalar, serving, traced, wait_until
 from psycopg import pq
 
 import trioq
@@ -28,24 +27,6 @@ from trioq._job_transaction import SharedTransactions
 
 LEASE = dt.timedelta(seconds=30)
 Q = Queue()
-
-
-@contextmanager
-def traced(conn: Any) -> Iterator[list[str]]:
-    """The frontend messages ``conn`` sends in the block (libpq's trace), by type."""
-    sent: list[str] = []
-    with tempfile.TemporaryFile() as log:
-        conn.pgconn.trace(log.fileno())
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            yield sent
-        finally:
-            conn.pgconn.untrace()
-            log.seek(0)
-            for line in log.read().decode().splitlines():
-                direction, _length, message, *_ = [*line.split("\t"), "", ""]
-                if direction == "F":
-                    sent.append(message.strip())
 
 
 def round_trips(sent: list[str]) -> int:

@@ -210,12 +210,22 @@ class Governor:
         """Read the settings of the served queues, resume those whose timed pause has
         ended (and tell every worker: this process hears it too, and reads again), and act
         on what changed."""
-        self._pause_ends = None
+        timer, self._pause_ends = self._pause_ends, None
         names = list(self._configs)
         async with self._pool.connection() as conn:
             found = {s.name: s for s in await self._queue.queue_settings(conn, names)}
+            # Only a timed pause needs the tidy (and its end timed): one that runs now, or
+            # one whose end the last round timed within a poll (an indefinite pause times
+            # an end thousands of years away). Without either (the usual case), the round
+            # is the one read: an idle worker's governor sends half the statements. A
+            # pause that ended unseen (no process was timing it) reads as ended everywhere
+            # all the same (`trioq._db.sql.queues`).
+            soon = timer is not None and timer <= trio.current_time() + self._poll
+            timed = soon or any(s.paused_until is not None for s in found.values())
             try:
-                resumed, ends_in = await resume_due(conn, self._queue.sql, names)
+                resumed, ends_in = (
+                    await resume_due(conn, self._queue.sql, names) if timed else ([], None)
+                )
             except psycopg.errors.ReadOnlySqlTransaction as ex:
                 # A standby, or default_transaction_read_only: the settings were read (an
                 # ended pause reads as ended without the tidy), the claims wait anyway.
