@@ -29,6 +29,17 @@ def cli_env(
     return env
 
 
+def run_bench(script: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``python bench/SCRIPT ARGS`` (a smoke test of a benchmark), which must exit 0: its
+    output and errors are in the failure."""
+    done = subprocess.run(
+        [sys.executable, str(TESTS.parent / "bench" / script), *args],
+        capture_output=True, text=True, timeout=timeout, env=cli_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done
+
+
 def trioq_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

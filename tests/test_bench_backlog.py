@@ -5,14 +5,11 @@ benchmark: its numbers are not checked against targets)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
-from clitool import cli_env
+from clitool import run_bench
 
-BENCH = Path(__file__).parent.parent / "bench" / "bench_backlog.py"
 SIZES = (200, 500)
 
 
@@ -21,11 +18,7 @@ def test_bench_backlog_smoke(dsn: str, tmp_path: Path) -> None:
     args = ["--dsn", dsn, "--sizes", ",".join(map(str, SIZES)), "--batches", "1,10",
             "--repeat", "5", "--status-runs", "1", "--serve-seconds", "0.5", "--serve-runs", "1",
             "--quiet-wait", "0", "--json", str(out)]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args],
-        capture_output=True, text=True, timeout=60, env=cli_env(), check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = run_bench("bench_backlog.py", *args, timeout=60)
     for size in SIZES:
         assert f"backlog {size:,} jobs" in done.stdout
     assert "claim batch 10 ms (median)" in done.stdout

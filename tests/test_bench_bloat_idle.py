@@ -5,21 +5,10 @@ not benchmarks: the numbers are not checked against targets, only that they were
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
-from clitool import cli_env
-
-BENCH = Path(__file__).parent.parent / "bench"
-
-
-def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
-                          text=True, timeout=180, env=cli_env(), check=False)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done
+from clitool import run_bench as run
 
 
 def schemas(dsn: str) -> list[str]:

@@ -5,14 +5,10 @@ benchmark: its numbers are not checked against targets)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
-from clitool import cli_env
-
-BENCH = Path(__file__).parent.parent / "bench" / "bench_durable.py"
+from clitool import run_bench
 
 
 def test_bench_durable_smoke(dsn: str, tmp_path: Path) -> None:
@@ -21,11 +17,7 @@ def test_bench_durable_smoke(dsn: str, tmp_path: Path) -> None:
             "--signals", "3", "--gap", "1", "--sleepers", "30", "--drain-jobs", "100",
             "--backlog", "200", "--explain-runs", "2", "--quiet-wait", "0",
             "--dbos-python", str(tmp_path / "no-dbos" / "python"), "--json", str(out)]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args],
-        capture_output=True, text=True, timeout=120, env=cli_env(), check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = run_bench("bench_durable.py", *args, timeout=120)
     assert "DBOS's cells are skipped" in done.stdout
     assert "steps of a 10-step workflow" in done.stdout
     assert "signal sent -> the woken handler's next line" in done.stdout

@@ -5,28 +5,19 @@ server's CPU (a smoke test, not a benchmark: its numbers are not checked against
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
-from clitool import cli_env
-
-BENCH = Path(__file__).parent.parent / "bench" / "bench_insert_peers.py"
+from clitool import run_bench
 
 
 def test_bench_insert_smoke(dsn: str, tmp_path: Path) -> None:
     out = tmp_path / "insert.json"
     args = ["--dsn", dsn, "--repeat", "1", "--jobs", "60", "--concurrency", "10",
             "--pgqueuer-python", "", "--quiet-wait", "0", "--json", str(out)]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args],
-        capture_output=True, text=True, timeout=300, env=cli_env(), check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = run_bench("bench_insert_peers.py", *args, timeout=300)
     assert "server CPU/job" in done.stdout
-    report = json.loads(out.read_text())
-    runs = report  # label -> its runs
+    runs = json.loads(out.read_text())  # label -> its runs
     assert set(runs) == {"trioq", "trioq-shared", "trioq-default", "trioq-one",
                          "trioq-one-shared"}  # fmt: skip
     for label, (run,) in runs.items():

@@ -5,23 +5,15 @@ targets, only that each was measured)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from clitool import cli_env
-
-BENCH = Path(__file__).parent.parent / "bench" / "bench_round_trip.py"
+from clitool import run_bench
 
 
 def test_bench_round_trip_smoke(dsn: str, tmp_path: Path) -> None:
     out = tmp_path / "round_trip.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--dsn", dsn, "--calls", "50", "--repeat", "1",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=120, env=cli_env(), check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = run_bench("bench_round_trip.py", "--dsn", dsn, "--calls", "50", "--repeat", "1",
+                     "--json", str(out), timeout=120)  # fmt: skip
     medians = json.loads(out.read_text())["medians"]
     assert set(medians) == {
         "libpq exec", "psycopg sync", "psycopg asyncio", "trioq execute",
