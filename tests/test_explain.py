@@ -344,10 +344,11 @@ async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None
                 plan, "jobs_lease_idx", ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
             )
 
-        # a dead worker (stale, nobody holds its lock) owning some of the running jobs
+        # a dead worker (stale, suspected, nobody holds its lock) owning some running jobs
         await conn.execute(
-            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at)"
-            " VALUES (%s, 'h', 1, '{}', now() - interval '1 hour')", (OWNER,),
+            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at, suspected_at)"
+            " VALUES (%s, 'h', 1, '{}', now() - interval '1 hour', now() - interval '1 hour')",
+            (OWNER,),
         )  # fmt: skip
         await conn.execute("ANALYZE trioq.workers")
         reclaim_params = {"grace": dt.timedelta(seconds=2), "space": SQL.lock_space,

@@ -56,13 +56,18 @@ async def test_a_worker_whose_liveness_connection_is_cut_while_connections_are_r
 ) -> None:
     """Its liveness connection is terminated and no new connection is accepted for 5 s: its
     lock is free and it cannot reconnect to ping, but its pool works. Before: its own sweeper
-    took it for dead 0.55 s in and its one-attempt jobs went to dead_jobs."""
+    took it for dead 0.55 s in and its one-attempt jobs went to dead_jobs. Its row's last
+    write is older than the grace when the connection is cut: a sweeper that judged on the
+    spot, without suspecting first, takes it for dead."""
     started: list[int] = []
     release = trio.Event()
     async with serving(dsn, holding_registry(started, release), lease=30,
                        heartbeat_interval=5) as (conn, runtime):  # fmt: skip
         ids = [(await trioq.enqueue(conn, "hold")).job_id for _ in range(3)]
         await wait_until(lambda: _true(len(started) == 3))
+        # An idle worker writes its row every few seconds: cut it once the last write is
+        # older than the grace, so that only the suspicion's grace can save it.
+        await wait_until(lambda: _seen_before(conn, runtime.config.liveness_grace))
         (pid,) = await liveness_pids(conn)
         async with refused(pg_admin_dsn, await scalar(conn, "SELECT current_database()")):
             await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -100,6 +105,12 @@ async def _true(value: bool) -> bool:
 
 async def _locked(conn: Any) -> bool:
     return len(await liveness_pids(conn)) == 1
+
+
+async def _seen_before(conn: Any, seconds: float) -> bool:
+    age = await scalar(conn, "SELECT extract(epoch FROM now() - max(seen_at))::float"
+                       " FROM trioq.workers")  # fmt: skip
+    return bool(age > seconds)
 
 
 async def _done(conn: Any) -> bool:
@@ -194,3 +205,43 @@ async def test_the_pool_pings_only_while_the_liveness_connection_does_not(
                     assert age < 2 * interval  # kept fresh through the pool
                 await wait_until(lambda: _locked(conn))  # the liveness connection is back
                 nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_worker_proves_its_connection_alive_without_writing_its_row(
+    dsn: str,
+) -> None:
+    """Between two pings of its row (`ROW_EVERY`, here a minute) an idle worker's liveness
+    connection makes a round trip every interval that writes nothing: the row's version
+    (``xmin``) does not change over ten of them. A change in the count of running handlers
+    is written at the next interval, and the pool stays silent throughout. Fails if every
+    round trip pings the row, or if the count is written only with the periodic ping."""
+    interval = 0.05
+    running = [0]
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            liveness = Liveness(dsn, pool, trioq.Queue().driver, name="idle",
+                                queues={"default": 1}, interval=interval,
+                                running=lambda: running[0])  # fmt: skip
+            liveness.row_every = 60.0
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await wait_until(lambda: _true(liveness.probes >= 1))  # the first ping is done
+                version = await _row(conn, liveness.worker)
+                probes = liveness.probes
+                await wait_until(lambda: _true(liveness.probes >= probes + 10))
+                assert await _row(conn, liveness.worker) == version  # ten round trips, no write
+                running[0] = 3
+                await wait_until(lambda: _running_is(conn, liveness.worker, 3))
+                assert liveness.pool_pings == 0
+                nursery.cancel_scope.cancel()
+
+
+async def _row(conn: Any, worker: int | None) -> tuple[Any, ...]:
+    (row,) = await rows(conn, "SELECT xmin::text, seen_at, running FROM trioq.workers"
+                        " WHERE id = %s", worker)  # fmt: skip
+    return tuple(row)
+
+
+async def _running_is(conn: Any, worker: int | None, count: int) -> bool:
+    return bool((await _row(conn, worker))[2] == count)

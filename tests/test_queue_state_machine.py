@@ -320,8 +320,9 @@ class QueueMachine(LeaseMachine[QueueJob]):
     @precondition(lambda self: bool(self._holders()))
     @rule(data=st.data())
     def worker_found_dead(self, data: st.DataObject) -> None:
-        """A worker's liveness row went stale and nobody holds its lock: the sweepers
-        return its running jobs at once, leases or not (`Queue.reclaim_dead_workers`)."""
+        """A worker's liveness row went stale, a sweeper suspected it long ago and nobody
+        holds its lock: the sweepers return its running jobs at once, leases or not
+        (`Queue.reclaim_dead_workers`)."""
         worker = data.draw(st.sampled_from(self._holders()))
         self.call(self._register_stale, worker)
         owned = [j for j in self.jobs.values() if j.state == "running" and j.owner == worker]
@@ -332,9 +333,10 @@ class QueueMachine(LeaseMachine[QueueJob]):
 
     async def _register_stale(self, worker: str) -> None:
         await self.conn.execute(
-            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at)"
-            " VALUES (%s, 'h', 1, '{}', %s) ON CONFLICT (name) DO UPDATE SET seen_at = %s",
-            (worker, self.clock - dt.timedelta(seconds=10), self.clock - dt.timedelta(seconds=10)),
+            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at, suspected_at)"
+            " VALUES (%(name)s, 'h', 1, '{}', %(t)s, %(t)s)"
+            " ON CONFLICT (name) DO UPDATE SET seen_at = %(t)s, suspected_at = %(t)s",
+            {"name": worker, "t": self.clock - dt.timedelta(seconds=10)},
         )
 
     @precondition(lambda self: bool(self._zombies()))

@@ -75,18 +75,30 @@ async def test_sweeper_returns_expired_leases_and_wakes_the_fetchers(dsn: str) -
         assert await cur.fetchall() == [(expired.job_id, "available"), (fresh.job_id, "running")]
 
 
-async def register(conn: Any, name: str, seen_ago: float) -> int:
+async def register(
+    conn: Any, name: str, seen_ago: float, suspected_ago: float | None = None
+) -> int:
+    """A worker's row, last pinged ``seen_ago`` seconds before T0, suspected by a sweeper
+    ``suspected_ago`` seconds before T0 (None: not suspected)."""
+    suspected = None if suspected_ago is None else T0 - dt.timedelta(seconds=suspected_ago)
     row = await rows(
-        conn, "INSERT INTO trioq.workers (name, host, pid, queues, seen_at)"
-        " VALUES (%s, 'h', 1, '{}', %s) RETURNING id",
-        name, T0 - dt.timedelta(seconds=seen_ago),
+        conn, "INSERT INTO trioq.workers (name, host, pid, queues, seen_at, suspected_at)"
+        " VALUES (%s, 'h', 1, '{}', %s, %s) RETURNING id",
+        name, T0 - dt.timedelta(seconds=seen_ago), suspected,
     )  # fmt: skip
     return int(row[0][0])
 
 
+async def suspicions(conn: Any) -> dict[str, dt.datetime | None]:
+    return dict(await rows(conn, "SELECT name, suspected_at FROM trioq.workers"))
+
+
 async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> None:
-    """Dead: no ping for longer than the grace, and nobody holds its lock. A worker that
-    only stopped pinging (its lock held: alive, just slow) keeps its jobs."""
+    """Dead: nobody holds its lock and no ping for longer than the grace, found twice, a
+    grace apart (the first check only suspects it, however fresh its last ping). A worker
+    that only stopped pinging (its lock held: alive, just idle or slow) is neither suspected
+    nor robbed; one whose lock is free but that pings through its pool is suspected again
+    and again, and kept."""
     async with (
         await trioq.connect(dsn, autocommit=True) as conn,
         await trioq.connect(dsn, autocommit=True) as alive_session,
@@ -106,6 +118,17 @@ async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> Non
                 await trioq.enqueue(conn, "t", queue=owner)
                 (job,) = await Q.claim(conn, owner, owner=owner, limit=1, lease=LEASE)
                 jobs[owner] = job.id
+            first = await sweeper.run_once(sweep=False)  # suspects, takes nothing
+            assert first.reclaimed.returned == frozenset() and woken == []
+            assert (first.reclaimed.suspected, sweeper.suspected) == (2, 2)
+            assert await suspicions(conn) == {"dead": T0, "slow": None, "fresh": T0}
+            await set_clock(conn, pool, T0 + dt.timedelta(seconds=1))
+            await conn.execute(Q.sql.worker_ping, {"id": fresh, "running": 1})  # via its pool
+            await set_clock(conn, pool, T0 + dt.timedelta(seconds=1.9))  # within the grace
+            early = await sweeper.run_once(sweep=False)
+            assert early.reclaimed.returned == frozenset()
+            assert early.reclaimed.suspected == 1  # "fresh" again: its lock is still free
+            await set_clock(conn, pool, T0 + dt.timedelta(seconds=2.1))  # a grace later
             round_ = await sweeper.run_once(sweep=False)
             assert round_.reclaimed.returned == {jobs["dead"]}
             assert round_.reclaimed.queues == {"dead"}
@@ -120,6 +143,35 @@ async def test_sweeper_returns_the_jobs_of_dead_workers_at_once(dsn: str) -> Non
             assert error == [("worker died (its liveness lock was free)",)]
             assert (await sweeper.run_once(sweep=False)).reclaimed.returned == frozenset()
             assert dead and fresh
+
+
+async def test_a_ping_after_the_suspicion_keeps_the_worker(dsn: str) -> None:
+    """A worker whose liveness connection is cut (its lock free) and which last wrote its
+    row long ago (an idle worker writes it every few seconds) is suspected, not judged: its
+    ping through the pool within the grace clears the suspicion, and it keeps its job. Only
+    a suspicion a grace old with no ping since makes a death: one written by hand beside a
+    fresh ping does not (until the ping is a grace old too)."""
+    async with database(dsn) as (conn, pool):
+        sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
+                          on_returned=lambda: None)  # fmt: skip
+        worker = await register(conn, "cut", seen_ago=10)
+        await register(conn, "pinged", seen_ago=0, suspected_ago=60)
+        await trioq.enqueue(conn, "t", queue="cut")
+        (job,) = await Q.claim(conn, "cut", owner="cut", limit=1, lease=LEASE)
+        assert (await sweeper.run_once(sweep=False)).reclaimed.suspected == 1
+        assert (await suspicions(conn))["pinged"] == T0 - dt.timedelta(seconds=60)  # kept
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=1))
+        await conn.execute(Q.sql.worker_ping, {"id": worker, "running": 1})  # via its pool
+        assert (await suspicions(conn))["cut"] is None
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=1.5))
+        again = await sweeper.run_once(sweep=False)  # its lock is still free: suspected anew
+        assert again.reclaimed.returned == frozenset() and again.reclaimed.suspected == 1
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=3.4))  # that suspicion: 1.9 s
+        assert (await sweeper.run_once(sweep=False)).reclaimed.returned == frozenset()
+        assert (await suspicions(conn))["cut"] == T0 + dt.timedelta(seconds=1.5)
+        await set_clock(conn, pool, T0 + dt.timedelta(seconds=3.6))  # 2.1 s, no ping since
+        assert (await sweeper.run_once(sweep=False)).reclaimed.returned == {job.id}
+        assert await rows(conn, "SELECT name FROM trioq.workers") == []  # "pinged" too, now
 
 
 def test_the_fleet_checks_for_dead_workers_a_few_times_an_interval_whatever_its_size() -> None:
@@ -147,13 +199,13 @@ async def test_a_dead_worker_check_counts_the_fleet_and_a_sweep_alone_does_not_c
                           on_returned=lambda: None)  # fmt: skip
         for i in range(6):
             await register(conn, f"w{i}", seen_ago=0)
-        dead = await register(conn, "dead", seen_ago=10)  # no lock, no ping: deleted
+        dead = await register(conn, "dead", seen_ago=10, suspected_ago=10)  # no lock: deleted
         round_ = await sweeper.run_once(sweep=False)
         assert round_.reclaimed.workers == 7  # counted before its deletion showed
         assert sweeper.workers == 7
         assert await rows(conn, "SELECT count(*) FROM trioq.workers") == [(6,)]
         assert (await sweeper.run_once(sweep=False)).reclaimed.workers == 6
-        await register(conn, "dead-too", seen_ago=10)
+        await register(conn, "dead-too", seen_ago=10, suspected_ago=10)
         skipped = await sweeper.run_once(sweep=True, reclaim=False)
         assert skipped.reclaimed.workers is None and sweeper.workers == 6
         assert await rows(conn, "SELECT count(*) FROM trioq.workers") == [(7,)]  # still there
@@ -182,13 +234,18 @@ async def test_a_lock_held_by_the_sweepers_own_session_is_not_free(dsn: str) -> 
         ]
 
 
-async def test_a_ping_that_races_the_reclaim_keeps_the_worker(dsn: str) -> None:
-    """The reclaim reads a stale ping, then deletes the row; a ping committed in between
-    (the delete waits for its row lock, then re-checks) keeps the worker and its jobs."""
+@pytest.mark.parametrize("suspected_ago", [None, 10], ids=["suspicion", "verdict"])
+async def test_a_ping_that_races_the_reclaim_keeps_the_worker(
+    dsn: str, suspected_ago: float | None
+) -> None:
+    """The check reads a free lock and a stale ping, then suspects the worker (or, with an
+    old suspicion, deletes its row); a ping committed in between (the write waits for its
+    row lock, then re-checks the row) keeps the worker and its jobs, and leaves no
+    suspicion. Fails if the suspicion is written over a newer version of the row."""
     async with database(dsn) as (conn, pool), await trioq.connect(dsn) as pinger:
         sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
                           on_returned=lambda: None)  # fmt: skip
-        worker = await register(conn, "racing", seen_ago=10)
+        worker = await register(conn, "racing", seen_ago=10, suspected_ago=suspected_ago)
         await trioq.enqueue(conn, "t", queue="racing")
         (job,) = await Q.claim(conn, "racing", owner="racing", limit=1, lease=LEASE)
         await pinger.execute("SELECT set_config('trioq.now', %s, false)", (T0.isoformat(),))
@@ -199,7 +256,8 @@ async def test_a_ping_that_races_the_reclaim_keeps_the_worker(dsn: str) -> None:
             await wait_until(lambda: _waits_for_a_lock(conn))  # the delete waits for the ping
             await pinger.commit()
         assert rounds[0].reclaimed.returned == frozenset()
-        assert await rows(conn, "SELECT name FROM trioq.workers") == [("racing",)]
+        assert rounds[0].reclaimed.suspected == 0
+        assert await suspicions(conn) == {"racing": None}
         assert await rows(conn, "SELECT state FROM trioq.jobs WHERE id = %s", job.id) == [
             ("running",)
         ]

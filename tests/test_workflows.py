@@ -190,8 +190,8 @@ async def test_a_dead_workers_reclaimed_jobs_resolve_their_dependants(dsn: str) 
         b = (await trioq.enqueue(conn, "b", after=[a])).job_id
         await _claim(conn)
         await conn.execute(
-            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at)"
-            " VALUES ('w', 'h', 1, '{}', now() - interval '1 minute')"
+            "INSERT INTO trioq.workers (name, host, pid, queues, seen_at, suspected_at)"
+            " VALUES ('w', 'h', 1, '{}', now() - interval '1 minute', now() - interval '1 minute')"
         )
         await _move_clock(conn, dt.timedelta(seconds=5))
         result = await Q.reclaim_dead_workers(conn, grace=dt.timedelta(seconds=1))

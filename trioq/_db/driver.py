@@ -74,23 +74,29 @@ class SweepResult:
     #: After a dead-worker check, the rows left in ``workers`` (the fleet's size: how often
     #: each process checks, `trioq._worker.services.sweeper`); None after other sweeps.
     workers: int | None = None
+    #: After a dead-worker check, the workers it suspected (lock free, no ping): each is
+    #: taken for dead by the first check a grace later that still finds it so.
+    suspected: int = 0
 
     @classmethod
     def from_rows(cls, rows: Sequence[tuple[Any, ...]]) -> SweepResult:
         """From the sweep's (id, what became of it, queue) rows; a ``fleet`` row carries the
-        count of workers in its id."""
+        count of workers in its id, a ``suspected`` row the count of workers suspected."""
         by_kind: dict[str, set[int]] = {"dead": set(), "cancelled": set(), "available": set()}
         workers = None
+        suspected = 0
         for job_id, kind, _queue in rows:
             if kind == "fleet":
                 workers = int(job_id)
+            elif kind == "suspected":
+                suspected = int(job_id)
             else:
                 by_kind[kind].add(job_id)
         return cls(
             returned=frozenset(by_kind["available"]), dead=frozenset(by_kind["dead"]),
             cancelled=frozenset(by_kind["cancelled"]),
             queues=frozenset(queue for _id, kind, queue in rows if kind == "available"),
-            workers=workers,
+            workers=workers, suspected=suspected,
         )  # fmt: skip
 
 
@@ -312,9 +318,11 @@ class Driver:
 
     async def reclaim_dead_workers(self, conn: Conn, *, grace: dt.timedelta) -> SweepResult:
         """Sweep the running jobs of workers that are provably gone, without waiting for their
-        leases: no ping for longer than ``grace`` and their liveness lock free (see
-        `trioq._worker.services.liveness`). Their rows in ``workers`` are deleted, and the
-        count of those left is in ``workers``. Safe in every process."""
+        leases: their liveness lock free and no ping for longer than ``grace``, found by an
+        earlier check at least ``grace`` ago (which `suspected` them: see
+        `trioq._worker.services.liveness`). Their rows in ``workers`` are deleted; the count
+        of those left is in ``workers``, of those suspected now in ``suspected``. Safe in
+        every process."""
         params = {
             "grace": grace,
             "restart_grace": RESTART_GRACE,

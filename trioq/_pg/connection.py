@@ -302,6 +302,13 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             self.read_only_seen = True
             raise
 
+    async def sync(self) -> None:
+        """One round trip that runs nothing: a protocol ``Sync``, which the server answers
+        with ``ReadyForQuery``, after any deferred commands. It proves the session alive
+        (and what it holds, such as a session's advisory lock) for about half the server
+        CPU of a ``SELECT 1`` (docs/benchmarks.md, round 8)."""
+        await execute_pipelined(self, ())
+
     async def commit(self) -> None:
         self._check_not_owned("commit()")
         await super().commit()

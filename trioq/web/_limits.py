@@ -33,9 +33,10 @@ COUNT_CAP = 1000
 LEASE_CAP = 10_000
 #: Registered workers the overview lists at most.
 WORKER_CAP = 1_000
-#: A registered worker that has not pinged for this long is shown as gone (it pings twice a
-#: second; the sweepers take it for dead after a second without pings and its lock free).
-STALE_PING = 5.0
+#: A registered worker that has not pinged for this long is shown as gone: an idle worker
+#: writes its row every 10 s (`trioq._worker.services.liveness.ROW_EVERY`), a busy one every
+#: interval; the sweepers take a dead one for dead a couple of seconds after its lock frees.
+STALE_PING = 30.0
 #: Queues the overview lists at most (each is one probe per index).
 MAX_QUEUES = 200
 

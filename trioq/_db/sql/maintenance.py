@@ -71,34 +71,49 @@ WITH expired AS (
 SELECT id, 'dead', queue FROM buried
 """
 
-# Workers that are provably gone, on two pieces of evidence one flaky connection cannot
-# fake: no ping for longer than the grace (a worker pings through its liveness connection
-# and through its pool), and its liveness lock held by no session at all (Postgres drops it
-# when the process or that connection dies). The lock is read from pg_locks, not tried:
-# behind a transaction pooler the sweeper's statement can land on the very server session
-# that holds the worker's lock, and an advisory lock is re-entrant per session, so a
-# try-lock would take a live worker for dead. After a server restart every lock is gone at
-# once, and every connection is new: a sweeper whose own connection is younger than the
-# restart grace judges nobody, so every worker has that long to reconnect (however long the
-# server took to recover). Their rows go (the delete re-checks the ping: a worker that
-# pinged meanwhile keeps its row), and only then their running jobs are swept.
+# Workers that are provably gone, on evidence one flaky connection cannot fake: their
+# liveness lock held by no session at all (Postgres drops it when the process or that
+# connection dies) and no ping (through the liveness connection or the pool) for longer than
+# the grace, found twice, a grace apart. A check that finds a worker's lock free only writes
+# when it suspected it (`suspect`), and only if the row is still the version it read (a ping
+# or a registration since, which follows a new lock, makes a new version); every ping clears
+# the suspicion (`workers.WORKER_PING`). A check that finds the suspicion older than the
+# grace, the lock still free and still no ping, takes the worker for dead (`gone`). So a
+# worker whose liveness connection is cut always has the grace, from the moment its lock
+# was seen free, to ping through its pool, however long ago it last wrote its row (an idle
+# worker writes it only every few seconds: its liveness connection proves it alive without
+# writing, `trioq._worker.services.liveness`); and a crashed one, busy or idle, is taken a
+# grace after the first check that saw its lock free.
+#
+# The lock is read from pg_locks (once a check: a hashed NOT IN), not tried: behind a
+# transaction pooler the sweeper's statement can land on the very server session that holds
+# the worker's lock, and an advisory lock is re-entrant per session, so a try-lock would
+# take a live worker for dead. After a server restart every lock is gone at once, and every
+# connection is new: a sweeper whose own connection is younger than the restart grace judges
+# and suspects nobody, so every worker has that long to reconnect (however long the server
+# took to recover). The delete re-checks the row (a ping that commits while it waits for the
+# row lock clears the suspicion and keeps the worker), and only the jobs of the rows
+# actually deleted are swept.
 RECLAIM_EXPIRED = """
-WITH stale AS MATERIALIZED (
-    SELECT id, name FROM {workers}
-     WHERE seen_at < {now} - %(grace)s::interval
-       AND (SELECT a.backend_start FROM pg_catalog.pg_stat_activity a
+WITH free AS MATERIALIZED (
+    SELECT c.id, c.name, c.suspected_at, c.xmin AS version FROM {workers} c
+     WHERE (SELECT a.backend_start FROM pg_catalog.pg_stat_activity a
              WHERE a.pid = pg_catalog.pg_backend_pid()) < {now} - %(restart_grace)s::interval
-), dead AS MATERIALIZED (
-    SELECT s.id, s.name FROM stale s
-     WHERE NOT EXISTS (
-        SELECT FROM pg_catalog.pg_locks l
+       AND c.id::oid NOT IN (
+        SELECT l.objid FROM pg_catalog.pg_locks l
          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-           AND l.classid = pg_catalog.hashtext(%(space)s)::oid AND l.objid = s.id::oid
+           AND l.classid = pg_catalog.hashtext(%(space)s)::oid
            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                               WHERE d.datname = pg_catalog.current_database()))
+), suspect AS (
+    UPDATE {workers} w SET suspected_at = {now} FROM free f
+     WHERE w.id = f.id AND f.suspected_at IS NULL AND w.xmin = f.version
+    RETURNING w.id
 ), gone AS (
-    DELETE FROM {workers} w USING dead d
-     WHERE w.id = d.id AND w.seen_at < {now} - %(grace)s::interval
+    DELETE FROM {workers} w USING free f
+     WHERE w.id = f.id AND f.suspected_at < {now} - %(grace)s::interval
+       AND w.suspected_at < {now} - %(grace)s::interval
+       AND w.seen_at < {now} - %(grace)s::interval
     RETURNING w.id, w.name
 ), expired AS (
     SELECT j.id, j.attempt >= j.max_attempts OR j.cancel_requested AS final, j.cancel_requested
@@ -140,10 +155,12 @@ UNION ALL SELECT id, 'cancelled', queue FROM cancelled
 UNION ALL SELECT id, 'available', queue FROM returned
 """
 
-# The dead-worker check's last row: how many workers are left (rows the statement deleted
+# The dead-worker check's last rows: how many workers are left (rows the statement deleted
 # are still counted: its snapshot predates them), so that each process knows how often to
-# check (`trioq._worker.services.sweeper`).
+# check (`trioq._worker.services.sweeper`), and how many it suspected (it checks again once
+# their grace is over).
 FLEET_ROW = """UNION ALL SELECT count(*), 'fleet', NULL FROM {workers}
+UNION ALL SELECT count(*), 'suspected', NULL FROM suspect
 """
 
 # What a sweep (of this process) killed or cancelled: the jobs' details, for their events.

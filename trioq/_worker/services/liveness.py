@@ -1,21 +1,28 @@
 """Worker liveness: every worker visible in the database, so a dead one is noticed at once.
 
 Leases alone make a crashed worker's jobs wait for their expiry (30 s by default).
-Instead each worker keeps a row in ``workers``, holds, on a connection of its own, a
-session-level advisory lock keyed by its row's id, and pings the row every
-``Config.liveness_interval`` through two channels: that connection, and, whenever a ping
-through it is late (`LATE`: the connection is cut, reconnecting, or stuck), its pool.
-Postgres drops the lock the moment the process (or that connection) dies. While the
-liveness connection pings on time the pool sends nothing: an idle worker's pings cost the
-database half as many transactions (docs/benchmarks.md, "An idle fleet").
+Instead each worker keeps a row in ``workers`` and holds, on a connection of its own, a
+session-level advisory lock keyed by its row's id: Postgres drops the lock the moment the
+process (or that connection) dies. Every ``Config.liveness_interval``, on the clock, the
+worker proves that connection alive with a round trip that writes nothing (a protocol
+``Sync``: the lock lives as long as the session answers); it pings its row (a write:
+``seen_at``, and how many handlers run) only every `ROW_EVERY` seconds, or when that count
+changed. Whenever the liveness connection's round trip is late (`LATE`: the connection is
+cut, reconnecting, or stuck), the worker pings its row through its pool instead, every
+interval until the liveness connection answers again. An idle worker thus writes its row
+every 10 s, not twice a second (docs/benchmarks.md, "An idle fleet").
 
 The sweepers of every process (`Driver.reclaim_dead_workers`) take a worker for dead only
-on two pieces of evidence that one flaky connection cannot fake: no ping through either
-channel for ``Config.liveness_grace``, and no session at all holding its lock (read from
-``pg_locks``: a try-lock would succeed on a pooler's session that holds the lock itself).
-A sweeper judges nobody on a connection younger than a couple of seconds, so that after a
-server restart (every lock free, every connection new) every worker has the time to
-reconnect. Then the dead worker's running and prefetched jobs are returned at once.
+on evidence that one flaky connection cannot fake: no session at all holding its lock (read
+from ``pg_locks``: a try-lock would succeed on a pooler's session that holds the lock
+itself) and no ping through either channel for ``Config.liveness_grace``, found twice, a
+grace apart: the first check only suspects the worker (and every ping clears that). So a
+worker whose liveness connection is cut has the grace from the moment its lock was seen
+free to ping through its pool (it does within `LATE` intervals and a round trip), however
+long ago it last wrote its row. A sweeper judges nobody on a connection younger than a
+couple of seconds, so that after a server restart (every lock free, every connection new)
+every worker has the time to reconnect. Then the dead worker's running and prefetched jobs
+are returned at once.
 
 So a worker whose liveness connection is cut, and that cannot reconnect for a while
 (``max_connections`` full, the database refusing connections), keeps pinging through its
@@ -46,7 +53,7 @@ import trio
 
 from ..._db.driver import Driver
 from ..._exceptions import PoolClosedError
-from ..._pg.connection import Conn, connect
+from ..._pg.connection import Conn, TrioConnection, connect
 from ..._pg.errors import connection_fault
 from ..._pg.pool import Pool
 
@@ -62,6 +69,11 @@ RECONNECT_MIN, RECONNECT_MAX = 0.05, 0.5
 #: inside the grace (at least two intervals, `Config`): 0.625 s and a round trip of the
 #: default 1 s.
 LATE = 1.25
+#: An idle worker pings its row (a write) at least this often, in seconds (or every
+#: interval, if that is longer); between those pings its liveness connection's round trips
+#: write nothing. The row's ``seen_at`` is what an operator sees (`trioq status`, the
+#: dashboard); the sweepers never judge on its age alone (they suspect first).
+ROW_EVERY = 10.0
 #: Bound on removing the worker's row at shutdown.
 REMOVE_TIMEOUT = 5.0
 
@@ -88,6 +100,12 @@ class Liveness:
         self._pinged_at = -float("inf")
         #: Pings that went through the pool (the fallback channel), for tests.
         self.pool_pings = 0
+        #: Round trips of the liveness connection that wrote nothing, for tests.
+        self.probes = 0
+        #: When the row was last written (sent, trio's clock), and the count it wrote.
+        self._written_at = -float("inf")
+        self._written_running: int | None = None
+        self.row_every = max(ROW_EVERY, interval)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the lock and ping until cancelled; ``task_status.started()`` once the lock is
@@ -161,24 +179,37 @@ class Liveness:
             self._taken_for_dead(before)
         await conn.execute(st.worker_lock, {"space": st.lock_space, "id": self.worker})
 
-    async def _ping_until_gone(self, conn: Conn) -> None:
-        """A ping every interval on the clock: a slow round trip does not push the next
-        one back (which would wake the pool's fallback, `LATE`)."""
+    async def _ping_until_gone(self, conn: TrioConnection[Any]) -> None:
+        """Every interval, on the clock (a slow round trip does not push the next one back,
+        which would wake the pool's fallback, `LATE`): a ping of the row when it is due
+        (`ROW_EVERY`, or the count of running handlers changed), else a round trip that
+        writes nothing."""
+        self._written_running = None  # a new session: its first round trip pings the row
         while True:
             started = trio.current_time()
-            if not await self.run_once(conn):
-                return  # registering again
+            due = started >= self._written_at + self.row_every
+            if due or self._running() != self._written_running:
+                if not await self.run_once(conn):
+                    return  # registering again
+            else:
+                await conn.sync()
+                self._pinged_at = max(self._pinged_at, started)
+                self.probes += 1
             await trio.sleep_until(started + self.interval)
 
     async def run_once(self, conn: Conn) -> bool:
-        """One ping on ``conn``; False if this worker's row is gone (it was taken for dead:
-        then `on_taken_for_dead` is called, once per row)."""
+        """One ping of the row on ``conn`` (it clears a sweeper's suspicion); False if this
+        worker's row is gone (it was taken for dead: then `on_taken_for_dead` is called, once
+        per row)."""
         worker = self.worker
-        params = {"id": worker, "running": self._running()}
+        running = self._running()
+        params = {"id": worker, "running": running}
         sent = trio.current_time()  # the row's seen_at is no later than this
         cur = await conn.execute(self._sql.worker_ping, params)
         if await cur.fetchone() is not None:
             self._pinged_at = max(self._pinged_at, sent)
+            self._written_at = max(self._written_at, sent)
+            self._written_running = running
             return True
         if worker is not None:
             self._taken_for_dead(worker)

@@ -3,12 +3,15 @@
 Two checks, both safe in every process at once (rows are taken with SKIP LOCKED):
 
 - dead workers: workers whose liveness lock is free and whose pings stopped
-  (`trioq._worker.services.liveness`) have their running and prefetched jobs returned at
-  once, without waiting for the leases. The fleet checks about `CHECKS` times every
-  ``Config.liveness_interval``, whatever its size: each process every interval while the
-  fleet has at most that many workers, else every ``workers / CHECKS`` intervals, at a
-  random point in that span (`reclaim_gap`), so 200 idle workers do not send 400 checks
-  a second and a death is still noticed within a fraction of an interval after the grace;
+  (`trioq._worker.services.liveness`) are first suspected, and taken for dead by a check
+  a grace later that finds them so still; their running and prefetched jobs are then
+  returned at once, without waiting for the leases. A process that suspected a worker
+  checks again as soon as the grace is over (`VERDICT_MARGIN` after it). The fleet checks
+  about `CHECKS` times every ``Config.liveness_interval``, whatever its size: each
+  process every interval while the fleet has at most that many workers, else every
+  ``workers / CHECKS`` intervals, at a random point in that span (`reclaim_gap`), so 200
+  idle workers do not send 400 checks a second and a death is still suspected within a
+  fraction of an interval;
 - expired leases (every ``Config.sweep_interval``): the fallback, for workers that are
   unreachable rather than dead (a network partition) or that never registered.
 
@@ -42,6 +45,10 @@ logger = logging.getLogger("trioq.runtime")
 _NOTHING = SweepResult(returned=frozenset(), dead=frozenset(), cancelled=frozenset())
 #: How many dead-worker checks the whole fleet makes per ``Config.liveness_interval``.
 CHECKS = 4
+#: A process that suspected a worker checks again this long after the grace is over (the
+#: verdict compares the database's clock with the suspicion's: a little slack, so the
+#: check does not come a moment early and wait a whole gap more).
+VERDICT_MARGIN = 0.02
 
 
 def reclaim_gap(interval: float, workers: int, draw: Callable[[], float] = random.random) -> float:
@@ -81,6 +88,8 @@ class Sweeper:
         self.returned = self.dead = self.cancelled = 0
         #: The fleet's size, as the last dead-worker check counted it (`reclaim_gap`).
         self.workers = 1
+        #: How many workers the last dead-worker check suspected.
+        self.suspected = 0
 
     async def run(self) -> None:
         """Dead workers every `reclaim_gap`, expired leases every ``interval``; a failed
@@ -99,6 +108,9 @@ class Sweeper:
                     next_sweep = now + self.interval
                 if reclaim:
                     next_reclaim = now + reclaim_gap(self.reclaim_interval, self.workers)
+                    if self.suspected:  # its verdict is due a grace from now
+                        verdict = now + self._grace.total_seconds() + VERDICT_MARGIN
+                        next_reclaim = min(next_reclaim, verdict)
 
         def wait(_round: SweepRound | None) -> float:
             return max(0.0, min(next_sweep, next_reclaim) - trio.current_time())
@@ -111,6 +123,7 @@ class Sweeper:
             if reclaim:
                 reclaimed = await self._driver.reclaim_dead_workers(conn, grace=self._grace)
                 self.workers = max(1, reclaimed.workers or 1)
+                self.suspected = reclaimed.suspected
             swept = await self._driver.sweep(conn) if sweep else _NOTHING
             expired = await self._driver.expire_start_by(conn) if sweep else _NOTHING
             queues = reclaimed.queues | swept.queues

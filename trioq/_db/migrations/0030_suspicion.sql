@@ -1,0 +1,12 @@
+-- trioq schema: a worker is suspected before it is taken for dead (docs/guarantees.md).
+-- Runs with search_path set to the target schema; names here are unqualified.
+--
+-- Until now a worker pinged its row every liveness_interval, so that a sweeper finding its
+-- liveness lock free could judge it by the age of its last ping: 2 writes a second for every
+-- idle worker. Now the worker proves its liveness connection alive with a round trip that
+-- writes nothing, and writes its row only every few seconds (and at once, through its pool,
+-- when that connection is cut). A sweeper that finds the lock free and no recent ping does
+-- not judge on the spot: it writes when it first suspected the worker here, and only a
+-- sweeper that finds the suspicion older than the grace, the lock still free and still no
+-- ping, takes the worker for dead. Every ping clears the suspicion.
+ALTER TABLE workers ADD COLUMN suspected_at timestamptz;
