@@ -1,6 +1,6 @@
 """bench/bench_round_trip.py at a tiny size: every driver's round trip and trio's primitives
-are measured and printed, with the backend's CPU for each round trip (a smoke test, not a benchmark: its numbers are not checked against
-targets, only that each was measured)."""
+are measured and printed, with the backend's CPU for each round trip (a smoke test, not a
+benchmark: its numbers are not checked against targets, only that each was measured)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def test_bench_round_trip_smoke(dsn: str, tmp_path: Path) -> None:
     medians = json.loads(out.read_text())["medians"]
     assert set(medians) == {
         "libpq exec", "psycopg sync", "psycopg asyncio", "trioq execute",
-        "trioq sync (runs nothing)", "trioq pipelined insert", "trioq member (savepoint, fence, insert)", "trio checkpoint",
+        "trioq sync (runs nothing)", "trioq pipelined insert",
+        "trioq member (savepoint, fence, insert)", "trio checkpoint",
         "trio checkpoint in a cancel scope with a deadline", "trio lock, uncontended",
     }  # fmt: skip
     for label, cell in medians.items():
