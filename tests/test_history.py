@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from helpers import rows, wait_until
+from helpers import rows, traced, wait_until
 from test_runtime import serving
 
 import trioq
@@ -186,12 +186,27 @@ async def test_old_rows_are_pruned_in_batches(dsn: str, monkeypatch: pytest.Monk
             f" SELECT now() - g * interval '1 day' - interval '1 hour', 'q', 't', {zeros},"
             f" {zeros} FROM generate_series(0, 9) AS g"
         )
+        now = [0.0]
         async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
             writer = HistoryWriter(
-                pool, "trioq", History(), interval=1, retention=dt.timedelta(days=7)
+                pool, "trioq", History(), interval=1, retention=dt.timedelta(days=7),
+                clock=lambda: now[0],
+            )  # fmt: skip
+            pruned = [(await writer.run_once()).pruned for _ in range(2)]
+            assert pruned == [2, 1]  # 7, 8 and 9 days and an hour old; 2 a round, at once
+            assert await rows(conn, "SELECT count(*) FROM trioq.job_history") == [(7,)]
+            await conn.execute(
+                "INSERT INTO trioq.job_history (minute, queue, task, exec_hist, wait_hist)"
+                f" VALUES (now() - interval '30 days', 'q', 't', {zeros}, {zeros})"
             )
-            pruned = [(await writer.run_once()).pruned for _ in range(3)]
-        assert pruned == [2, 1, 0]  # 7, 8 and 9 days and an hour old; 2 a round
+            now[0] = _history_writer.PRUNE_EVERY - 1  # the last prune was not a full batch
+            async with pool.connection() as pooled:  # the pool's one connection
+                pass
+            with traced(pooled) as sent:
+                assert (await writer.run_once()).pruned == 0
+            assert sent == []  # an idle round before the prune is due sends nothing
+            now[0] = _history_writer.PRUNE_EVERY
+            assert (await writer.run_once()).pruned == 1
         assert await rows(conn, "SELECT count(*) FROM trioq.job_history") == [(7,)]
 
 

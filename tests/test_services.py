@@ -19,7 +19,7 @@ from trioq._worker.services.heartbeat import Heartbeat, HeartbeatRound
 from trioq._worker.services.listener import Listener
 from trioq._worker.services.liveness import Liveness
 from trioq._worker.services.scheduler import MAX_SLEEP, CronSet, Scheduler, ScheduleRound
-from trioq._worker.services.sweeper import CHECKS, Sweeper, reclaim_gap
+from trioq._worker.services.sweeper import CHECKS, VERDICT_MARGIN, Sweeper, fleet_gap
 
 UTC = dt.UTC
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
@@ -179,14 +179,38 @@ def test_the_fleet_checks_for_dead_workers_a_few_times_an_interval_whatever_its_
     now checks every interval while the fleet has at most CHECKS workers, else every
     workers / CHECKS intervals at a random point of that span around it (so the fleet's
     checks do not bunch): CHECKS checks per interval on average, for 5 or 200 workers."""
-    assert reclaim_gap(0.5, 1) == reclaim_gap(0.5, CHECKS) == 0.5
-    assert reclaim_gap(0.5, 200, lambda: 0.0) == 0.5 * 200 / CHECKS * 0.5
-    assert reclaim_gap(0.5, 200, lambda: 0.999) == pytest.approx(0.5 * 200 / CHECKS * 1.499)
+    assert fleet_gap(0.5, 1) == fleet_gap(0.5, CHECKS) == 0.5
+    assert fleet_gap(0.5, 200, lambda: 0.0) == 0.5 * 200 / CHECKS * 0.5
+    assert fleet_gap(0.5, 200, lambda: 0.999) == pytest.approx(0.5 * 200 / CHECKS * 1.499)
     for workers in (5, 50, 200):
         draws = [i / 1000 for i in range(1000)]  # evenly over [0, 1)
-        mean = sum(reclaim_gap(0.5, workers, functools.partial(float, d)) for d in draws) / 1000
+        mean = sum(fleet_gap(0.5, workers, functools.partial(float, d)) for d in draws) / 1000
         per_interval = workers * 0.5 / mean  # the fleet's checks per interval
         assert per_interval == pytest.approx(CHECKS, rel=0.01)
+
+
+def test_the_fleet_shares_its_sweeps_and_a_suspicion_brings_the_next_check_forward() -> None:
+    """A process sweeps expired leases and checks for dead workers every interval in a
+    small fleet; in a fleet of 200 each does it 50 times less often (the fleet still does
+    it CHECKS times an interval). A check that suspected a worker is followed by one just
+    after the grace, however big the fleet."""
+    sweeper = Sweeper(None, Q.driver, interval=5, reclaim_interval=0.5, grace=1,  # type: ignore[arg-type]
+                      on_returned=lambda: None)  # fmt: skip
+    sweeper.schedule(100.0, swept=True, reclaimed=True)
+    assert (sweeper.next_sweep, sweeper.next_reclaim) == (105.0, 100.5)
+    sweeper.workers = 200
+    sweeps, checks = [], []
+    for _ in range(2000):
+        sweeper.schedule(100.0, swept=True, reclaimed=True)
+        sweeps.append(sweeper.next_sweep - 100)
+        checks.append(sweeper.next_reclaim - 100)
+    assert sum(sweeps) / len(sweeps) == pytest.approx(5 * 200 / CHECKS, rel=0.05)
+    assert sum(checks) / len(checks) == pytest.approx(0.5 * 200 / CHECKS, rel=0.05)
+    sweeper.schedule(200.0, swept=False, reclaimed=False)  # neither ran: nothing moves
+    assert sweeper.next_reclaim - 100 == checks[-1]
+    sweeper.suspected = 1
+    sweeper.schedule(200.0, swept=False, reclaimed=True)
+    assert sweeper.next_reclaim == pytest.approx(201.0 + VERDICT_MARGIN)
 
 
 async def test_a_dead_worker_check_counts_the_fleet_and_a_sweep_alone_does_not_check(

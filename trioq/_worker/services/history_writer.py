@@ -3,8 +3,10 @@
 Every ``interval`` (`Config.history_interval`, default 5 s) one round takes what the
 runtime's `History` gathered since the last round and writes it with one statement
 (``INSERT ... ON CONFLICT DO UPDATE`` adding counts and sums, keeping maxima, merging the
-histograms element-wise), then deletes at most `PRUNE_BATCH` rows older than
-``retention`` (`Config.history_retention`, default 7 days). A failed write puts the
+histograms element-wise), then, once every `PRUNE_EVERY` seconds (every round while the
+last prune found a full batch), deletes at most `PRUNE_BATCH` rows older than
+``retention`` (`Config.history_retention`, default 7 days): an idle worker's round sends
+nothing most of the time, where every process of a fleet pruned every 5 s. A failed write puts the
 aggregates back for the next round, so a database outage delays history but loses none
 of it (unless the process dies first: history is a chart, not a ledger). The runtime runs
 a last round at shutdown, after the completer's final flush.
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
+import trio
 
 from ..._db.params import columns
 from ..._db.statements import statements
@@ -26,6 +30,7 @@ from .loop import every
 
 __all__ = [
     "PRUNE_BATCH",
+    "PRUNE_EVERY",
     "HistoryRound",
     "HistoryWriter",
 ]  # fmt: skip
@@ -34,6 +39,9 @@ logger = logging.getLogger("trioq.runtime")
 
 #: Rows pruned per round at most: a week of one queue and task is 10,080 rows.
 PRUNE_BATCH = 5000
+#: Seconds between two prunes of a process, unless the last one deleted a full batch.
+#: History is kept per minute for days: a minute late is nothing.
+PRUNE_EVERY = 60.0
 
 
 @attrs.frozen(kw_only=True)
@@ -47,9 +55,12 @@ class HistoryRound:
 class HistoryWriter:
     def __init__(
         self, pool: Pool, schema: str, history: History, *, interval: float,
-        retention: dt.timedelta,
+        retention: dt.timedelta, clock: Callable[[], float] = trio.current_time,
     ) -> None:  # fmt: skip
         self._pool = pool
+        self._clock = clock
+        #: When the next prune is due (``clock``): the first round prunes.
+        self.prune_at = -float("inf")
         self._sql = statements(schema)
         self._history = history
         self.interval = interval
@@ -61,8 +72,13 @@ class HistoryWriter:
                     wait_first=True)  # fmt: skip
 
     async def run_once(self) -> HistoryRound:
-        """Write what was gathered since the last round, then prune one batch."""
+        """Write what was gathered since the last round, then prune one batch if a prune is
+        due; a round with nothing to do sends nothing."""
         cells = self._history.take()
+        prune = self._clock() >= self.prune_at
+        if not cells and not prune:
+            return HistoryRound(written=0, pruned=0)
+        pruned = 0
         async with self._pool.connection() as conn:
             if cells:
                 try:
@@ -70,11 +86,14 @@ class HistoryWriter:
                 except BaseException:
                     self._history.restore(cells)
                     raise
-            cur = await conn.execute(
-                self._sql.history_prune, {"retention": self.retention, "limit": PRUNE_BATCH}
-            )
-            row = await cur.fetchone()
-        return HistoryRound(written=len(cells), pruned=int(row[0]) if row else 0)
+            if prune:
+                cur = await conn.execute(
+                    self._sql.history_prune, {"retention": self.retention, "limit": PRUNE_BATCH}
+                )
+                row = await cur.fetchone()
+                pruned = int(row[0]) if row else 0
+                self.prune_at = self._clock() + (0.0 if pruned >= PRUNE_BATCH else PRUNE_EVERY)
+        return HistoryRound(written=len(cells), pruned=pruned)
 
 
 #: The upsert's array parameters taken from each `Cell`, by the field of the cell.

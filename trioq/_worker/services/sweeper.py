@@ -9,11 +9,13 @@ Two checks, both safe in every process at once (rows are taken with SKIP LOCKED)
   checks again as soon as the grace is over (`VERDICT_MARGIN` after it). The fleet checks
   about `CHECKS` times every ``Config.liveness_interval``, whatever its size: each
   process every interval while the fleet has at most that many workers, else every
-  ``workers / CHECKS`` intervals, at a random point in that span (`reclaim_gap`), so 200
+  ``workers / CHECKS`` intervals, at a random point in that span (`fleet_gap`), so 200
   idle workers do not send 400 checks a second and a death is still suspected within a
   fraction of an interval;
-- expired leases (every ``Config.sweep_interval``): the fallback, for workers that are
-  unreachable rather than dead (a network partition) or that never registered.
+- expired leases (every ``Config.sweep_interval`` in a fleet of up to `CHECKS` workers,
+  `fleet_gap` in a bigger one): the fallback, for workers that are
+  unreachable rather than dead (a network partition) or that never registered. The fleet
+  sweeps about `CHECKS` times an interval in all, as it checks for dead workers.
 
 Either way a job goes back to ``available`` (the attempt stays spent), or to dead_jobs on
 its last attempt, or is cancelled if a cancel was requested. The queues that got jobs
@@ -51,11 +53,13 @@ CHECKS = 4
 VERDICT_MARGIN = 0.02
 
 
-def reclaim_gap(interval: float, workers: int, draw: Callable[[], float] = random.random) -> float:
-    """How long one process waits before its next dead-worker check, in a fleet of
-    ``workers``: ``interval`` while the fleet has at most `CHECKS` workers; else a random
-    point (``draw()`` in [0, 1)) of a span from a half to one and a half times ``interval x
-    workers / CHECKS``, so the fleet checks `CHECKS` times an interval on average, spread out."""
+def fleet_gap(interval: float, workers: int, draw: Callable[[], float] = random.random) -> float:
+    """How long one process waits before its next round of a task the whole fleet shares
+    (the dead-worker check, the expired-lease sweep), in a fleet of ``workers``:
+    ``interval`` while the fleet has at most `CHECKS` workers; else a random point
+    (``draw()`` in [0, 1)) of a span from a half to one and a half times ``interval x
+    workers / CHECKS``, so the fleet runs it `CHECKS` times an interval on average, spread
+    out."""
     if workers <= CHECKS:
         return interval
     return interval * workers / CHECKS * (0.5 + draw())
@@ -86,36 +90,43 @@ class Sweeper:
         self._on_swept = on_swept  # what every round did (the lifecycle reports deaths)
         #: Jobs returned, killed, cancelled so far (the metrics).
         self.returned = self.dead = self.cancelled = 0
-        #: The fleet's size, as the last dead-worker check counted it (`reclaim_gap`).
+        #: The fleet's size, as the last dead-worker check counted it (`fleet_gap`).
         self.workers = 1
         #: How many workers the last dead-worker check suspected.
         self.suspected = 0
+        #: When the next expired-lease sweep and dead-worker check are due (trio's clock).
+        self.next_sweep = self.next_reclaim = -float("inf")
 
     async def run(self) -> None:
-        """Dead workers every `reclaim_gap`, expired leases every ``interval``; a failed
-        round is logged."""
-        next_sweep = next_reclaim = trio.current_time()
+        """Dead workers and expired leases, each at its `schedule`; a failed round is
+        logged."""
+        self.next_sweep = self.next_reclaim = trio.current_time()
 
         async def round_() -> SweepRound:
-            nonlocal next_sweep, next_reclaim
             now = trio.current_time()
-            sweep, reclaim = now >= next_sweep, now >= next_reclaim
+            sweep, reclaim = now >= self.next_sweep, now >= self.next_reclaim
             try:
                 return await self.run_once(sweep=sweep, reclaim=reclaim)
             finally:
-                now = trio.current_time()
-                if sweep:
-                    next_sweep = now + self.interval
-                if reclaim:
-                    next_reclaim = now + reclaim_gap(self.reclaim_interval, self.workers)
-                    if self.suspected:  # its verdict is due a grace from now
-                        verdict = now + self._grace.total_seconds() + VERDICT_MARGIN
-                        next_reclaim = min(next_reclaim, verdict)
+                self.schedule(trio.current_time(), swept=sweep, reclaimed=reclaim)
 
         def wait(_round: SweepRound | None) -> float:
-            return max(0.0, min(next_sweep, next_reclaim) - trio.current_time())
+            return max(0.0, min(self.next_sweep, self.next_reclaim) - trio.current_time())
 
         await every(wait, round_, failed="sweep failed")
+
+    def schedule(self, now: float, *, swept: bool, reclaimed: bool) -> None:
+        """After a round at ``now`` (trio's clock): when the next sweep and the next check
+        are due. Each comes a `fleet_gap` later (the fleet's size as the last check
+        counted it); a check that suspected a worker comes again as soon as the grace is
+        over (`VERDICT_MARGIN` after it)."""
+        if swept:
+            self.next_sweep = now + fleet_gap(self.interval, self.workers)
+        if reclaimed:
+            self.next_reclaim = now + fleet_gap(self.reclaim_interval, self.workers)
+            if self.suspected:  # its verdict is due a grace from now
+                verdict = now + self._grace.total_seconds() + VERDICT_MARGIN
+                self.next_reclaim = min(self.next_reclaim, verdict)
 
     async def run_once(self, *, sweep: bool = True, reclaim: bool = True) -> SweepRound:
         async with self._pool.connection() as conn:
