@@ -403,6 +403,22 @@ async def test_scheduler_promotes_due_jobs_and_says_how_long_to_sleep(dsn: str) 
         assert await cur.fetchone() == ("available",)
 
 
+async def test_a_big_fleet_shares_its_idle_scheduler_rounds(dsn: str) -> None:
+    """With nothing due, a process of a fleet of up to four sleeps MAX_SLEEP; of a fleet of
+    200, a span around 50 times that (the fleet still makes about four idle rounds every
+    MAX_SLEEP). A job due sooner still sets the sleep, whatever the fleet."""
+    async with database(dsn) as (conn, pool):
+        fleet = [4]
+        scheduler = Scheduler(pool, Q, (), poll_interval=1, on_due=lambda q: None,
+                              fleet=lambda: fleet[0])  # fmt: skip
+        assert (await scheduler.run_once()).sleep == MAX_SLEEP
+        fleet[0] = 200
+        sleeps = [(await scheduler.run_once()).sleep for _ in range(20)]
+        assert all(MAX_SLEEP * 25 <= s < MAX_SLEEP * 75 for s in sleeps), sleeps
+        await trioq.enqueue(conn, "t", queue="mail", run_at=T0 + dt.timedelta(seconds=2))
+        assert (await scheduler.run_once()).sleep == 2.0
+
+
 async def test_scheduler_fires_cron_ticks_once_and_sleeps_until_the_next(dsn: str) -> None:
     async with database(dsn) as (conn, pool):
         entry = trioq.CronEntry(name="every-minute", schedule="* * * * *", task="report")

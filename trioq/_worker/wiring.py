@@ -164,9 +164,10 @@ class Services:
             on_taken_for_dead=self.heartbeat.wake,  # which leases are lost: cancel those now
             connect_kwargs={"prepare_threshold": threshold},
         )  # fmt: skip
+        sweeper = self.sweeper
         self.scheduler = Scheduler(self.pool, self.queue, config.cron,
-                                   poll_interval=config.poll_interval,
-                                   on_due=runtime.wake)  # fmt: skip
+                                   poll_interval=config.poll_interval, on_due=runtime.wake,
+                                   fleet=lambda: sweeper.workers)  # fmt: skip
         self.watchdog = Watchdog(threshold=config.loop_blocked_warning)
         self.listener = Listener(self.session_dsn, driver, on_notify=runtime.wake,
                                  on_listening=self._listening)  # fmt: skip

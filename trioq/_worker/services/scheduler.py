@@ -1,8 +1,10 @@
 """The scheduler: promotes scheduled jobs when they fall due, and fires cron ticks.
 
-It sleeps until the earliest scheduled job or cron tick (at most `MAX_SLEEP`), or
-until woken: by a notification that a job was enqueued for later, or by the
-completer after a retry or snooze.
+It sleeps until the earliest scheduled job or cron tick (at most `MAX_SLEEP` in a fleet of
+up to four workers; in a bigger one, a `fleet_gap` of it: the fleet's rounds promote every
+process's due jobs, so the fleet still makes about four idle rounds every `MAX_SLEEP`), or
+until woken: by a notification that a job was enqueued for later, or by the completer
+after a retry or snooze.
 
 `fire_due` enqueues each due tick of the entries exactly once across any number of
 processes: the tick's ``cron_ticks`` row is inserted (``ON CONFLICT DO NOTHING``) in the
@@ -45,6 +47,7 @@ from ..._queue import Queue
 from ..._unique import Unique
 from ..wakeup import Wakeup
 from .loop import every
+from .sweeper import fleet_gap
 
 __all__ = ["MAX_SLEEP", "CronSet", "Fired", "ScheduleRound", "Scheduler", "fire_due", "union"]
 
@@ -114,9 +117,10 @@ def union(code: Sequence[CronEntry], stored: Sequence[StoredCronEntry]) -> CronS
 class Scheduler:
     def __init__(
         self, pool: Pool, queue: Queue, cron: Sequence[CronEntry], *, poll_interval: float,
-        on_due: Callable[[str], None],
+        on_due: Callable[[str], None], fleet: Callable[[], int] = lambda: 1,
     ) -> None:  # fmt: skip
         self._pool = pool
+        self._fleet = fleet  # the fleet's size, as the sweeper last counted it
         self._queue = queue
         self._cron = tuple(cron)
         self._poll_interval = poll_interval
@@ -155,7 +159,7 @@ class Scheduler:
             for queue in promoted:
                 self._on_due(queue)
             due_in = await self._queue.driver.next_due(conn)
-            sleep = MAX_SLEEP
+            sleep = fleet_gap(MAX_SLEEP, self._fleet())
             if due_in is not None:
                 sleep = min(sleep, max(due_in.total_seconds(), 0.0))
             read = await self._read_entries(conn)
