@@ -19,6 +19,7 @@ Usage::
 
     python bench/bench_idle.py --dsn "$(trioq db url)" --counts 1,10 --seconds 30
     python bench/bench_idle.py --counts 1,10,50,200 --seconds 60 --json idle.json
+    python bench/bench_idle.py --counts 50 --poll-interval 10   # the polls' share
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ async def one_count(
         await fresh_schema(conn, SCHEMA)
         env = {**os.environ, "PGAPPNAME": APP_NAME, "PYTHONPATH": str(HERE)}
         cmd = [*TRIOQ, "serve", "--app", "backlog_app:tasks", "--dsn", dsn, "--schema", SCHEMA]
+        if opts.poll_interval is not None:  # trioq's default otherwise
+            cmd += ["--poll-interval", str(opts.poll_interval)]
         procs = [await trio.lowlevel.open_process(cmd, env=env, stdout=subprocess.DEVNULL,
                                                   stderr=subprocess.DEVNULL)
                  for _ in range(count)]  # fmt: skip
@@ -191,6 +194,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--counts", type=int_list, default=[1, 10, 50, 200])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--poll-interval", type=float, default=None,
+                        help="serve's --poll-interval (default: trioq's): an idle worker's "
+                        "claims and settings reads, the backstops of lost notifications")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
 
