@@ -35,6 +35,7 @@ from trioq._worker.pooling import (
     prepare_threshold,
     session_dsn,
 )
+from trioq._worker.services import liveness as liveness_service
 
 DIRECT_APP, POOLED_APP = "trioq-test-direct", "trioq-test-pooled"
 
@@ -269,7 +270,7 @@ async def test_without_a_session_dsn_a_worker_still_drains_by_polling(
 
 
 async def test_a_handler_holding_the_only_server_connection_does_not_make_its_worker_dead(
-    dsn: str, bouncer: Bouncer
+    dsn: str, bouncer: Bouncer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Everything through a pooler with one server connection, no session DSN: the liveness
     lock sits on that server session, and a handler's transaction holds it for 10 s, so no
@@ -292,6 +293,9 @@ async def test_a_handler_holding_the_only_server_connection_does_not_make_its_wo
 
     options: dict[str, Any] = {"prepared_statements": False, "lease": 30,
                                "heartbeat_interval": 5}  # fmt: skip
+    # The liveness connection pings its row every interval here (an idle worker's writes it
+    # every 10 s), so that it executes its ping often enough for psycopg to prepare it.
+    monkeypatch.setattr(liveness_service, "ROW_EVERY", 0.0)
     async with await trioq.connect(dsn, autocommit=True) as direct:
         await direct.execute("CREATE TABLE effects (job_id bigint)")
     async with _serving(dsn, bouncer.dsn(dsn), tasks, **options) as (conn, direct, runtime):

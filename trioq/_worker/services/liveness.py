@@ -102,8 +102,7 @@ class Liveness:
         self.pool_pings = 0
         #: Round trips of the liveness connection that wrote nothing, for tests.
         self.probes = 0
-        #: When the row was last written (sent, trio's clock), and the count it wrote.
-        self._written_at = -float("inf")
+        #: The count of running handlers the row was last written with.
         self._written_running: int | None = None
         self.row_every = max(ROW_EVERY, interval)
 
@@ -185,12 +184,13 @@ class Liveness:
         (`ROW_EVERY`, or the count of running handlers changed), else a round trip that
         writes nothing."""
         self._written_running = None  # a new session: its first round trip pings the row
+        row_due = -float("inf")
         while True:
             started = trio.current_time()
-            due = started >= self._written_at + self.row_every
-            if due or self._running() != self._written_running:
+            if started >= row_due or self._running() != self._written_running:
                 if not await self.run_once(conn):
                     return  # registering again
+                row_due = started + self.row_every
             else:
                 await conn.sync()
                 self._pinged_at = max(self._pinged_at, started)
@@ -208,7 +208,6 @@ class Liveness:
         cur = await conn.execute(self._sql.worker_ping, params)
         if await cur.fetchone() is not None:
             self._pinged_at = max(self._pinged_at, sent)
-            self._written_at = max(self._written_at, sent)
             self._written_running = running
             return True
         if worker is not None:
