@@ -14,6 +14,7 @@ import trio
 from helpers import rows, wait_until
 
 import trioq
+from trioq._db.driver import RESTART_GRACE
 from trioq._worker.leases import HeldJob, HeldJobs
 from trioq._worker.services.heartbeat import Heartbeat, HeartbeatRound
 from trioq._worker.services.listener import Listener
@@ -172,6 +173,28 @@ async def test_a_ping_after_the_suspicion_keeps_the_worker(dsn: str) -> None:
         await set_clock(conn, pool, T0 + dt.timedelta(seconds=3.6))  # 2.1 s, no ping since
         assert (await sweeper.run_once(sweep=False)).reclaimed.returned == {job.id}
         assert await rows(conn, "SELECT name FROM trioq.workers") == []  # "pinged" too, now
+
+
+async def test_a_new_session_judges_nobody_until_the_restart_grace_has_passed(dsn: str) -> None:
+    """After a server restart or a failover every lock is free and every session new: a
+    session's checks suspect nobody until RESTART_GRACE has passed since its first check
+    (kept in the session), so every worker has that long to reconnect. Once it has (the
+    setting moved back by hand, as the clock would), the same free lock is suspected; a
+    new session is blind again. Fails if the rule is dropped, or forgotten between checks."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        await conn.execute("INSERT INTO trioq.workers (name, host, pid, queues)"
+                           " VALUES ('cut', 'h', 1, '{}')")  # fmt: skip
+        grace = dt.timedelta(seconds=1)
+        assert (await Q.reclaim_dead_workers(conn, grace=grace)).suspected == 0
+        assert (await Q.reclaim_dead_workers(conn, grace=grace)).suspected == 0  # kept
+        since = float((await rows(conn, "SELECT current_setting('trioq.judging_since')"))[0][0])
+        older = since - RESTART_GRACE.total_seconds() - 1
+        await conn.execute("SELECT set_config('trioq.judging_since', %s, false)", (str(older),))
+        assert (await Q.reclaim_dead_workers(conn, grace=grace)).suspected == 1
+        async with await trioq.connect(dsn, autocommit=True) as fresh:
+            await conn.execute("UPDATE trioq.workers SET suspected_at = NULL")
+            assert (await Q.reclaim_dead_workers(fresh, grace=grace)).suspected == 0
 
 
 def test_the_fleet_checks_for_dead_workers_a_few_times_an_interval_whatever_its_size() -> None:

@@ -33,8 +33,8 @@ __all__ = [
     "SweepResult",
 ]
 
-#: A sweeper judges no worker dead on a connection younger than this: after a server
-#: restart every lock is free and every connection new, and all workers reconnect.
+#: A sweeper's session suspects no worker until this long after its first check: after a
+#: server restart every lock is free and every session new, and all workers reconnect.
 RESTART_GRACE = dt.timedelta(seconds=2)
 
 #: ``dead_jobs.reason`` of a job whose deadline to start passed (``last_error`` says when).

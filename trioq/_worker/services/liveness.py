@@ -19,9 +19,9 @@ itself) and no ping through either channel for ``Config.liveness_grace``, found 
 grace apart: the first check only suspects the worker (and every ping clears that). So a
 worker whose liveness connection is cut has the grace from the moment its lock was seen
 free to ping through its pool (it does within `LATE` intervals and a round trip), however
-long ago it last wrote its row. A sweeper judges nobody on a connection younger than a
-couple of seconds, so that after a server restart (every lock free, every connection new)
-every worker has the time to reconnect. Then the dead worker's running and prefetched jobs
+long ago it last wrote its row. A sweeper's session suspects nobody until a couple of
+seconds after its first check, so that after a server restart (every lock free, every
+session new) every worker has the time to reconnect. Then the dead worker's running and prefetched jobs
 are returned at once.
 
 So a worker whose liveness connection is cut, and that cannot reconnect for a while
