@@ -21,8 +21,8 @@ worker whose liveness connection is cut has the grace from the moment its lock w
 free to ping through its pool (it does within `LATE` intervals and a round trip), however
 long ago it last wrote its row. A sweeper's session suspects nobody until a couple of
 seconds after its first check, so that after a server restart (every lock free, every
-session new) every worker has the time to reconnect. Then the dead worker's running and prefetched jobs
-are returned at once.
+session new) every worker has the time to reconnect. Then the dead worker's running and
+prefetched jobs are returned at once.
 
 So a worker whose liveness connection is cut, and that cannot reconnect for a while
 (``max_connections`` full, the database refusing connections), keeps pinging through its
