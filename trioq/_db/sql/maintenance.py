@@ -98,7 +98,7 @@ SELECT id, 'dead', queue FROM buried
 # worker), and only the jobs of the rows actually deleted are swept.
 RECLAIM_EXPIRED = """
 WITH free AS MATERIALIZED (
-    SELECT c.id, c.name, c.suspected_at, c.xmin AS version FROM {workers} c
+    SELECT c.id, c.suspected_at, c.xmin AS version FROM {workers} c
      WHERE (SELECT pg_catalog.to_timestamp(coalesce(
                 nullif(pg_catalog.current_setting('trioq.judging_since', true), ''),
                 pg_catalog.set_config('trioq.judging_since',

@@ -6,8 +6,8 @@ runtime's `History` gathered since the last round and writes it with one stateme
 histograms element-wise), then, once every `PRUNE_EVERY` seconds (every round while the
 last prune found a full batch), deletes at most `PRUNE_BATCH` rows older than
 ``retention`` (`Config.history_retention`, default 7 days): an idle worker's round sends
-nothing most of the time, where every process of a fleet pruned every 5 s. A failed write puts the
-aggregates back for the next round, so a database outage delays history but loses none
+nothing most of the time, where every process of a fleet pruned every 5 s. A failed write
+puts the aggregates back for the next round, so a database outage delays history but loses none
 of it (unless the process dies first: history is a chart, not a ledger). The runtime runs
 a last round at shutdown, after the completer's final flush.
 """

@@ -6,11 +6,16 @@ it through `every`: a round, then a wait, for as long as the service's owner nur
 A round that fails is logged and the next one tries again; trio's ``Cancelled`` is not an
 ``Exception``, so a stop always goes through. A service stopped before its first round, or
 twice, has nothing to undo: all it holds is this loop.
+
+A task the whole fleet shares (any process's round does it for all) waits a `fleet_gap`
+between rounds: its interval in a small fleet, a longer random one in a big fleet, so the
+fleet's rounds stay about `CHECKS` an interval whatever its size.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import NoReturn, TypeVar
 
@@ -20,11 +25,28 @@ import trio
 from ..._pg.errors import connection_fault
 from ..wakeup import Wakeup
 
-__all__ = ["every"]
+__all__ = ["CHECKS", "every", "fleet_gap"]
 
 logger = logging.getLogger("trioq.runtime")
 
 R = TypeVar("R")
+
+#: How many times the whole fleet runs a task it shares (the dead-worker check, per
+#: ``Config.liveness_interval``; the expired-lease sweep; the scheduler's idle round) per
+#: interval of that task, whatever its size (`fleet_gap`).
+CHECKS = 4
+
+
+def fleet_gap(interval: float, workers: int, draw: Callable[[], float] = random.random) -> float:
+    """How long one process waits before its next round of a task the whole fleet shares
+    (the dead-worker check, the expired-lease sweep, the scheduler's idle round), in a
+    fleet of ``workers``: ``interval`` while the fleet has at most `CHECKS` workers; else a
+    random point (``draw()`` in [0, 1)) of a span from a half to one and a half times ``interval x
+    workers / CHECKS``, so the fleet runs it `CHECKS` times an interval on average, spread
+    out."""
+    if workers <= CHECKS:
+        return interval
+    return interval * workers / CHECKS * (0.5 + draw())
 
 
 async def every(

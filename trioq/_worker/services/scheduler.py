@@ -46,8 +46,7 @@ from ..._pg.pool import Pool
 from ..._queue import Queue
 from ..._unique import Unique
 from ..wakeup import Wakeup
-from .loop import every
-from .sweeper import fleet_gap
+from .loop import every, fleet_gap
 
 __all__ = ["MAX_SLEEP", "CronSet", "Fired", "ScheduleRound", "Scheduler", "fire_due", "union"]
 

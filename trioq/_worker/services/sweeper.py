@@ -13,9 +13,9 @@ Two checks, both safe in every process at once (rows are taken with SKIP LOCKED)
   idle workers do not send 400 checks a second and a death is still suspected within a
   fraction of an interval;
 - expired leases (every ``Config.sweep_interval`` in a fleet of up to `CHECKS` workers,
-  `fleet_gap` in a bigger one): the fallback, for workers that are
-  unreachable rather than dead (a network partition) or that never registered. The fleet
-  sweeps about `CHECKS` times an interval in all, as it checks for dead workers.
+  `fleet_gap` in a bigger one): the fallback, for workers that are unreachable rather than
+  dead (a network partition) or that never registered. The fleet sweeps about `CHECKS`
+  times an interval in all, as it checks for dead workers.
 
 Either way a job goes back to ``available`` (the attempt stays spent), or to dead_jobs on
 its last attempt, or is cancelled if a cancel was requested. The queues that got jobs
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import random
 from collections.abc import Callable
 
 import attrs
@@ -38,31 +37,17 @@ import trio
 
 from ..._db.driver import Driver, SweepResult
 from ..._pg.pool import Pool
-from .loop import every
+from .loop import CHECKS, every, fleet_gap
 
-__all__ = ["SweepRound", "Sweeper"]
+__all__ = ["CHECKS", "SweepRound", "Sweeper", "fleet_gap"]
 
 logger = logging.getLogger("trioq.runtime")
 
 _NOTHING = SweepResult(returned=frozenset(), dead=frozenset(), cancelled=frozenset())
-#: How many dead-worker checks the whole fleet makes per ``Config.liveness_interval``.
-CHECKS = 4
 #: A process that suspected a worker checks again this long after the grace is over (the
 #: verdict compares the database's clock with the suspicion's: a little slack, so the
 #: check does not come a moment early and wait a whole gap more).
 VERDICT_MARGIN = 0.02
-
-
-def fleet_gap(interval: float, workers: int, draw: Callable[[], float] = random.random) -> float:
-    """How long one process waits before its next round of a task the whole fleet shares
-    (the dead-worker check, the expired-lease sweep), in a fleet of ``workers``:
-    ``interval`` while the fleet has at most `CHECKS` workers; else a random point
-    (``draw()`` in [0, 1)) of a span from a half to one and a half times ``interval x
-    workers / CHECKS``, so the fleet runs it `CHECKS` times an interval on average, spread
-    out."""
-    if workers <= CHECKS:
-        return interval
-    return interval * workers / CHECKS * (0.5 + draw())
 
 
 @attrs.frozen(kw_only=True)
