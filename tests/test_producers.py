@@ -27,6 +27,7 @@ import sqlalchemy as sa
 import trio
 from helpers import poll_query
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row, namedtuple_row
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -482,6 +483,26 @@ def test_the_callers_cursor_factory_and_loaders_do_not_matter(migrated_dsn: str)
         assert producer.signal(conn, first.job_id, "n", {"deep": [[["x"]]]}) == "stored"
         conn.commit()
     assert count_jobs(migrated_dsn) == 3
+
+
+@pytest.mark.parametrize("row_factory", [dict_row, namedtuple_row])
+def test_the_callers_row_factory_does_not_matter(migrated_dsn: str, row_factory: Any) -> None:
+    """trioq reads its rows by position: with ``dict_row`` every call failed (``KeyError``)."""
+    with psycopg.connect(migrated_dsn, row_factory=row_factory) as conn:
+        first = producer.enqueue(conn, "t", {"a": 1}, dedup_key="x")
+        assert producer.enqueue(conn, "t", {"a": 2}, dedup_key="x").duplicate
+        assert len(producer.enqueue_many(conn, [JobSpec(task="m") for _ in range(2)])) == 2
+        assert len(producer.enqueue_bulk(conn, "b", [{}, {}])) == 2
+        conn.commit()
+
+    async def on_asyncio() -> trioq.EnqueueResult:
+        async with await psycopg.AsyncConnection.connect(
+            migrated_dsn, row_factory=row_factory, autocommit=True
+        ) as conn:
+            return await producer.aenqueue(conn, "t", after=[first.job_id])
+
+    assert asyncio.run(on_asyncio()).job_id > first.job_id
+    assert count_jobs(migrated_dsn) == 6
 
 
 def test_an_autocommit_connection_gets_one_transaction_per_call(migrated_dsn: str) -> None:

@@ -14,8 +14,8 @@ test checks that every module is named here and there):
   ``_result``, ``_dead``, ``_flow``, ``_dependencies``, ``_durable``, ``_producer``,
   ``_group_producer``, ``_context``, ``_job_transaction``, ``_complete_with``, ``_lanes``,
   ``_progress``.
-- ``_pg/`` (psycopg 3 on trio): ``conn``, ``connection``, ``wait``, ``pipeline``, ``pool``,
-  ``errors``, ``dsn``, ``embedded``, ``times``.
+- ``_pg/`` (psycopg 3 on trio): ``conn``, ``connection``, ``wait``, ``pipeline``, ``lean``,
+  ``pool``, ``errors``, ``dsn``, ``embedded``, ``times``.
 - ``_db/`` (trioq's tables): ``adapters``, ``statements``, ``insert``, ``driver``, ``params``,
   ``version``, ``migrate``.
 - ``_db/sql/`` (the text of every statement, by domain): ``common``, ``enqueue``,

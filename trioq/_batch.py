@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 from psycopg.pq import TransactionStatus
 
+from ._db.adapters import tuple_rows
 from ._db.insert import GraphJob
 from ._enqueue import DEFAULT_QUEUE
 from ._exceptions import WorkflowError
@@ -118,6 +119,7 @@ class Batch:
         """Insert the batch and its jobs on ``conn`` in one transaction (the caller's if one
         is open). An empty batch enqueues its callback at once, with counts of 0."""
         q = queue if queue is not None else DEFAULT_QUEUE
+        conn = tuple_rows(conn)
         own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
         async with conn.transaction() if own else contextlib.nullcontext():
             cur = await conn.execute(q.sql.insert_batch, self._row(len(self.jobs)))
@@ -156,7 +158,7 @@ async def batch_status(
     ``Config.retain_done`` after it ended)."""
     check_job_id(batch_id, "batch_id")
     q = queue if queue is not None else DEFAULT_QUEUE
-    cur = await conn.execute(q.sql.batch_status, {"id": batch_id})
+    cur = await tuple_rows(conn).execute(q.sql.batch_status, {"id": batch_id})
     row = await cur.fetchone()
     if row is None:
         return None

@@ -119,7 +119,8 @@ def _spec_parameters(
 def _wrong_call(method: Callable[..., Any], queue: Queue, args: Any, kwargs: Any) -> None:
     """Raise the `TypeError` that calling ``method`` with ``args`` raises (the trio path's
     words: ``Queue.enqueue() got an unexpected keyword argument ...``)."""
-    coro = method(queue, None, *args, **kwargs)
+    # The method itself, not `Queue`'s wrapper (which binds its arguments only when awaited).
+    coro = inspect.unwrap(method)(queue, None, *args, **kwargs)
     coro.close()  # pragma: no cover - only if the fast path's check and Python disagree
     raise TypeError(f"enqueue() cannot take {args!r}, {kwargs!r}")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import inspect
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -23,6 +24,7 @@ import attrs
 from ._cron import CronEntry
 from ._cron_store import StoredCronEntry, add_entry, read_entries, remove_entry
 from ._db import insert
+from ._db.adapters import tuple_rows
 from ._db.driver import Driver, FailResult, HeartbeatResult, SweepResult
 from ._db.insert import GraphJob
 from ._db.migrate import latest_version
@@ -570,6 +572,29 @@ class Queue:
             conn, self.sql, where or DeadFilter(), before=before, older_than=older_than,
             dry_run=dry_run,
         )  # fmt: skip
+
+
+def _on_tuple_rows(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """``method`` (of `Queue`, with the connection first) on the connection as trioq reads
+    it: rows by position, whatever the caller's ``row_factory`` (`tuple_rows`)."""
+
+    async def call(self: Queue, conn: Conn, /, *args: Any, **kwargs: Any) -> R:
+        return await method(self, tuple_rows(conn), *args, **kwargs)
+
+    functools.update_wrapper(call, method)
+    return call
+
+
+def _takes_conn(method: object) -> bool:
+    if not inspect.iscoroutinefunction(method):
+        return False
+    parameters = list(inspect.signature(method).parameters)
+    return len(parameters) > 1 and parameters[1] == "conn"
+
+
+for _name, _method in list(vars(Queue).items()):
+    if not _name.startswith("_") and _takes_conn(_method):
+        setattr(Queue, _name, _on_tuple_rows(_method))
 
 
 #: The counted states of `QueueStatus`, in its order (the names `QueueStatus.at_cap` uses).

@@ -16,7 +16,9 @@ serves:
 
 Both make their cursors themselves (``psycopg.Cursor(conn)``), not through the connection's
 ``cursor_factory`` (Django's is a client-side binding cursor, and a caller's may be a raw
-cursor with ``$1`` placeholders), and load with psycopg's own adapters plus trioq's
+cursor with ``$1`` placeholders), with tuples for rows whatever the connection's
+``row_factory`` (trioq reads its rows by position: with ``dict_row`` every enqueue
+failed), and load with psycopg's own adapters plus trioq's
 tolerant ``timestamptz`` (`trioq._pg.times.TOLERANT`), not the connection's: Django loads
 ``jsonb`` as text. What the caller's transaction holds is unchanged: the statements run on
 the caller's connection, in its transaction if one is open (an autocommit connection gets
@@ -32,10 +34,11 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.adapt import AdaptersMap
+from psycopg.rows import tuple_row
 
 from .._pg.times import TOLERANT
 
-__all__ = ["AsyncAdapter", "SyncAdapter", "adapter_cache", "run_sync"]
+__all__ = ["AsyncAdapter", "SyncAdapter", "adapter_cache", "run_sync", "tuple_rows"]
 
 R = TypeVar("R")
 C = TypeVar("C", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
@@ -103,7 +106,7 @@ class SyncAdapter(_Adapter[psycopg.Connection[Any]]):
     path; every call completes without suspending (`run_sync`)."""
 
     def _cursor(self) -> psycopg.Cursor[Any]:
-        cur: psycopg.Cursor[Any] = psycopg.Cursor(self.raw)
+        cur: psycopg.Cursor[Any] = psycopg.Cursor(self.raw, row_factory=tuple_row)
         _own_adapters(cur)
         return cur
 
@@ -128,7 +131,7 @@ class AsyncAdapter(_Adapter[psycopg.AsyncConnection[Any]]):
     own making."""
 
     def _cursor(self) -> psycopg.AsyncCursor[Any]:
-        cur: psycopg.AsyncCursor[Any] = psycopg.AsyncCursor(self.raw)
+        cur: psycopg.AsyncCursor[Any] = psycopg.AsyncCursor(self.raw, row_factory=tuple_row)
         _own_adapters(cur)
         return cur
 
@@ -148,7 +151,7 @@ class AsyncAdapter(_Adapter[psycopg.AsyncConnection[Any]]):
             yield cur
 
 
-A = TypeVar("A", SyncAdapter, AsyncAdapter)
+A = TypeVar("A", bound=_Adapter[Any])
 
 
 class adapter_cache(Generic[A]):
@@ -165,6 +168,34 @@ class adapter_cache(Generic[A]):
         if found is None:
             found = self._adapters[conn] = self._kind(conn)
         return found
+
+
+class TupleRows(AsyncAdapter):
+    """A caller's async connection whose ``row_factory`` does not make tuples, as trioq's
+    calls see it (`tuple_rows`): its cursors make tuples and load with trioq's adapters;
+    everything else (``wait``, ``lock``, ``pgconn``, ``first_row``, ...) is the
+    connection's own."""
+
+    def cursor(self) -> psycopg.AsyncCursor[Any]:  # type: ignore[override]
+        """A cursor as the connection's ``cursor()`` makes one (``async with`` takes it
+        too), with tuples for rows and trioq's adapters."""
+        return self._cursor()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+_TUPLE_ROWS: adapter_cache[TupleRows] = adapter_cache(TupleRows)
+
+
+def tuple_rows(conn: Any) -> Any:
+    """``conn`` as trioq's calls need it: itself if its rows are tuples (or it is an adapter
+    already), else its `TupleRows` view (one per connection). trioq reads its rows by
+    position; on a connection made with ``row_factory=dict_row`` every call failed with
+    ``KeyError: 0``."""
+    if isinstance(conn, _Adapter) or getattr(conn, "row_factory", tuple_row) is tuple_row:
+        return conn
+    return _TUPLE_ROWS(conn)
 
 
 def run_sync(coro: Coroutine[Any, Any, R]) -> R:

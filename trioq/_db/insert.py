@@ -35,7 +35,7 @@ from psycopg.pq import TransactionStatus
 
 from .._exceptions import UnknownDependencyError
 from .._job import ENCODE_CHUNK, SEQUENTIAL_ALONE, START_BY_BEFORE_RUN_AT, EnqueueResult, JobSpec
-from .._pg.conn import Conn
+from .._pg.conn import Conn, first_row
 from .params import columns
 from .sql.common import SCHEDULED_PAYLOAD
 from .statements import Statements, rendered, statements
@@ -152,8 +152,7 @@ async def one(
     params = {**_one_job(sql, spec, notify), "dedup_key": key, "trace": trace}
     insert = rendered(sql.schema, "insert", traced=trace is not None)
     for _ in range(_TWIN_LOOKUPS):
-        cur = await conn.execute(insert, params)
-        row = await cur.fetchone()
+        row = await first_row(conn, insert, params)
         if row is not None:
             return EnqueueResult(int(row[0]))
         twins = await _live_twins(conn, sql, [key])

@@ -20,6 +20,7 @@ import psycopg
 
 from .._exceptions import MigrationError
 from .._pg.conn import Conn
+from .adapters import tuple_rows
 from .statements import statements, validate_schema_name
 from .version import check_schema, missing_tables, schema_version
 
@@ -107,6 +108,7 @@ async def migrate(
     whom it waits for (default: a warning on ``trioq.migrate``), then it waits.
     """
     validate_schema_name(schema)
+    conn = tuple_rows(conn)  # its rows are read by position
     goal = latest_version() if target is None else target
     if not 0 <= goal <= latest_version():
         raise ValueError(f"target must be between 0 and {latest_version()}, got {target}")

@@ -18,7 +18,8 @@ from .._exceptions import (
     SchemaOutdatedError,
     SchemaTooNewError,
 )
-from .._pg.conn import Conn
+from .._pg.conn import Conn, first_row
+from .adapters import tuple_rows
 from .statements import WRITABLE, statements, validate_schema_name
 
 __all__ = ["check_schema", "check_writable", "migrated", "missing_tables", "schema_version"]
@@ -40,12 +41,10 @@ def migrated(conn: Conn, schema: str) -> Iterator[None]:
 async def schema_version(conn: Conn, schema: str) -> int | None:
     """The applied version of ``schema``, or None if trioq was never migrated there."""
     st = statements(schema)
-    cur = await conn.execute(st.schema_exists, st.schema_exists_params())
-    row = await cur.fetchone()
+    row = await first_row(conn, st.schema_exists, st.schema_exists_params())
     if not row or not row[0]:
         return None
-    cur = await conn.execute(st.schema_version)
-    row = await cur.fetchone()
+    row = await first_row(conn, st.schema_version)
     return int(row[0]) if row else 0
 
 
@@ -66,6 +65,7 @@ async def check_schema(
     instead of failing every claim.
     """
     validate_schema_name(schema)
+    conn = tuple_rows(conn)  # its rows are read by position
     version = await schema_version(conn, schema)
     where = f"schema {schema!r} in database {conn.info.dbname!r}"
     if version is None or version == 0:

@@ -56,6 +56,7 @@ from psycopg.rows import AsyncRowFactory, Row
 from .._exceptions import ConnectError
 from .conn import Conn
 from .errors import check_dsn, describe_target
+from .lean import first_row
 from .pipeline import execute_pipelined, send_pipelined
 from .wait import readable_now as _readable_now
 from .wait import wait_conn_gen, wait_gen
@@ -128,8 +129,8 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         self._deferred: list[bytes] = []
         #: Statements with parameters to send after those (`defer_statement`).
         self._deferred_statements: list[tuple[Any, Any]] = []
-        #: The cursor that adapts deferred statements (`dropped_rows_cursor`).
-        self._dropped_rows: psycopg.AsyncCursor[Any] | None = None
+        #: The cursor of trioq's own statements, its adapters kept (`kept_cursor`).
+        self._kept_cursor: psycopg.AsyncCursor[Any] | None = None
         #: Commands to send before those, in a transaction of their own (`prelude`).
         self._prelude: tuple[bytes, ...] = ()
         #: Set while the connection is lent out inside a transaction that someone else
@@ -223,15 +224,16 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         error is raised by that operation, and what follows it does not run."""
         self._deferred_statements.append((query, params))
 
-    def dropped_rows_cursor(self) -> psycopg.AsyncCursor[Any]:
-        """The one cursor of this connection that adapts the parameters of deferred
-        statements (`defer_statement`), whose rows no one reads: made once, so its adapters
-        are too. Not for callers' statements."""
-        if self._dropped_rows is None:
+    def kept_cursor(self) -> psycopg.AsyncCursor[Any]:
+        """The one cursor of this connection for trioq's own statements whose results no
+        caller reads as a cursor: it adapts the parameters of deferred statements
+        (`defer_statement`) and runs `first_row`. Made once, so its adapters are too; used
+        only under the connection's lock. Not for callers' statements."""
+        if self._kept_cursor is None:
             cursor = psycopg.AsyncCursor(self)
             cursor._tx = psycopg.adapt.Transformer(cursor)
-            self._dropped_rows = cursor
-        return self._dropped_rows
+            self._kept_cursor = cursor
+        return self._kept_cursor
 
     def discard_deferred(self) -> list[bytes]:
         """Forget the commands and statements not sent yet; returns the commands."""
@@ -298,6 +300,17 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             self._deferred.insert(0, self._get_tx_start_command())
         try:
             return await execute_pipelined(self, statements, prepare=prepare, binary=binary)
+        except e.ReadOnlySqlTransaction:
+            self.read_only_seen = True
+            raise
+
+    async def first_row(self, query: Any, params: Any = None) -> tuple[Any, ...] | None:
+        """The first row of one of trioq's own statements (rendered to bytes), as a tuple
+        whatever the connection's row factory; None if it returned none. One round trip
+        with less of psycopg's Python than ``execute()`` (`trioq._pg.lean`): the single
+        enqueue's path."""
+        try:
+            return await first_row(self, query, params)
         except e.ReadOnlySqlTransaction:
             self.read_only_seen = True
             raise

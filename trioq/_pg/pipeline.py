@@ -237,7 +237,7 @@ def _convert_dropped(conn: TrioConnection, query: Any, params: Any) -> tuple[Any
     """`_convert` for a statement whose rows are dropped: the connection's one cursor for
     them, whose adapters (``_tx``) are kept from one statement to the next, instead of a new
     cursor and a new `Transformer` each time (a shared transaction's fence, once a job)."""
-    cursor = conn.dropped_rows_cursor()
+    cursor = conn.kept_cursor()
     cursor._reset()
     pgq = cursor._convert_query(query, params)
     return cursor, pgq
