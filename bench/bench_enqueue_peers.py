@@ -11,7 +11,9 @@ versions), pgqueuer under ``--pgqueuer-python`` (a venv with
 ``bench/peers/requirements-pgqueuer.txt``; skipped if absent) with ``Queries.enqueue`` (one
 job, or lists of B: its bulk form). The ceiling, for one job per call only: pgbench,
 PRODUCERS clients, ``-M prepared``, a one-statement insert of the same row with its
-``pg_notify`` (as trioq's insert statement does), each its own transaction. Repetitions
+``pg_notify`` (as trioq's insert statement does), each its own transaction; and the floor
+under any Python client on trio (``floor``, ``peers/floor_enqueue.py``): trioq's own insert
+statement through libpq's calls on trio, prepared and adapted once, nothing else. Repetitions
 interleave everything; the tables show medians, and every run is printed.
 
     python bench/bench_enqueue_peers.py --dsn DSN --repeat 3 \\
@@ -126,6 +128,8 @@ def _cells(args: argparse.Namespace, shape: Shape, pgbench: str | None) -> dict[
     if args.pgqueuer_python:  # run_with_peer dropped one that does not exist
         py = args.pgqueuer_python
         cells["pgqueuer"] = lambda dsn: _child(py, "pgqueuer_enqueue.py", dsn, jobs, shape)
+    if shape.batch == 1:  # libpq on trio, trioq's own statement, nothing else (`peers/_libpq`)
+        cells["floor"] = lambda dsn: _child(sys.executable, "floor_enqueue.py", dsn, jobs, shape)
     if pgbench and shape.batch == 1:
         cells["pgbench"] = lambda dsn: _pgbench(pgbench, dsn, jobs, shape.producers)
     return cells
@@ -164,8 +168,13 @@ def _print_summary(results: list[dict[str, Any]], repeat: int) -> None:
         first = next(iter(medians.values()))["jobs_per_s"]
         if "pgqueuer" in medians:
             line += f"  -> {first / medians['pgqueuer']['jobs_per_s']:.2f}x pgqueuer"
+        if "floor" in medians:
+            line += f", {first / medians['floor']['jobs_per_s']:.0%} of the floor"
         if "pgbench" in medians:
             line += f", {first / medians['pgbench']['jobs_per_s']:.0%} of pgbench"
+            if "floor" in medians:
+                floor = medians["floor"]["jobs_per_s"] / medians["pgbench"]["jobs_per_s"]
+                line += f" (the floor: {floor:.0%})"
         print(line)
 
 

@@ -10,7 +10,10 @@ worker is idle, enqueues one job and waits until its handler has started: the la
 the producer's clock just before the enqueue call to the handler's first line, so it
 includes the enqueue's own round trip and commit. Each measurement gets a fresh database
 ``trioq_pickup_<label>`` (dropped after); repetitions interleave the libraries; the table
-shows medians of each run's p50, p95 and p99 (and the worst max). The in-process latency
+shows medians of each run's p50, p95 and p99 (and the worst max). ``floor``
+(``peers/floor_pickup.py``): the same pickup with trioq's own insert and claim statements
+through libpq's calls on trio and a LISTEN connection, no runtime: the insert sent to the
+claim's answer; what trioq pays above it is its runtime and psycopg. The in-process latency
 floor of `bench/bench_schedule.py` (trioq only, COMMIT sent -> handler start) splits it
 further.
 
@@ -84,7 +87,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     async with await trioq.connect(args.dsn, autocommit=True) as conn:
         settings = await show_settings(conn, ["server_version", "fsync", "synchronous_commit"])
     print(f"server settings: {settings}; {args.jobs} jobs per run, gap {args.gap} ms +-50 %")
-    cells = {"trioq": (sys.executable, "trioq_pickup.py")}
+    cells = {"trioq": (sys.executable, "trioq_pickup.py"),
+             "floor": (sys.executable, "floor_pickup.py")}  # fmt: skip
     if args.pgqueuer_python:
         cells["pgqueuer"] = (args.pgqueuer_python, "pgqueuer_pickup.py")
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in cells}
