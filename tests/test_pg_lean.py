@@ -17,6 +17,7 @@ from psycopg import pq
 from psycopg.rows import dict_row, namedtuple_row
 
 import trioq
+import trioq.testing
 from trioq import JobSpec
 from trioq._db.migrate import latest_version
 from trioq._pg import lean
@@ -196,6 +197,28 @@ async def test_every_call_serves_a_connection_whose_rows_are_not_tuples(
         assert [e.name for e in await queue.cron_entries(conn)] == ["c"]
         cur = await conn.execute("SELECT 1 AS one")  # the caller's own statements: its rows
         assert (await cur.fetchone()) is not None and cur.description is not None
+
+
+@pytest.mark.parametrize("row_factory", [dict_row, namedtuple_row])
+async def test_the_test_kit_drains_on_a_connection_whose_rows_are_not_tuples(
+    dsn: str, row_factory: Any
+) -> None:
+    tasks = trioq.Registry()
+    seen: list[int] = []
+
+    @tasks.task(name="later")
+    async def later(job: trioq.JobContext, n: int) -> None:
+        async with job.transaction() as tx:
+            cur = await tx.execute("SELECT %s::int AS n", (n,))
+            row = await cur.fetchone()  # the handler's statements: the caller's rows
+            assert row is not None
+            seen.append(row["n"] if row_factory is dict_row else row.n)
+
+    async with await trioq.connect(dsn, autocommit=True, row_factory=row_factory) as conn:
+        await trioq.migrate(conn)
+        await trioq.enqueue(conn, "later", {"n": 7}, delay=3600)
+        result = await trioq.testing.drain(conn, tasks, advance=True)
+    assert result.completed == 1 and seen == [7]
 
 
 def test_the_psycopg_internals_this_path_uses_are_still_there() -> None:

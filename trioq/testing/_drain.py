@@ -29,6 +29,7 @@ from .._context import JobServices
 from .._exceptions import DrainLimitError
 from .._job import Job, Lease, to_delay
 from .._outcome import Kind, Outcome
+from .._pg.conn import first_row
 from .._pg.connection import Conn, TrioConnection
 from .._pg.pool import Pool
 from .._progress import ProgressBuffer
@@ -176,8 +177,7 @@ async def _claim_next(conn: Conn, queue: Queue, names: Sequence[str]) -> Job | N
 
 
 async def _first_scheduled(conn: Conn, queue: Queue, names: Sequence[str]) -> dt.datetime | None:
-    cur = await conn.execute(queue.sql.first_scheduled, {"queues": list(names)})
-    row = await cur.fetchone()
+    row = await first_row(conn, queue.sql.first_scheduled, {"queues": list(names)})
     return None if row is None else row[0]
 
 
