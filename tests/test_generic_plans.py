@@ -46,3 +46,22 @@ async def test_the_claim_is_planned_once_on_the_workers_own_connection(dsn: str)
 
 async def _empty(conn: Any) -> bool:
     return await rows(conn, "SELECT count(*) FROM trioq.jobs WHERE state <> 'done'") == [(0,)]
+
+
+async def test_the_workers_own_statements_are_prepared_at_their_first_run(dsn: str) -> None:
+    """A chore a process runs every few seconds or minutes, spread over its pool's
+    connections, seldom reached psycopg's 5th run on one connection, so Postgres parsed and
+    planned it every time (the dead-worker check: 3.4 ms a plan). The worker's own pool and
+    its liveness connection prepare trioq's statements at their first run; the app pool,
+    whose statements are the handlers', keeps psycopg's threshold."""
+    tasks = trioq.Registry()
+    async with serving(dsn, tasks, pool_size=2) as (_conn, runtime):
+        async with runtime.pool.connection() as own:
+            assert own.prepare_threshold == 0
+            await runtime.queue.clock(own)  # once: prepared at once, planned once
+            found = await rows(own, "SELECT generic_plans, custom_plans FROM "
+                                    "pg_prepared_statements WHERE statement = %s",
+                               runtime.queue.sql.clock.as_string(own))  # fmt: skip
+            assert found == [(1, 0)], found
+        async with runtime.app_pool.connection() as app:
+            assert app.prepare_threshold == 5

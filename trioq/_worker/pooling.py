@@ -26,12 +26,23 @@ from .._config import Config
 from .._pg.dsn import DSN_ENV_VARS
 from .._pg.errors import check_dsn
 
-__all__ = ["PSYCOPG_PREPARE_THRESHOLD", "SESSION_DSN_VAR", "prepare_threshold", "session_dsn"]
+__all__ = [
+    "OWN_PREPARE_THRESHOLD", "PSYCOPG_PREPARE_THRESHOLD", "SESSION_DSN_VAR", "prepare_threshold",
+    "session_dsn",
+]  # fmt: skip
 
 #: The environment variable of the session DSN (like ``TRIOQ_DSN`` for ``dsn``).
 SESSION_DSN_VAR = "TRIOQ_SESSION_DSN"
 #: psycopg's default: a statement is prepared on the server at its 5th run.
 PSYCOPG_PREPARE_THRESHOLD = 5
+#: The worker's own connections (its pool, its liveness connection) run nothing but trioq's
+#: statements, each of a fixed text: prepared at their first run, so that with
+#: ``plan_cache_mode = force_generic_plan`` each is planned once per connection. At psycopg's
+#: default an idle fleet's chores, each run by a process every few seconds or minutes and
+#: spread over its pool's connections, rarely reached a 5th run on one connection and were
+#: parsed and planned every time: 8.5 % of a core of Postgres for 200 idle workers, the
+#: dead-worker check 3.4 ms a plan (docs/benchmarks.md, round 9).
+OWN_PREPARE_THRESHOLD = 0
 
 
 def session_dsn(config: Config, dsn: str, environ: Mapping[str, str] | None = None) -> str:
@@ -46,9 +57,14 @@ def session_dsn(config: Config, dsn: str, environ: Mapping[str, str] | None = No
     return dsn
 
 
-def prepare_threshold(config: Config, dsn: str, session: str) -> int | None:
-    """psycopg's ``prepare_threshold`` for the pooled connections: None prepares nothing."""
+def prepare_threshold(
+    config: Config, dsn: str, session: str, *, own: bool = False
+) -> int | None:
+    """psycopg's ``prepare_threshold`` for the pooled connections (``own``: the worker's own,
+    which run only trioq's statements): None prepares nothing."""
     prepared = config.prepared_statements
     if prepared is None:
         prepared = session == dsn
-    return PSYCOPG_PREPARE_THRESHOLD if prepared else None
+    if not prepared:
+        return None
+    return OWN_PREPARE_THRESHOLD if own else PSYCOPG_PREPARE_THRESHOLD

@@ -99,8 +99,10 @@ class Services:
         threshold = prepare_threshold(config, dsn, self.session_dsn)
         self.prepared = threshold is not None
         pooled = {"autocommit": True, "prepare_threshold": threshold}
-        # trioq's own statements read times Python cannot hold as the ends of its range.
-        own = {**pooled, "context": TOLERANT}
+        #: trioq's own statements read times Python cannot hold as the ends of its range, and
+        #: are prepared at their first run (`OWN_PREPARE_THRESHOLD`).
+        own_threshold = prepare_threshold(config, dsn, self.session_dsn, own=True)
+        own = {**pooled, "prepare_threshold": own_threshold, "context": TOLERANT}
         #: Claims, outcomes, heartbeats and maintenance: never starved by handlers. Neither
         #: pool's clock can be moved (``trioq.now`` unset on every connection they open).
         #: On a direct connection, trioq's statements are planned once (`GENERIC_PLANS`).
@@ -162,7 +164,7 @@ class Services:
             queues={name: q.concurrency for name, q in served.items()},
             interval=config.liveness_interval, running=runtime.running,
             on_taken_for_dead=self.heartbeat.wake,  # which leases are lost: cancel those now
-            connect_kwargs={"prepare_threshold": threshold},
+            connect_kwargs={"prepare_threshold": own_threshold},
         )  # fmt: skip
         sweeper = self.sweeper
         self.scheduler = Scheduler(self.pool, self.queue, config.cron,
