@@ -14,7 +14,7 @@ from psycopg._queries import PostgresQuery
 
 import trioq
 
-__all__ = ["Prepared", "prepare"]
+__all__ = ["Prepared"]
 
 
 class Prepared:
@@ -51,7 +51,3 @@ class Prepared:
         while pgconn.get_result() is not None:
             pass
         return result
-
-
-def prepare(conn: trioq.TrioConnection, name: bytes, query: Any, params: Any) -> Prepared:
-    return Prepared(conn, name, query, params)

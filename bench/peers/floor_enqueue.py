@@ -13,7 +13,7 @@ import json
 import time
 
 import trio
-from _libpq import Prepared, prepare
+from _libpq import Prepared
 
 import trioq
 from trioq._db import insert
@@ -25,7 +25,7 @@ def _insert(conn: trioq.TrioConnection) -> Prepared:
     sql = statements("trioq")
     spec = JobSpec(task="t", args={"n": 1})
     params = {**insert._one_job(sql, spec, True), "dedup_key": None, "trace": None}
-    return prepare(conn, b"floor_insert", rendered("trioq", "insert"), params)
+    return Prepared(conn, b"floor_insert", rendered("trioq", "insert"), params)
 
 
 async def produce(statement: Prepared, count: int) -> None:

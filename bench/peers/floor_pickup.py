@@ -18,7 +18,7 @@ import random
 import time
 
 import trio
-from _libpq import prepare
+from _libpq import Prepared
 
 import trioq
 from trioq._db import insert
@@ -45,8 +45,8 @@ async def main(dsn: str, jobs: int, gap_ms: float) -> None:
         await listener.execute(f"LISTEN {sql.channel}")
         spec = JobSpec(task="pick", queue="bench", args={"n": 1})
         params = {**insert._one_job(sql, spec, True), "dedup_key": None, "trace": None}
-        enqueue = prepare(producer, b"floor_insert", rendered("trioq", "insert"), params)
-        claim = prepare(claimer, b"floor_claim", rendered("trioq", "claim"), {
+        enqueue = Prepared(producer, b"floor_insert", rendered("trioq", "insert"), params)
+        claim = Prepared(claimer, b"floor_claim", rendered("trioq", "claim"), {
             "queue": "bench", "owner": OWNER, "limit": 10, "lease": dt.timedelta(seconds=30)})
         listener.pgconn.nonblocking = 1
         rng = random.Random(15)

@@ -95,20 +95,14 @@ def _row(
         if result.status == _FATAL:
             raise e.error_from_result(result, encoding=encoding)
     result = results[0]
-    if result.status == _COMMAND_OK:
-        return None
-    if result.status != _TUPLES_OK:
+    if result.status not in (_COMMAND_OK, _TUPLES_OK):
         raise e.InternalError(f"unexpected result from trioq's statement: {result.status!r}")
-    if not result.ntuples:
-        return None
-    cursor._tx.set_pgresult(result)
-    row: tuple[Any, ...] = cursor._tx.load_row(0, tuple)
-    return row
+    return _first(cursor, result)
 
 
 async def _by_execute(conn: TrioConnection, query: Any, params: Any) -> tuple[Any, ...] | None:
     cur = await conn.execute(query, params)
-    return _first_of(cur)
+    return _first(cur, cur.pgresult)
 
 
 async def _by_execute_locked(
@@ -118,13 +112,14 @@ async def _by_execute_locked(
     it again: trioq's `ConnectionLock` is not reentrant), so through the cursor's generator."""
     cur = conn.kept_cursor()
     await conn.wait(cur._execute_gen(query, params))
-    return _first_of(cur)
+    return _first(cur, cur.pgresult)
 
 
-def _first_of(cur: psycopg.AsyncCursor[Any]) -> tuple[Any, ...] | None:
-    result = cur.pgresult
+def _first(cursor: psycopg.AsyncCursor[Any], result: Any) -> tuple[Any, ...] | None:
+    """The first row of ``result`` loaded by ``cursor``'s adapters, as a tuple; None if it
+    has no rows (or none at all: a command)."""
     if result is None or result.status != _TUPLES_OK or not result.ntuples:
         return None
-    cur._tx.set_pgresult(result)
-    row: tuple[Any, ...] = cur._tx.load_row(0, tuple)
+    cursor._tx.set_pgresult(result)
+    row: tuple[Any, ...] = cursor._tx.load_row(0, tuple)
     return row

@@ -57,14 +57,9 @@ def session_dsn(config: Config, dsn: str, environ: Mapping[str, str] | None = No
     return dsn
 
 
-def prepare_threshold(
-    config: Config, dsn: str, session: str, *, own: bool = False
-) -> int | None:
-    """psycopg's ``prepare_threshold`` for the pooled connections (``own``: the worker's own,
-    which run only trioq's statements): None prepares nothing."""
+def prepare_threshold(config: Config, dsn: str, session: str) -> int | None:
+    """psycopg's ``prepare_threshold`` for the pooled connections: None prepares nothing."""
     prepared = config.prepared_statements
     if prepared is None:
         prepared = session == dsn
-    if not prepared:
-        return None
-    return OWN_PREPARE_THRESHOLD if own else PSYCOPG_PREPARE_THRESHOLD
+    return PSYCOPG_PREPARE_THRESHOLD if prepared else None

@@ -39,7 +39,7 @@ from .banner import banner
 from .completer import Completer
 from .execute import Executor
 from .leases import HeldJobs
-from .pooling import prepare_threshold, session_dsn
+from .pooling import OWN_PREPARE_THRESHOLD, prepare_threshold, session_dsn
 from .services.aging import Aging
 from .services.governor import Governor
 from .services.heartbeat import Heartbeat
@@ -101,7 +101,7 @@ class Services:
         pooled = {"autocommit": True, "prepare_threshold": threshold}
         #: trioq's own statements read times Python cannot hold as the ends of its range, and
         #: are prepared at their first run (`OWN_PREPARE_THRESHOLD`).
-        own_threshold = prepare_threshold(config, dsn, self.session_dsn, own=True)
+        own_threshold = None if threshold is None else OWN_PREPARE_THRESHOLD
         own = {**pooled, "prepare_threshold": own_threshold, "context": TOLERANT}
         #: Claims, outcomes, heartbeats and maintenance: never starved by handlers. Neither
         #: pool's clock can be moved (``trioq.now`` unset on every connection they open).
