@@ -278,3 +278,122 @@ async def test_a_full_queue_is_not_woken_by_another_queues_outcomes(
         await wait_until(lambda: trio_true(quick_done.done == 200), timeout=20)
         assert len(claims) - before <= 2, [(len(c.jobs), c.reason) for c in claims[before:]]
         release.set()
+
+
+async def test_the_poll_reads_settings_and_finds_the_queues_with_work(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One statement for every served queue: its settings (defaults without a row), and
+    whether a claim could take a job of it now; the fetchers of those with work are woken,
+    and aging skips the others. A job not due yet, past its start deadline or running is not
+    work; nor is a queue that is not served."""
+    import trioq._worker.services.aging as aging_module
+    from trioq._worker.services.aging import Aging
+    from trioq._worker.services.governor import Governor
+
+    woken: list[str] = []
+
+    async def on_paused(name: str) -> None:
+        pass
+
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            served = ["due", "later", "late", "running", "empty", "paused"]
+            governor = Governor(pool, Q, {n: QueueConfig() for n in served}, poll_interval=60,
+                                on_change=woken.append, on_paused=on_paused)  # fmt: skip
+            assert all(governor.has_work(n) for n in served)  # before the first poll
+            first = await governor.run_once()
+            assert first.due == () and woken == [] and first.changed == ()
+            assert not any(governor.has_work(n) for n in served)
+            for queue in ("due", "later", "late", "running", "paused", "unserved"):
+                await Q.enqueue(conn, "t", queue=queue, notify=False)
+            await conn.execute("UPDATE trioq.jobs SET run_at = now() + interval '1 hour'"
+                               " WHERE queue = 'later'")  # by hand: available, not due
+            await conn.execute("UPDATE trioq.jobs SET run_at = now() - interval '2 s',"
+                               " start_by = now() - interval '1 s'"
+                               " WHERE queue = 'late'")  # fmt: skip
+            await conn.execute("UPDATE trioq.jobs SET state = 'running', lease_owner = 'x',"
+                               " lease_expires_at = now() + interval '1 h', attempt = 1"
+                               " WHERE queue = 'running'")  # fmt: skip
+            await Q.pause(conn, "paused")
+            second = await governor.run_once()
+            assert second.due == ("due", "paused")  # a paused queue's claim says so itself
+            assert second.changed == ("paused",) and second.paused == ("paused",)
+            assert sorted(woken) == ["due", "paused", "paused"]
+            assert [n for n in served if governor.has_work(n)] == ["due", "paused"]
+            assert governor.settings("due") == trioq.QueueSettings(name="due")
+            aged = Aging(pool, Q, served, has_work=governor.has_work)
+            assert (await aged.run_once()).aged == {}  # nothing old enough, but it looked
+
+            calls: list[str] = []
+            real = aging_module.age_queue
+
+            async def counted(conn: Any, sql: Any, name: str, **kwargs: Any) -> int:
+                calls.append(name)
+                return await real(conn, sql, name, **kwargs)
+
+            monkeypatch.setattr(aging_module, "age_queue", counted)
+            await aged.run_once()
+            assert calls == ["due", "paused"]  # the queues with work only
+            await conn.execute("DELETE FROM trioq.jobs")
+            await governor.run_once()
+            calls.clear()
+            assert (await aged.run_once()).aged == {} and calls == []
+
+
+async def test_an_idle_worker_sends_one_statement_a_poll_whatever_its_queues(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five idle queues: after each fetcher's first claim, no claim at all while the polls
+    go by (before, each fetcher claimed once a poll, and the settings were read apart); a
+    job enqueued without its notification is found by the next poll, and only its queue's
+    fetcher claims."""
+    import trioq._worker.services.governor as governor_module
+
+    tasks = trioq.Registry()
+    done = trio.Event()
+
+    @tasks.task(queue="q3")
+    async def quiet(job: trioq.JobContext) -> None:
+        done.set()
+
+    claims: list[str] = []
+    real_claim = Driver.claim
+
+    async def claim(self: Driver, conn: Any, queue: str, **kwargs: Any) -> Any:
+        claims.append(queue)
+        return await real_claim(self, conn, queue, **kwargs)
+
+    polls = 0
+    real_poll = governor_module.poll_queues
+
+    async def poll(*args: Any) -> Any:
+        nonlocal polls
+        got = await real_poll(*args)
+        polls += 1
+        return got
+
+    monkeypatch.setattr(Driver, "claim", claim)
+    monkeypatch.setattr(governor_module, "poll_queues", poll)
+    names = [f"q{i}" for i in range(5)]
+    async with serving(dsn, tasks, poll_interval=0.05,
+                       queues={n: QueueConfig() for n in names}) as (conn, _):  # fmt: skip
+        # At the start each fetcher claims, and once more if LISTEN's first wake-up (a
+        # notification may have been missed before it) came after its first claim.
+        await wait_until(lambda: _at_least(lambda: set(claims) == set(names)))
+        first = polls
+        await wait_until(lambda: _at_least(lambda: polls >= first + 2))
+        started = len(claims)
+        assert started <= 2 * len(names)
+        await wait_until(lambda: _at_least(lambda: polls >= first + 7))
+        assert len(claims) == started  # five polls, no claim
+        await Q.enqueue(conn, "quiet", queue="q3", notify=False)
+        with trio.fail_after(10):
+            await done.wait()
+        assert claims[started:] in (["q3"], ["q3", "q3"])  # the job's, and maybe one after
+
+
+async def _at_least(predicate: Any) -> bool:
+    await trio.lowlevel.checkpoint()
+    return bool(predicate())

@@ -34,6 +34,7 @@ __all__ = [
     "age_queue",
     "change_settings",
     "check_limit",
+    "poll_queues",
     "read_settings",
     "resume_due",
     "to_aging",
@@ -277,6 +278,17 @@ async def read_settings(
         names = [check_queue_name(n) for n in names]
     cur = await conn.execute(sql.queue_settings, {"names": names})
     return [QueueSettings.from_row(row) for row in await cur.fetchall()]
+
+
+async def poll_queues(
+    conn: Conn, sql: Statements, names: Sequence[str]
+) -> tuple[list[QueueSettings], frozenset[str]]:
+    """A worker's poll (one statement): the settings of ``names`` (the defaults for a name
+    without a row), by name, and those of ``names`` that have a job a claim could take now
+    (limits and pauses aside)."""
+    cur = await conn.execute(sql.queue_poll, {"names": [check_queue_name(n) for n in names]})
+    rows = await cur.fetchall()
+    return [QueueSettings.from_row(row) for row in rows], frozenset(r[0] for r in rows if r[11])
 
 
 #: The settings `change_settings` takes, in the order of the statement's parameters.

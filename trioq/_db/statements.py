@@ -353,6 +353,7 @@ class Statements:
     dead_count_ids = Statement(dead.DEAD_COUNT_IDS)
     # -- queue settings (flow control) ------------------------------------------------------------
     queue_settings = Statement(queues.QUEUE_SETTINGS)
+    queue_poll = Statement(queues.QUEUE_POLL)
     paused_settings = Statement(queues.PAUSED_SETTINGS)
     change_queue = Statement(queues.CHANGE_QUEUE)
     resume_due = Statement(queues.RESUME_DUE)

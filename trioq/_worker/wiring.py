@@ -196,7 +196,8 @@ class Services:
             self.pool, self.queue, served, poll_interval=config.poll_interval,
             on_change=runtime.wake, on_paused=runtime.release_buffered,
         )  # fmt: skip
-        self.aging = Aging(self.pool, self.queue, list(served))
+        self.aging = Aging(self.pool, self.queue, list(served),
+                           has_work=self.governor.has_work)  # fmt: skip
         #: Claims per queue and task, and their sizes (only when metrics are served).
         self.meter = None if config.metrics is None else ClaimMeter(self.task_labels)
         #: Failed claims per queue (the fetchers count them; ``/metrics`` shows them).

@@ -16,6 +16,25 @@ QUEUE_SETTINGS = _SETTINGS + """
  ORDER BY name
 """
 
+# A worker's poll of the queues it serves, once every ``poll_interval`` (the governor's round,
+# `trioq._worker.services.governor`): each name's settings (defaults where it has no row) and
+# whether it has a job a claim could take now (the claim's own conditions, its limits and
+# pause aside), in one round trip for all of them. The fetchers of drained queues wait for a
+# notification, or for this poll to find work: one statement a poll per process, whatever
+# the number of queues, instead of one claim a queue and a read of the settings.
+QUEUE_POLL = """
+SELECT n.queue, coalesce(paused AND NOT {pause_ended}, false), global_concurrency,
+       rate_limit, rate_period, key_concurrency, key_rate_limit, key_rate_period,
+       CASE WHEN paused AND NOT {pause_ended} AND paused_until IS NOT NULL
+            THEN {epoch_us}(paused_until) END, aging, coalesce(fair, false),
+       EXISTS (SELECT 1 FROM {jobs} j
+                WHERE j.queue = n.queue AND j.state = 'available' AND j.run_at <= {now}
+                  AND (j.start_by IS NULL OR j.start_by >= {now}))
+  FROM pg_catalog.unnest(%(names)s::text[]) AS n(queue)
+  LEFT JOIN {queues} q ON q.name = n.queue
+ ORDER BY n.queue
+"""
+
 # The paused queues only, the first `limit` by name (the dashboard's overview lists them so
 # they can be resumed: with 10,000 queues, reading every queue's settings to find them cost
 # the page more than all its counts).

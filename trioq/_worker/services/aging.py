@@ -8,6 +8,11 @@ never past the best priority waiting in the queue. The claim is untouched: it st
 jobs by (priority, run_at, id) from its index, and an aged job is simply a job of a better
 priority with an old run_at, first in its new class.
 
+A round skips a queue in which the process's last poll found no job a claim could take
+(`Governor.has_work`): nothing waits there to age, and an idle worker sends nothing (a job
+that arrives meanwhile waits at most a poll longer for its first step, against an aging
+step of minutes).
+
 Every process may age every queue it serves at once: each round locks the rows it moves
 with SKIP LOCKED and re-checks what they have earned, so a job never climbs twice for one
 wait, and a claim never waits for a round (nor a round for a claim).
@@ -16,7 +21,7 @@ wait, and a claim never waits for a round (nor a round for a claim).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -47,8 +52,10 @@ class Aging:
     def __init__(
         self, pool: Pool, queue: Queue, queues: Sequence[str], *,
         interval: float = AGING_INTERVAL, batch: int = AGE_BATCH,
+        has_work: Callable[[str], bool] = lambda _name: True,
     ) -> None:  # fmt: skip
         self._pool = pool
+        self._has_work = has_work  # the last poll found work in the queue
         self._queue = queue
         self._queues = tuple(queues)
         self.interval = interval
@@ -60,8 +67,11 @@ class Aging:
 
     async def run_once(self) -> AgingRound:
         aged: dict[str, int] = {}
+        queues = [name for name in self._queues if self._has_work(name)]
+        if not queues:
+            return AgingRound()
         async with self._pool.connection() as conn:
-            for name in self._queues:
+            for name in queues:
                 n = await age_queue(conn, self._queue.sql, name, limit=self._batch)
                 if n:
                     aged[name] = n

@@ -7,9 +7,17 @@ claimed with ``claim_limited``; the others with the plain claim, which the datab
 refuse a queue that has become controlled meanwhile, so a stale cache can delay a worker
 but never let it exceed a limit.
 
+Its round is the process's poll: one statement reads the settings of every served queue and
+which of them have a job a claim could take now (`trioq._flow.poll_queues`), and wakes the
+fetchers of those. A drained queue's fetcher thus waits for a notification or for this
+poll, not on a timer of its own: an idle process sends one statement a ``poll_interval``,
+however many queues it serves (it sent a claim per queue and the read before; the idle
+fleet in docs/benchmarks.md).
+
 A fetcher whose claim came back short waits here, for what can change the answer:
 
-- drained (or not limited): new work (a notification for the queue), or ``poll_interval``;
+- drained (or not limited): new work (a notification for the queue, or the poll finding
+  some);
 - paused, or the global concurrency limit reached: a settings change, or an outcome of this
   process written (its slot is free), or ``poll_interval``;
 - the rate window full: until it opens (``retry_in``, from the claim), or a settings change;
@@ -30,13 +38,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Set
+from math import inf
 
 import attrs
 import psycopg
 import trio
 
 from ..._config import QueueConfig
-from ..._flow import LimitedClaim, QueueSettings, resume_due
+from ..._flow import LimitedClaim, QueueSettings, poll_queues, resume_due
 from ..._pg.conn import Conn
 from ..._pg.pool import Pool
 from ..._queue import Queue
@@ -59,6 +68,8 @@ class GovernorRound:
     settings: tuple[QueueSettings, ...]
     changed: tuple[str, ...]  # queues whose settings differ from the last round
     paused: tuple[str, ...]  # queues paused since the last round
+    #: Served queues with a job a claim could take now (their fetchers were woken).
+    due: tuple[str, ...] = ()
     resumed: tuple[str, ...] = ()  # timed pauses this round ended in the database
     pause_ends_in: float | None = None  # seconds until the next timed pause ends
 
@@ -86,6 +97,9 @@ class Governor:
         self._blocked: dict[str, str] = {}  # queue -> the concurrency reason it waits on
         self._written = 0  # outcome batches written so far (see `wait`)
         self._pause_ends: float | None = None  # trio time of the next timed pause's end
+        #: Whether the last poll found a job a claim could take in each queue (True until
+        #: the first: `has_work`).
+        self._work = dict.fromkeys(queues, True)
 
     # -- what the runtime asks ------------------------------------------------------------------
 
@@ -94,6 +108,11 @@ class Governor:
 
     def settings(self, name: str) -> QueueSettings:
         return self._settings[name]
+
+    def has_work(self, name: str) -> bool:
+        """Whether the last poll found a job in ``name`` that a claim could take (aging
+        skips a queue that had none: nothing in it waits)."""
+        return self._work.get(name, True)
 
     def wake(self) -> None:
         """The settings may have changed (a notification, or the listener reconnected)."""
@@ -139,7 +158,8 @@ class Governor:
         """Wait until claiming from ``name`` again may give more than ``got`` did."""
         reason = got.reason
         if reason is None:
-            timeout = self._poll if got.retry_in is None else min(self._poll, got.retry_in)
+            # Drained: new work wakes the fetcher, a notification or the poll (`run_once`).
+            timeout = inf if got.retry_in is None else min(self._poll, got.retry_in)
             with trio.move_on_after(timeout):
                 await work.wait()
             return
@@ -207,13 +227,14 @@ class Governor:
         return applied
 
     async def run_once(self) -> GovernorRound:
-        """Read the settings of the served queues, resume those whose timed pause has
-        ended (and tell every worker: this process hears it too, and reads again), and act
-        on what changed."""
+        """Poll the served queues: read their settings and which have work, resume those
+        whose timed pause has ended (and tell every worker: this process hears it too, and
+        reads again), act on what changed, and wake the fetchers of the queues with work."""
         timer, self._pause_ends = self._pause_ends, None
         names = list(self._configs)
         async with self._pool.connection() as conn:
-            found = {s.name: s for s in await self._queue.queue_settings(conn, names)}
+            settings, due = await poll_queues(conn, self._queue.sql, names)
+            found = {s.name: s for s in settings}
             # Only a timed pause needs the tidy (and its end timed): one that runs now, or
             # one whose end the last round timed within a poll (an indefinite pause times
             # an end thousands of years away). Without either (the usual case), the round
@@ -241,9 +262,14 @@ class Governor:
         for name in changed:
             self._flow[name].set()
             self._on_change(name)
-        settings = tuple(self._settings[name] for name in self._settings)
-        return GovernorRound(settings=settings, changed=tuple(changed), paused=tuple(paused),
-                             resumed=tuple(resumed), pause_ends_in=ends_in)  # fmt: skip
+        for name in self._work:
+            self._work[name] = name in due
+        for name in sorted(due):
+            self._on_change(name)
+        kept = tuple(self._settings[name] for name in self._settings)
+        return GovernorRound(settings=kept, changed=tuple(changed), paused=tuple(paused),
+                             resumed=tuple(resumed), pause_ends_in=ends_in,
+                             due=tuple(sorted(due)))  # fmt: skip
 
     def _update(self, found: Mapping[str, QueueSettings]) -> tuple[list[str], list[str]]:
         """Keep the settings ``found``; the queues whose settings changed, and those paused
