@@ -327,7 +327,7 @@ async def test_the_poll_reads_settings_and_finds_the_queues_with_work(
             assert (await aged.run_once()).aged == {}  # nothing old enough, but it looked
 
             calls: list[str] = []
-            real = aging_module.age_queue
+            real = trioq._flow.age_queue
 
             async def counted(conn: Any, sql: Any, name: str, **kwargs: Any) -> int:
                 calls.append(name)
@@ -366,7 +366,7 @@ async def test_an_idle_worker_sends_one_statement_a_poll_whatever_its_queues(
         return await real_claim(self, conn, queue, **kwargs)
 
     polls = 0
-    real_poll = governor_module.poll_queues
+    real_poll = trioq._flow.poll_queues
 
     async def poll(*args: Any) -> Any:
         nonlocal polls

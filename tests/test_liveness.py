@@ -245,3 +245,104 @@ async def _row(conn: Any, worker: int | None) -> tuple[Any, ...]:
 
 async def _running_is(conn: Any, worker: int | None, count: int) -> bool:
     return bool((await _row(conn, worker))[2] == count)
+
+
+async def _watching(
+    dsn: str, pool: trioq.pg.Pool, holding: list[bool], interval: float, name: str = "idle"
+) -> Liveness:
+    liveness = Liveness(dsn, pool, trioq.Queue().driver, name=name, queues={"default": 1},
+                        interval=interval, running=lambda: 0,
+                        holding=lambda: holding[0])  # fmt: skip
+    liveness.row_every = 60.0
+    return liveness
+
+
+async def test_an_idle_worker_watches_its_liveness_connection_and_sends_nothing(
+    dsn: str,
+) -> None:
+    """Holding no job, a worker's liveness connection sends nothing between its row's pings
+    (here a minute apart): no round trip over 20 intervals, no write, nothing through the
+    pool. Once it holds a job it asks every interval again. Fails if an idle worker
+    probes, or if a busy one does not."""
+    interval = 0.05
+    holding = [False]
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            liveness = await _watching(dsn, pool, holding, interval)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await wait_until(lambda: _true(liveness.watches >= 1))  # the row was pinged
+                version = await _row(conn, liveness.worker)
+                await trio.sleep(20 * interval)  # an absence: nothing to wait for
+                assert (liveness.probes, liveness.pool_pings) == (0, 0)
+                assert await _row(conn, liveness.worker) == version
+                holding[0] = True
+                liveness.claimed(trio.current_time())
+                await wait_until(lambda: _true(liveness.probes >= 5))
+                assert await _row(conn, liveness.worker) == version  # round trips, no write
+                assert liveness.pool_pings == 0
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_claim_wakes_the_idle_liveness_connection_to_prove_itself_at_once(
+    dsn: str,
+) -> None:
+    """The interval is 20 s and the row's ping a minute away: only the claim's wake-up can
+    make the liveness connection's round trip within a few seconds of the claim."""
+    holding = [False]
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            liveness = await _watching(dsn, pool, holding, interval=20)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await wait_until(lambda: _true(liveness.watches >= 1))
+                holding[0] = True
+                liveness.claimed(trio.current_time())
+                with trio.fail_after(5):
+                    await wait_until(lambda: _true(liveness.probes == 1))
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_watching_worker_reconnects_the_moment_its_session_ends(dsn: str) -> None:
+    """An idle worker's liveness session is terminated: the server's FATAL and the close
+    wake its watch, and it reconnects and takes its lock again (the same row) within
+    seconds, though its interval is 20 s and its row's ping a minute away. Fails if the
+    idle worker only noticed at its next round trip."""
+    holding = [False]
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            liveness = await _watching(dsn, pool, holding, interval=20)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await wait_until(lambda: _true(liveness.watches >= 1))
+                worker = liveness.worker
+                (pid,) = await liveness_pids(conn)
+                await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                with trio.fail_after(5):
+                    await wait_until(lambda: _locked_by_another(conn, pid))
+                assert liveness.worker == worker and liveness.probes == 0
+                nursery.cancel_scope.cancel()
+
+
+async def _locked_by_another(conn: Any, pid: int) -> bool:
+    pids = await liveness_pids(conn)
+    return len(pids) == 1 and pids[0] != pid
+
+
+def test_the_liveness_connection_keeps_tcp_keepalives_the_dsn_does_not_set() -> None:
+    """The kernel notices a silent peer of an idle, watched connection (`KEEPALIVES`); a
+    DSN that sets a keepalive parameter keeps its own."""
+    from trioq._worker.services.liveness import KEEPALIVES
+
+    pool: Any = None
+    mine = Liveness("host=db keepalives_idle=7", pool, trioq.Queue().driver, name="n",
+                    queues={}, interval=0.5, running=lambda: 0)  # fmt: skip
+    kwargs = mine._connect_kwargs
+    assert "keepalives_idle" not in kwargs  # the DSN's 7 stands
+    assert kwargs["keepalives_count"] == KEEPALIVES["keepalives_count"] == "3"
+    default = Liveness("host=db", pool, trioq.Queue().driver, name="n", queues={},
+                       interval=0.5, running=lambda: 0)  # fmt: skip
+    assert {k: default._connect_kwargs[k] for k in KEEPALIVES} == KEEPALIVES

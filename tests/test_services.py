@@ -90,6 +90,12 @@ async def register(
     return int(row[0][0])
 
 
+async def suspect(conn: Any, name: str, ago: float) -> None:
+    """A sweeper suspected worker ``name`` ``ago`` seconds before T0."""
+    await conn.execute("UPDATE trioq.workers SET suspected_at = %s WHERE name = %s",
+                       (T0 - dt.timedelta(seconds=ago), name))  # fmt: skip
+
+
 async def suspicions(conn: Any) -> dict[str, dt.datetime | None]:
     return dict(await rows(conn, "SELECT name, suspected_at FROM trioq.workers"))
 
@@ -292,9 +298,11 @@ async def test_a_ping_that_races_the_reclaim_keeps_the_worker(
     async with database(dsn) as (conn, pool), await trioq.connect(dsn) as pinger:
         sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
                           on_returned=lambda: None)  # fmt: skip
-        worker = await register(conn, "racing", seen_ago=10, suspected_ago=suspected_ago)
+        worker = await register(conn, "racing", seen_ago=10)
         await trioq.enqueue(conn, "t", queue="racing")
         (job,) = await Q.claim(conn, "racing", owner="racing", limit=1, lease=LEASE)
+        if suspected_ago is not None:  # after the claim, which clears a suspicion
+            await suspect(conn, "racing", suspected_ago)
         await pinger.execute("SELECT set_config('trioq.now', %s, false)", (T0.isoformat(),))
         await pinger.execute(Q.sql.worker_ping, {"id": worker, "running": 1})  # not committed
         rounds: list[Any] = []
@@ -308,6 +316,39 @@ async def test_a_ping_that_races_the_reclaim_keeps_the_worker(
         assert await rows(conn, "SELECT state FROM trioq.jobs WHERE id = %s", job.id) == [
             ("running",)
         ]
+
+
+@pytest.mark.parametrize("claim", ["plain", "weighted", "limited"])
+async def test_a_claim_clears_its_workers_suspicion_so_the_verdict_spares_its_jobs(
+    dsn: str, claim: str
+) -> None:
+    """An idle worker watches its liveness connection instead of asking it: should its lock
+    be free unseen (its session ended in silence), a sweeper's suspicion can be a grace old
+    by the time the worker claims. Its claim clears the suspicion in the same statement, as
+    a ping does, so the next check suspects it anew instead of taking the jobs it just
+    claimed; a worker suspected as long, that claimed nothing, is judged (the control).
+    Each claim statement does it; fails if one does not."""
+    async with database(dsn) as (conn, pool):
+        sweeper = Sweeper(pool, Q.driver, interval=60, reclaim_interval=1, grace=2,
+                          on_returned=lambda: None)  # fmt: skip
+        for name in ("idle", "gone"):
+            await register(conn, name, seen_ago=10, suspected_ago=10)  # a grace old and more
+            await trioq.enqueue(conn, "t", queue=name)
+        if claim == "limited":
+            await Q.set_limits(conn, "idle", global_concurrency=5)
+            got = (await Q.driver.claim_limited(conn, "idle", owner="idle", limit=1,
+                                                lease=LEASE)).jobs  # fmt: skip
+        else:
+            got = await Q.driver.claim(conn, "idle", owner="idle", limit=1, lease=LEASE,
+                                       weighted=claim == "weighted")  # fmt: skip
+        [job] = got
+        assert await suspicions(conn) == {"idle": None, "gone": T0 - dt.timedelta(seconds=10)}
+        round_ = await sweeper.run_once(sweep=False)
+        assert round_.reclaimed.returned == frozenset()  # "gone" held no job
+        assert round_.reclaimed.suspected == 1  # "idle" again: its lock is still free
+        assert await rows(conn, "SELECT name FROM trioq.workers") == [("idle",)]
+        assert await rows(conn, "SELECT state, lease_owner FROM trioq.jobs WHERE id = %s",
+                          job.id) == [("running", "idle")]  # fmt: skip
 
 
 async def _append(found: list[Any], round_: Awaitable[Any]) -> None:

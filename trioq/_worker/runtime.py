@@ -420,6 +420,8 @@ class Runtime:
                 batch = [HeldJob(job, Lease(job.id, job.attempt), units(job.cost))
                          for job in claimed]  # fmt: skip
                 self._held.add(batch)
+                if batch:  # the claim cleared any suspicion of this worker: a ping
+                    self._services.liveness.claimed(sent)
                 # At most `wanted` units, and one job past them (its units are not free yet:
                 # it waits at the buffer's head, see `_QueueState`): the buffer stays bounded.
                 state.put(batch)

@@ -159,10 +159,12 @@ class Services:
             reclaim_interval=config.liveness_interval, grace=config.liveness_grace,
             on_returned=runtime.wake_all, on_swept=self.lifecycle.swept,
         )  # fmt: skip
+        held = runtime.held
         self.liveness = Liveness(
             self.session_dsn, self.pool, driver, name=owner,
             queues={name: q.concurrency for name, q in served.items()},
             interval=config.liveness_interval, running=runtime.running,
+            holding=lambda: len(held) > 0,
             on_taken_for_dead=self.heartbeat.wake,  # which leases are lost: cancel those now
             connect_kwargs={"prepare_threshold": own_threshold},
         )  # fmt: skip

@@ -22,6 +22,20 @@ a handler's own transaction. `trioq._db.driver` runs them (the transactions' one
 #   have costs (the worker switches to it once it sees one, or when a task of the queue
 #   costs more than 1): nothing to give back, and 0.04 ms more server time a claim, 8 % of
 #   it (EXPLAIN ANALYZE, 300 interleaved runs), which is why it is not the only one.
+#
+# Every claim clears its worker's suspicion (`maintenance.RECLAIM_EXPIRED`), as a ping does:
+# an idle worker proves its liveness connection alive by watching it, not by asking
+# (`trioq._worker.services.liveness`), so a suspicion raised while it was idle must not
+# outlive the claim that ends its idleness: else the verdict a grace later could take the
+# jobs just claimed from a live worker. A suspicion the claim's snapshot does not see yet
+# gives its verdict no earlier than a grace after the claim, by when the worker, busy now,
+# has proved itself (or pinged through its pool). Writes only a suspected row; reads one
+# row of `workers` by its unique name otherwise.
+_CLEAR_SUSPICION = """
+WITH proved AS (
+    UPDATE {workers} SET suspected_at = NULL
+     WHERE name = %(owner)s AND suspected_at IS NOT NULL
+)"""
 _CLAIM_DUE = """
      WHERE queue = %(queue)s AND state = 'available' AND run_at <= {now}
        AND (start_by IS NULL OR start_by >= {now})  -- a deadline to start passed: never
@@ -42,11 +56,11 @@ _CLAIM_RETURN = """))
 RETURNING {job_columns}
 """
 CLAIM = (
-    "\nWITH c AS (\n    SELECT id FROM {jobs}" + _CLAIM_DUE
+    _CLEAR_SUSPICION + ", c AS (\n    SELECT id FROM {jobs}" + _CLAIM_DUE
     + _CLAIM_TAKE + "SELECT id FROM c" + _CLAIM_RETURN
 )  # fmt: skip
 CLAIM_WEIGHTED = (
-    "\nWITH c AS (\n    SELECT id, priority, run_at, cost FROM {jobs}" + _CLAIM_DUE
+    _CLEAR_SUSPICION + ", c AS (\n    SELECT id, priority, run_at, cost FROM {jobs}" + _CLAIM_DUE
     + """, k AS (
     SELECT id, pg_catalog.sum(coalesce(cost, 1)) OVER (ORDER BY priority, run_at, id)
                - coalesce(cost, 1) AS before
@@ -55,7 +69,7 @@ CLAIM_WEIGHTED = (
     + _CLAIM_TAKE + "SELECT id FROM k WHERE before < %(limit)s" + _CLAIM_RETURN
 )  # fmt: skip
 
-CLAIM_LIMITED = """
+CLAIM_LIMITED = _CLEAR_SUSPICION + """
 SELECT * FROM {claim_limited}(%(queue)s, %(owner)s, %(limit)s, %(lease)s)
 """
 

@@ -3,14 +3,28 @@
 Leases alone make a crashed worker's jobs wait for their expiry (30 s by default).
 Instead each worker keeps a row in ``workers`` and holds, on a connection of its own, a
 session-level advisory lock keyed by its row's id: Postgres drops the lock the moment the
-process (or that connection) dies. Every ``Config.liveness_interval``, on the clock, the
-worker proves that connection alive with a round trip that writes nothing (a protocol
-``Sync``: the lock lives as long as the session answers); it pings its row (a write:
-``seen_at``, and how many handlers run) only every `ROW_EVERY` seconds, or when that count
-changed. Whenever the liveness connection's round trip is late (`LATE`: the connection is
-cut, reconnecting, or stuck), the worker pings its row through its pool instead, every
-interval until the liveness connection answers again. An idle worker thus writes its row
-every 10 s, not twice a second (docs/benchmarks.md, "An idle fleet").
+process (or that connection) dies. While the worker holds a job (running, buffered, or its
+outcome not yet written), every ``Config.liveness_interval``, on the clock, it proves that
+connection alive with a round trip that writes nothing (a protocol ``Sync``: the lock lives
+as long as the session answers); it pings its row (a write: ``seen_at``, and how many
+handlers run) only every `ROW_EVERY` seconds, or when that count changed. Whenever the
+liveness connection's round trip is late (`LATE`: the connection is cut, reconnecting, or
+stuck), the worker pings its row through its pool instead, every interval until the
+liveness connection answers again. An idle worker thus writes its row every 10 s, not
+twice a second (docs/benchmarks.md, "An idle fleet").
+
+**An idle worker watches instead of asking.** With no job held, nothing of the worker's can
+be taken from it, and its liveness connection sends nothing between its row's pings: the
+worker waits for the socket to become readable (a session that ends says so: the server's
+``FATAL`` and the close arrive at once, and a round trip then tells, and reconnects), with
+TCP keepalives of `KEEPALIVES` on it so that the kernel, not the backend, notices a peer
+that went silent (a dropped route, a host lost) within seconds, long before a server
+frees the session's lock on its own keepalives. The claim that ends the idleness clears
+the worker's suspicion in the same statement (`trioq._db.sql.leases`), counts as a ping
+(`claimed`), and wakes the liveness connection to prove itself at once: from then on it
+asks every interval again. So idle workers cost the server a row write every 10 s each
+instead of two round trips a second (docs/benchmarks.md, round 10). While the liveness
+connection is down (reconnecting), the pool pings on, idle or not.
 
 The sweepers of every process (`Driver.reclaim_dead_workers`) take a worker for dead only
 on evidence that one flaky connection cannot fake: no session at all holding its lock (read
@@ -50,12 +64,14 @@ from typing import Any
 
 import psycopg
 import trio
+from psycopg.conninfo import conninfo_to_dict
 
 from ..._db.driver import Driver
 from ..._exceptions import PoolClosedError
 from ..._pg.connection import Conn, TrioConnection, connect
 from ..._pg.errors import connection_fault
 from ..._pg.pool import Pool
+from ..wakeup import Wakeup
 
 __all__ = ["Liveness"]
 
@@ -76,17 +92,35 @@ LATE = 1.25
 ROW_EVERY = 10.0
 #: Bound on removing the worker's row at shutdown.
 REMOVE_TIMEOUT = 5.0
+#: TCP keepalives of the liveness connection (libpq's parameters; a DSN that sets one keeps
+#: its own): an idle connection's peer that stopped answering is noticed by the kernel
+#: within about 4 s (1 s idle, then 3 probes 1 s apart), and the connection ends, so the
+#: watching worker reconnects. A probe and its answer are the kernels' alone: no backend
+#: wakes for them. (Nothing for a Unix socket, which has no silent peer.)
+KEEPALIVES = {"keepalives": "1", "keepalives_idle": "1", "keepalives_interval": "1",
+              "keepalives_count": "3"}  # fmt: skip
 
 
 class Liveness:
     def __init__(
         self, dsn: str, pool: Pool, driver: Driver, *, name: str, queues: Mapping[str, int],
         interval: float, running: Callable[[], int],
+        holding: Callable[[], bool] = lambda: True,
         on_taken_for_dead: Callable[[], None] | None = None,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self._dsn = dsn
-        self._connect_kwargs = {**(connect_kwargs or {}), "autocommit": True}
+        given = conninfo_to_dict(dsn)
+        keepalives = {k: v for k, v in KEEPALIVES.items() if k not in given}
+        self._connect_kwargs = {**keepalives, **(connect_kwargs or {}), "autocommit": True}
+        #: Whether this worker holds any job (running, buffered, outcome not yet written).
+        self._holding = holding
+        #: A claim ended the idleness: the liveness connection proves itself at once, and
+        #: the pool's channel watches the time again (one flag for each).
+        self._claimed_probe = Wakeup()
+        self._claimed_pool = Wakeup()
+        #: Whether the liveness connection is up (registered, its lock held).
+        self._connected = False
         self._pool = pool
         self._on_taken_for_dead = on_taken_for_dead  # a ping found the row gone
         self._sql = driver.sql
@@ -102,6 +136,8 @@ class Liveness:
         self.pool_pings = 0
         #: Round trips of the liveness connection that wrote nothing, for tests.
         self.probes = 0
+        #: Idle waits on the liveness connection's socket (no round trip), for tests.
+        self.watches = 0
         #: The count of running handlers the row was last written with.
         self._written_running: int | None = None
         self.row_every = max(ROW_EVERY, interval)
@@ -130,7 +166,12 @@ class Liveness:
                         task_status.started()
                         started = True
                     backoff = RECONNECT_MIN
-                    await self._ping_until_gone(conn)
+                    self._connected = True
+                    try:
+                        await self._ping_until_gone(conn)
+                    finally:
+                        self._connected = False
+                        self._claimed_pool.set()  # the pool pings now, idle or not
             except psycopg.Error as ex:
                 # The connection broke, or the server is read-only (a standby, the old
                 # primary after a failover: the next connection may reach the new one).
@@ -154,6 +195,11 @@ class Liveness:
             due = self._pinged_at + self.interval * LATE
             if trio.current_time() < due:
                 await trio.sleep_until(due)
+                continue
+            if self._connected and not self._holding():
+                # Idle, and the liveness connection is up and watched: nothing to prove
+                # until a claim (which counts as a ping) or a lost connection.
+                await self._claimed_pool.wait()
                 continue
             try:
                 async with self._pool.connection() as conn:
@@ -181,8 +227,9 @@ class Liveness:
     async def _ping_until_gone(self, conn: TrioConnection[Any]) -> None:
         """Every interval, on the clock (a slow round trip does not push the next one back,
         which would wake the pool's fallback, `LATE`): a ping of the row when it is due
-        (`ROW_EVERY`, or the count of running handlers changed), else a round trip that
-        writes nothing."""
+        (`ROW_EVERY`, or the count of running handlers changed), else, while a job is held,
+        a round trip that writes nothing; while none is, a watch of the socket until the
+        row's ping is due or a claim ends the idleness (`_watch`)."""
         self._written_running = None  # a new session: its first round trip pings the row
         row_due = -float("inf")
         while True:
@@ -191,11 +238,47 @@ class Liveness:
                 if not await self.run_once(conn):
                     return  # registering again
                 row_due = started + self.row_every
-            else:
+            elif self._holding():
                 await conn.sync()
                 self._pinged_at = max(self._pinged_at, started)
                 self.probes += 1
-            await trio.sleep_until(started + self.interval)
+            else:
+                self.watches += 1
+                await self._watch(conn, row_due)
+                continue
+            if self._holding():  # else idle: the next turn watches
+                await trio.sleep_until(started + self.interval)
+
+    async def _watch(self, conn: TrioConnection[Any], until: float) -> None:
+        """Idle: wait until ``until``, a claim (`claimed`), or something arriving on the
+        liveness connection's socket; then a round trip tells whether the session lives
+        (it raises if not: the caller reconnects)."""
+        arrived = False
+
+        async def socket(cancel: trio.CancelScope) -> None:
+            nonlocal arrived
+            await trio.lowlevel.wait_readable(conn.pgconn.socket)
+            arrived = True
+            cancel.cancel()
+
+        async def claim(cancel: trio.CancelScope) -> None:
+            await self._claimed_probe.wait()
+            cancel.cancel()
+
+        with trio.move_on_at(until):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(socket, nursery.cancel_scope)
+                nursery.start_soon(claim, nursery.cancel_scope)
+        if arrived:
+            await conn.sync()  # reads what came: a FATAL and the close raise here
+
+    def claimed(self, sent: float) -> None:
+        """A claim sent at ``sent`` (trio's clock) took jobs: it cleared this worker's
+        suspicion, as a ping does, and ends the idleness (the liveness connection proves
+        itself now, and every interval while jobs are held)."""
+        self._pinged_at = max(self._pinged_at, sent)
+        self._claimed_probe.set()
+        self._claimed_pool.set()
 
     async def run_once(self, conn: Conn) -> bool:
         """One ping of the row on ``conn`` (it clears a sweeper's suspicion); False if this
