@@ -290,7 +290,7 @@ def pgbench_drain_script() -> str:
     stmts = statements("trioq")
     claim = _pgbench_sql(stmts.claim)
     head, update = claim.split("\nUPDATE ", 1)
-    assert head.startswith("WITH c AS (") and "RETURNING" in update, claim
+    assert "WITH proved AS (" in head and ", c AS (" in head and "RETURNING" in update, claim
     wrapped = (
         f"{head},\nu AS (\nUPDATE {update}\n)\n"
         "SELECT coalesce(array_agg(id), '{}') AS ids,"

@@ -66,7 +66,8 @@ def measure(dsn: str, batch: int, claims: int, rounds: int) -> dict[str, Any]:
         planned = {}
         for mode, conn in conns.items():
             row = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                               " WHERE statement LIKE 'WITH c AS (%%'").fetchone()  # fmt: skip
+                               " WHERE statement LIKE '%%WITH proved AS (%%), c AS (%%'"
+                               ).fetchone()  # fmt: skip
             planned[mode] = row
         return {
             "batch": batch,

@@ -13,7 +13,7 @@ from helpers import rows, serving, wait_until
 
 import trioq
 
-CLAIM_PREFIX = "WITH c AS (%"  # the plain claim's text (trioq/_db/sql/leases.py)
+CLAIM_PREFIX = "%WITH proved AS (%), c AS (%"  # the plain claim's text (trioq/_db/sql/leases.py)
 
 
 async def test_the_claim_is_planned_once_on_the_workers_own_connection(dsn: str) -> None:
