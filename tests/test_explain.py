@@ -278,6 +278,26 @@ async def _both_plans(
     return {"custom": await _custom_plan(conn, statement, params), "generic": generic}
 
 
+async def _assert_the_poll_probes_each_queue(conn: Any) -> None:
+    """The poll of a worker's queues probes each queue's work through the claim's index,
+    from the queue's name, and stops at the first job: never one scan of every queue's due
+    jobs (a hashed subplan over the whole index: an EXISTS did that), nor a sequential scan
+    until a first match (a LIMIT without the claim's order did that)."""
+    served = [TARGET, *(f"queue_{i}" for i in range(5)), "no_such_queue"]
+    poll = await _both_plans(conn, "trioq_poll", SQL.queue_poll, {"names": served})
+    for kind, plan in poll.items():
+        print(f"\npoll, {kind} plan:\n{_render(plan)}")
+        _assert_uses(plan, "jobs_claim_idx", ("Index Scan", "Index Only Scan"))
+        for node in _nodes(plan):
+            if node.get("Index Name") == "jobs_claim_idx":
+                assert "queue = n.queue" in node.get("Index Cond", ""), _render(plan)
+                assert node.get("Parent Relationship") != "SubPlan", _render(plan)
+    cur = await conn.execute(SQL.queue_poll, {"names": served})
+    assert [(r[0], r[11]) for r in await cur.fetchall()] == sorted(
+        [(name, name != "no_such_queue") for name in served]
+    )
+
+
 async def _analyzed_claim(conn: Any, params: Mapping[str, Any]) -> Any:
     """EXPLAIN (ANALYZE, BUFFERS) of a real claim, rolled back."""
     cur = psycopg.AsyncClientCursor(conn)
@@ -327,6 +347,7 @@ async def test_hot_statements_use_their_indexes_on_a_big_table(dsn: str) -> None
                     assert [n["Node Type"] for n in _nodes(node)][1:] == ["CTE Scan"], (
                         _render(plan))
 
+        await _assert_the_poll_probes_each_queue(conn)
         analyzed = await _analyzed_claim(conn, claim_params)
         plan = analyzed["Plan"]
         print(f"\nclaim, EXPLAIN ANALYZE (rolled back), {analyzed['Execution Time']:.3f} ms:")

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+import pytest
 import trio
 from clitool import ServeProcess, trioq_cli
 from helpers import rows, scalar, serving, wait_until
@@ -346,3 +347,35 @@ def test_the_liveness_connection_keeps_tcp_keepalives_the_dsn_does_not_set() -> 
     default = Liveness("host=db", pool, trioq.Queue().driver, name="n", queues={},
                        interval=0.5, running=lambda: 0)  # fmt: skip
     assert {k: default._connect_kwargs[k] for k in KEEPALIVES} == KEEPALIVES
+
+
+async def test_a_serving_worker_watches_while_idle_and_asks_while_it_holds_a_job(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime's wiring: idle, its liveness connection makes no round trip; its claim
+    ends that (the liveness connection proves itself at once, then every interval while the
+    job is held), and once the job's outcome is written it watches again. The row's ping is
+    a minute apart here: only the claim's wake-up ends the watch within the test."""
+    import trioq._worker.services.liveness as liveness_module
+
+    monkeypatch.setattr(liveness_module, "ROW_EVERY", 60.0)
+    started: list[int] = []
+    release = trio.Event()
+    interval = 0.05
+    async with serving(dsn, holding_registry(started, release), liveness_interval=interval,
+                       liveness_grace=1.0) as (conn, runtime):  # fmt: skip
+        liveness = runtime._services.liveness
+        await wait_until(lambda: _true(liveness.watches >= 1))
+        await trio.sleep(20 * interval)  # an absence: nothing to wait for
+        assert liveness.probes == 0 and liveness.pool_pings == 0
+        await trioq.enqueue(conn, "hold")
+        await wait_until(lambda: _true(len(started) == 1))
+        await wait_until(lambda: _true(liveness.probes >= 5))
+        release.set()
+        await wait_until(lambda: _done(conn))
+        await wait_until(lambda: _true(runtime.statistics().held_leases == 0))
+        probes, watches = liveness.probes, liveness.watches
+        await wait_until(lambda: _true(liveness.watches > watches))
+        await trio.sleep(20 * interval)
+        assert liveness.probes <= probes + 1  # one in flight when the outcome was written
+        assert liveness.pool_pings == 0

@@ -22,16 +22,27 @@ QUEUE_SETTINGS = _SETTINGS + """
 # pause aside), in one round trip for all of them. The fetchers of drained queues wait for a
 # notification, or for this poll to find work: one statement a poll per process, whatever
 # the number of queues, instead of one claim a queue and a read of the settings.
+#
+# The work is probed a queue at a time (LATERAL ... LIMIT 1 in the claim's order: the claim's
+# index from the queue's name, stopping at the first job), never as one set: written as
+# EXISTS, the generic plan hashed a single scan of every queue's due jobs (the whole index
+# under a backlog); without the order, the planner chose a sequential scan of the table
+# until the first match (all of it, for a queue with none: tests/test_explain.py).
 QUEUE_POLL = """
 SELECT n.queue, coalesce(paused AND NOT {pause_ended}, false), global_concurrency,
        rate_limit, rate_period, key_concurrency, key_rate_limit, key_rate_period,
        CASE WHEN paused AND NOT {pause_ended} AND paused_until IS NOT NULL
             THEN {epoch_us}(paused_until) END, aging, coalesce(fair, false),
-       EXISTS (SELECT 1 FROM {jobs} j
-                WHERE j.queue = n.queue AND j.state = 'available' AND j.run_at <= {now}
-                  AND (j.start_by IS NULL OR j.start_by >= {now}))
+       w.work IS NOT NULL
   FROM pg_catalog.unnest(%(names)s::text[]) AS n(queue)
   LEFT JOIN {queues} q ON q.name = n.queue
+  LEFT JOIN LATERAL (
+    SELECT true AS work FROM {jobs} j
+     WHERE j.queue = n.queue AND j.state = 'available' AND j.run_at <= {now}
+       AND (j.start_by IS NULL OR j.start_by >= {now})
+     ORDER BY j.priority, j.run_at, j.id  -- the claim's order: its index, never a scan
+     LIMIT 1
+  ) w ON true
  ORDER BY n.queue
 """
 

@@ -92,13 +92,15 @@ LATE = 1.25
 ROW_EVERY = 10.0
 #: Bound on removing the worker's row at shutdown.
 REMOVE_TIMEOUT = 5.0
-#: TCP keepalives of the liveness connection (libpq's parameters; a DSN that sets one keeps
+#: TCP settings of the liveness connection (libpq's parameters; a DSN that sets one keeps
 #: its own): an idle connection's peer that stopped answering is noticed by the kernel
-#: within about 4 s (1 s idle, then 3 probes 1 s apart), and the connection ends, so the
-#: watching worker reconnects. A probe and its answer are the kernels' alone: no backend
-#: wakes for them. (Nothing for a Unix socket, which has no silent peer.)
+#: within about 4 s (keepalives: 1 s idle, then 3 probes 1 s apart), a round trip whose
+#: bytes the peer never acknowledges ends after 5 s (``tcp_user_timeout``, not the
+#: kernel's 15 minutes of retries), and the connection ends either way, so the worker
+#: reconnects. A probe and its answer are the kernels' alone: no backend wakes for them.
+#: (Nothing for a Unix socket, which has no silent peer.)
 KEEPALIVES = {"keepalives": "1", "keepalives_idle": "1", "keepalives_interval": "1",
-              "keepalives_count": "3"}  # fmt: skip
+              "keepalives_count": "3", "tcp_user_timeout": "5000"}  # fmt: skip
 
 
 class Liveness:
