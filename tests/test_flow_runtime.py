@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
+import psycopg
 import pytest
 import trio
 from helpers import scalar, wait_until
@@ -397,3 +398,46 @@ async def test_an_idle_worker_sends_one_statement_a_poll_whatever_its_queues(
 async def _at_least(predicate: Any) -> bool:
     await trio.lowlevel.checkpoint()
     return bool(predicate())
+
+
+async def test_a_poll_that_fails_wakes_every_fetcher(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drained fetchers wait for the poll: a round that fails (here the statement
+    raises) wakes every served queue's fetcher, which claims as it did on a timer of its
+    own, and aging looks at every queue, for as long as the failures last. And the queues
+    with work are woken before anything else the round does can fail or wait."""
+    import trioq._worker.services.governor as governor_module
+    from trioq._worker.services.governor import Governor
+
+    woken: list[str] = []
+
+    async def on_paused(name: str) -> None:
+        raise RuntimeError("releasing failed")
+
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            governor = Governor(pool, Q, {"a": QueueConfig(), "b": QueueConfig()},
+                                poll_interval=60, on_change=woken.append,
+                                on_paused=on_paused)  # fmt: skip
+            await governor.run_once()
+            assert not governor.has_work("a") and not governor.has_work("b")
+
+            async def broken(*args: Any) -> Any:
+                raise psycopg.OperationalError("the poll failed")
+
+            monkeypatch.setattr(governor_module, "poll_queues", broken)
+            with pytest.raises(psycopg.OperationalError):
+                await governor._poll_round()
+            assert sorted(woken) == ["a", "b"]
+            assert governor.has_work("a") and governor.has_work("b")
+            monkeypatch.undo()
+            woken.clear()
+            await governor.run_once()  # nothing anywhere: back to waiting for the poll
+            assert woken == [] and not governor.has_work("a")
+            await Q.enqueue(conn, "t", queue="a", notify=False)
+            await Q.pause(conn, "a")  # the round's release of its jobs fails after the wake
+            with pytest.raises(RuntimeError):
+                await governor._poll_round()
+            assert woken == ["a", "a", "b"]  # its work first, then everyone for the failure

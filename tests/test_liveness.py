@@ -279,7 +279,8 @@ async def test_an_idle_worker_watches_its_liveness_connection_and_sends_nothing(
                 assert (liveness.probes, liveness.pool_pings) == (0, 0)
                 assert await _row(conn, liveness.worker) == version
                 holding[0] = True
-                liveness.claimed(trio.current_time())
+                with liveness.claiming():  # a claim that took a job
+                    pass
                 await wait_until(lambda: _true(liveness.probes >= 5))
                 assert await _row(conn, liveness.worker) == version  # round trips, no write
                 assert liveness.pool_pings == 0
@@ -299,10 +300,40 @@ async def test_a_claim_wakes_the_idle_liveness_connection_to_prove_itself_at_onc
             async with trio.open_nursery() as nursery:
                 await nursery.start(liveness.run)
                 await wait_until(lambda: _true(liveness.watches >= 1))
-                holding[0] = True
-                liveness.claimed(trio.current_time())
-                with trio.fail_after(5):
+                with liveness.claiming(), trio.fail_after(5):  # a claim on its way
                     await wait_until(lambda: _true(liveness.probes == 1))
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_claim_after_idleness_is_covered_from_its_sending(dsn: str) -> None:
+    """Idle, its liveness session stuck (its backend SIGSTOPped: the round trip never
+    answers), the worker sends a claim that takes long to return (a controlled queue's
+    claim waiting for its queue's lock). From the claim's sending the worker counts as
+    holding: its liveness connection is asked at once, and the pool pings 1.25 intervals
+    after the sending, while the claim is still on its way. Fails if the worker waited for
+    the claim to return (a suspicion raised after the claim's snapshot would then have had
+    its grace: a verdict on the jobs it was committing)."""
+    interval = 0.2
+    holding = [False]
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            liveness = await _watching(dsn, pool, holding, interval)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await wait_until(lambda: _true(liveness.watches >= 1))
+                (pid,) = await liveness_pids(conn)
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    sent = trio.current_time()
+                    with liveness.claiming():  # it has not returned when the pool pings
+                        await wait_until(lambda: _true(liveness.pool_pings >= 1))
+                        late = trio.current_time() - sent
+                    assert liveness.probes == 0  # the liveness connection never answered
+                    assert late >= interval  # the liveness connection had its chance first
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                await wait_until(lambda: _true(liveness.probes >= 1))  # it answers again
                 nursery.cancel_scope.cancel()
 
 
@@ -366,8 +397,10 @@ async def test_a_serving_worker_watches_while_idle_and_asks_while_it_holds_a_job
                        liveness_grace=1.0) as (conn, runtime):  # fmt: skip
         liveness = runtime._services.liveness
         await wait_until(lambda: _true(liveness.watches >= 1))
+        await trio.sleep(20 * interval)  # the start's claims (each asks once) are over
+        probes = liveness.probes
         await trio.sleep(20 * interval)  # an absence: nothing to wait for
-        assert liveness.probes == 0 and liveness.pool_pings == 0
+        assert liveness.probes == probes and liveness.pool_pings == 0
         await trioq.enqueue(conn, "hold")
         await wait_until(lambda: _true(len(started) == 1))
         await wait_until(lambda: _true(liveness.probes >= 5))

@@ -420,8 +420,6 @@ class Runtime:
                 batch = [HeldJob(job, Lease(job.id, job.attempt), units(job.cost))
                          for job in claimed]  # fmt: skip
                 self._held.add(batch)
-                if batch:  # the claim cleared any suspicion of this worker: a ping
-                    self._services.liveness.claimed(sent)
                 # At most `wanted` units, and one job past them (its units are not free yet:
                 # it waits at the buffer's head, see `_QueueState`): the buffer stays bounded.
                 state.put(batch)
@@ -440,7 +438,8 @@ class Runtime:
             # Shielded: a claim cut short by the stop may have committed, and its jobs would
             # be held by nobody here. (Should it time out, the worker's row stays at the stop:
             # see `Liveness`.)
-            with trio.move_on_after(CLAIM_TIMEOUT, shield=True):
+            # The worker holds what the claim may take from its sending (`Liveness.claiming`).
+            with trio.move_on_after(CLAIM_TIMEOUT, shield=True), services.liveness.claiming():
                 claim, written = await services.governor.claim(
                     conn, state.name, owner=self.config.worker_id, limit=limit,
                     lease=dt.timedelta(seconds=self.config.lease), weighted=state.weighted,

@@ -195,8 +195,21 @@ class Governor:
         await self.apply_config()
         await self.run_once()
         task_status.started()
-        await every(self._interval, self.run_once, failed="reading queue settings failed",
+        await every(self._interval, self._poll_round, failed="polling the queues failed",
                     wakeup=self._changed, wait_first=True)  # fmt: skip
+
+    async def _poll_round(self) -> GovernorRound:
+        """`run_once`; should it fail, every served queue's fetcher claims (and aging runs),
+        as if the poll had found work everywhere: the drained fetchers wait for the poll,
+        and a poll that cannot answer must not leave a job whose notification was lost
+        waiting for as long as the failures last."""
+        try:
+            return await self.run_once()
+        except Exception:
+            for name in self._work:
+                self._work[name] = True
+                self._on_change(name)
+            raise
 
     def _interval(self, _round: GovernorRound | None) -> float:
         """``poll_interval``, or less: until the next timed pause ends (no sooner than
@@ -234,6 +247,12 @@ class Governor:
         names = list(self._configs)
         async with self._pool.connection() as conn:
             settings, due = await poll_queues(conn, self._queue.sql, names)
+            # The fetchers first: what follows (the tidy of ended pauses, the release of a
+            # paused queue's jobs) may wait or fail, and must not hold back a wake-up.
+            for name in self._work:
+                self._work[name] = name in due
+            for name in sorted(due):
+                self._on_change(name)
             found = {s.name: s for s in settings}
             # Only a timed pause needs the tidy (and its end timed): one that runs now, or
             # one whose end the last round timed within a poll (an indefinite pause times
@@ -261,10 +280,6 @@ class Governor:
             await self._on_paused(name)
         for name in changed:
             self._flow[name].set()
-            self._on_change(name)
-        for name in self._work:
-            self._work[name] = name in due
-        for name in sorted(due):
             self._on_change(name)
         kept = tuple(self._settings[name] for name in self._settings)
         return GovernorRound(settings=kept, changed=tuple(changed), paused=tuple(paused),

@@ -19,10 +19,11 @@ worker waits for the socket to become readable (a session that ends says so: the
 ``FATAL`` and the close arrive at once, and a round trip then tells, and reconnects), with
 TCP keepalives of `KEEPALIVES` on it so that the kernel, not the backend, notices a peer
 that went silent (a dropped route, a host lost) within seconds, long before a server
-frees the session's lock on its own keepalives. The claim that ends the idleness clears
-the worker's suspicion in the same statement (`trioq._db.sql.leases`), counts as a ping
-(`claimed`), and wakes the liveness connection to prove itself at once: from then on it
-asks every interval again. So idle workers cost the server a row write every 10 s each
+frees the session's lock on its own keepalives. From the moment a claim is sent the worker
+counts as holding (`claiming`): the liveness connection proves itself at once and every
+interval while jobs are held, and the pool pings if that proof is late by `LATE` intervals
+from the claim's sending; the claim itself clears the worker's suspicion in the same
+statement (`trioq._db.sql.leases`). So idle workers cost the server a row write every 10 s each
 instead of two round trips a second (docs/benchmarks.md, round 10). While the liveness
 connection is down (reconnecting), the pool pings on, idle or not.
 
@@ -59,7 +60,8 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -94,11 +96,12 @@ ROW_EVERY = 10.0
 REMOVE_TIMEOUT = 5.0
 #: TCP settings of the liveness connection (libpq's parameters; a DSN that sets one keeps
 #: its own): an idle connection's peer that stopped answering is noticed by the kernel
-#: within about 4 s (keepalives: 1 s idle, then 3 probes 1 s apart), a round trip whose
-#: bytes the peer never acknowledges ends after 5 s (``tcp_user_timeout``, not the
-#: kernel's 15 minutes of retries), and the connection ends either way, so the worker
-#: reconnects. A probe and its answer are the kernels' alone: no backend wakes for them.
-#: (Nothing for a Unix socket, which has no silent peer.)
+#: within about 6 s (keepalives: 1 s idle, then probes 1 s apart until 5 s pass without an
+#: answer: on Linux ``tcp_user_timeout`` bounds the probing too), a round trip whose bytes
+#: the peer never acknowledges ends after 5 s (not the kernel's 15 minutes of retries),
+#: and the connection ends either way, so the worker reconnects. A probe and its answer
+#: are the kernels' alone: no backend wakes for them. (Nothing for a Unix socket, which
+#: has no silent peer.)
 KEEPALIVES = {"keepalives": "1", "keepalives_idle": "1", "keepalives_interval": "1",
               "keepalives_count": "3", "tcp_user_timeout": "5000"}  # fmt: skip
 
@@ -116,8 +119,14 @@ class Liveness:
         keepalives = {k: v for k, v in KEEPALIVES.items() if k not in given}
         self._connect_kwargs = {**keepalives, **(connect_kwargs or {}), "autocommit": True}
         #: Whether this worker holds any job (running, buffered, outcome not yet written).
-        self._holding = holding
-        #: A claim ended the idleness: the liveness connection proves itself at once, and
+        self._held = holding
+        #: Claims sent and not yet returned (`claiming`): their jobs may be committed and
+        #: held already, so the worker counts as holding from the moment one is sent.
+        self._claims = 0
+        #: When the last claim was sent (trio's clock): the start of the time the worker
+        #: has, from then, to prove itself (`claiming`).
+        self._claim_sent = -float("inf")
+        #: A claim ends the idleness: the liveness connection proves itself at once, and
         #: the pool's channel watches the time again (one flag for each).
         self._claimed_probe = Wakeup()
         self._claimed_pool = Wakeup()
@@ -194,13 +203,13 @@ class Liveness:
         a cut liveness connection alone never looks like death; every interval until the
         liveness connection pings again."""
         while True:
-            due = self._pinged_at + self.interval * LATE
+            due = max(self._pinged_at, self._claim_sent) + self.interval * LATE
             if trio.current_time() < due:
                 await trio.sleep_until(due)
                 continue
             if self._connected and not self._holding():
                 # Idle, and the liveness connection is up and watched: nothing to prove
-                # until a claim (which counts as a ping) or a lost connection.
+                # until a claim is sent (`claiming`) or the connection is lost.
                 await self._claimed_pool.wait()
                 continue
             try:
@@ -252,14 +261,16 @@ class Liveness:
                 await trio.sleep_until(started + self.interval)
 
     async def _watch(self, conn: TrioConnection[Any], until: float) -> None:
-        """Idle: wait until ``until``, a claim (`claimed`), or something arriving on the
+        """Idle: wait until ``until``, a claim sent (`claiming`), or something arriving on the
         liveness connection's socket; then a round trip tells whether the session lives
         (it raises if not: the caller reconnects)."""
         arrived = False
 
+        fileno = conn.pgconn.socket  # here: an error is raised as itself, not in a group
+
         async def socket(cancel: trio.CancelScope) -> None:
             nonlocal arrived
-            await trio.lowlevel.wait_readable(conn.pgconn.socket)
+            await trio.lowlevel.wait_readable(fileno)
             arrived = True
             cancel.cancel()
 
@@ -274,13 +285,30 @@ class Liveness:
         if arrived:
             await conn.sync()  # reads what came: a FATAL and the close raise here
 
-    def claimed(self, sent: float) -> None:
-        """A claim sent at ``sent`` (trio's clock) took jobs: it cleared this worker's
-        suspicion, as a ping does, and ends the idleness (the liveness connection proves
-        itself now, and every interval while jobs are held)."""
-        self._pinged_at = max(self._pinged_at, sent)
+    def _holding(self) -> bool:
+        """Whether a job of this worker's may be running in the database: one is held, or
+        a claim is on its way."""
+        return self._claims > 0 or self._held()
+
+    @contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a claim (entered just before it is sent): the worker holds what it may
+        claim from that moment, so the liveness connection proves itself at once (and
+        every interval while jobs are held), and the pool pings if that proof is late by
+        `LATE` intervals from the claim's sending, however long the claim takes. Should
+        the liveness session be gone, a suspicion the claim's snapshot saw is cleared by
+        the claim itself (`trioq._db.sql.leases`), and one raised after that snapshot can
+        give a verdict no earlier than a grace after the sending: the pool's ping, due
+        1.25 intervals after it, comes first. (Counting from when the claim returned
+        instead, a claim slow to take its queue's lock left the suspicion its grace.)"""
+        self._claims += 1
+        self._claim_sent = max(self._claim_sent, trio.current_time())
         self._claimed_probe.set()
         self._claimed_pool.set()
+        try:
+            yield
+        finally:
+            self._claims -= 1
 
     async def run_once(self, conn: Conn) -> bool:
         """One ping of the row on ``conn`` (it clears a sweeper's suspicion); False if this
