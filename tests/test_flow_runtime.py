@@ -400,17 +400,24 @@ async def _at_least(predicate: Any) -> bool:
     return bool(predicate())
 
 
-async def test_a_poll_that_fails_wakes_every_fetcher(
+async def test_a_poll_that_fails_wakes_the_drained_fetchers(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The drained fetchers wait for the poll: a round that fails (here the statement
-    raises) wakes every served queue's fetcher, which claims as it did on a timer of its
-    own, and aging looks at every queue, for as long as the failures last. And the queues
-    with work are woken before anything else the round does can fail or wait."""
+    raises) wakes those, which claim as they did on a timer of their own, and aging looks
+    at every queue, for as long as the failures last; a fetcher not waiting drained (one
+    backing off a failed claim) is left alone. And the queues with work are woken before
+    anything else the round does can fail or wait."""
     import trioq._worker.services.governor as governor_module
     from trioq._worker.services.governor import Governor
+    from trioq._worker.wakeup import Wakeup
 
     woken: list[str] = []
+    work = {name: Wakeup() for name in ("a", "b", "c")}
+
+    def wake(name: str) -> None:
+        woken.append(name)
+        work[name].set()
 
     async def on_paused(name: str) -> None:
         raise RuntimeError("releasing failed")
@@ -418,20 +425,29 @@ async def test_a_poll_that_fails_wakes_every_fetcher(
     async with await trioq.connect(dsn, autocommit=True) as conn:
         await trioq.migrate(conn)
         async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
-            governor = Governor(pool, Q, {"a": QueueConfig(), "b": QueueConfig()},
-                                poll_interval=60, on_change=woken.append,
+            governor = Governor(pool, Q, {name: QueueConfig() for name in work},
+                                poll_interval=60, on_change=wake,
                                 on_paused=on_paused)  # fmt: skip
             await governor.run_once()
-            assert not governor.has_work("a") and not governor.has_work("b")
+            assert not any(governor.has_work(name) for name in work)
+            returned: list[str] = []
+
+            async def drained(name: str) -> None:
+                await governor.wait(name, trioq.LimitedClaim(jobs=[]), 0, work[name])
+                returned.append(name)
 
             async def broken(*args: Any) -> Any:
                 raise psycopg.OperationalError("the poll failed")
 
-            monkeypatch.setattr(governor_module, "poll_queues", broken)
-            with pytest.raises(psycopg.OperationalError):
-                await governor._poll_round()
-            assert sorted(woken) == ["a", "b"]
-            assert governor.has_work("a") and governor.has_work("b")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drained, "a")
+                nursery.start_soon(drained, "b")  # "c" backs off a failed claim elsewhere
+                await wait_until(lambda: _at_least(lambda: len(governor._drained) == 2))
+                monkeypatch.setattr(governor_module, "poll_queues", broken)
+                with pytest.raises(psycopg.OperationalError):
+                    await governor._poll_round()
+            assert sorted(returned) == ["a", "b"] and sorted(woken) == ["a", "b"]
+            assert all(governor.has_work(name) for name in work)
             monkeypatch.undo()
             woken.clear()
             await governor.run_once()  # nothing anywhere: back to waiting for the poll
@@ -440,4 +456,4 @@ async def test_a_poll_that_fails_wakes_every_fetcher(
             await Q.pause(conn, "a")  # the round's release of its jobs fails after the wake
             with pytest.raises(RuntimeError):
                 await governor._poll_round()
-            assert woken == ["a", "a", "b"]  # its work first, then everyone for the failure
+            assert woken == ["a"]  # its work was woken before the release failed

@@ -100,6 +100,8 @@ class Governor:
         #: Whether the last poll found a job a claim could take in each queue (True until
         #: the first: `has_work`).
         self._work = dict.fromkeys(queues, True)
+        #: The queues whose fetcher waits, drained, for new work (`wait`).
+        self._drained: set[str] = set()
 
     # -- what the runtime asks ------------------------------------------------------------------
 
@@ -158,10 +160,15 @@ class Governor:
         """Wait until claiming from ``name`` again may give more than ``got`` did."""
         reason = got.reason
         if reason is None:
-            # Drained: new work wakes the fetcher, a notification or the poll (`run_once`).
+            # Drained: new work wakes the fetcher, a notification or the poll (`run_once`);
+            # a poll that fails wakes it too (`_poll_round`).
             timeout = inf if got.retry_in is None else min(self._poll, got.retry_in)
-            with trio.move_on_after(timeout):
-                await work.wait()
+            self._drained.add(name)
+            try:
+                with trio.move_on_after(timeout):
+                    await work.wait()
+            finally:
+                self._drained.discard(name)
             return
         if reason == "more":
             await trio.lowlevel.checkpoint()
@@ -199,15 +206,16 @@ class Governor:
                     wakeup=self._changed, wait_first=True)  # fmt: skip
 
     async def _poll_round(self) -> GovernorRound:
-        """`run_once`; should it fail, every served queue's fetcher claims (and aging runs),
-        as if the poll had found work everywhere: the drained fetchers wait for the poll,
-        and a poll that cannot answer must not leave a job whose notification was lost
-        waiting for as long as the failures last."""
+        """`run_once`; should it fail, the fetchers waiting drained claim (and aging runs
+        everywhere), as if the poll had found work: they wait for the poll, and a poll that
+        cannot answer must not leave a job whose notification was lost waiting for as long
+        as the failures last. A fetcher backing off a failed claim is left to its backoff."""
         try:
             return await self.run_once()
         except Exception:
             for name in self._work:
                 self._work[name] = True
+            for name in sorted(self._drained):  # not a fetcher backing off a failed claim
                 self._on_change(name)
             raise
 
