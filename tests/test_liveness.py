@@ -10,6 +10,7 @@ cut looks dead: its jobs are taken, and the worker that wakes writes nothing for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -334,6 +335,42 @@ async def test_a_slow_claim_after_idleness_is_covered_from_its_sending(dsn: str)
                 finally:
                     os.kill(pid, signal.SIGCONT)
                 await wait_until(lambda: _true(liveness.probes >= 1))  # it answers again
+                nursery.cancel_scope.cancel()
+
+
+async def test_failing_claims_are_no_proof_a_busy_worker_still_pings_through_its_pool(
+    dsn: str,
+) -> None:
+    """A busy worker whose liveness session is stuck (its backend SIGSTOPped) and whose
+    claims keep failing, one every half interval: a failed claim cleared no suspicion, so
+    it proves nothing, and the pool pings all the same. Fails if each claim's sending
+    pushed the pool's ping back (it never came)."""
+    interval = 0.2
+    holding = [True]
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            liveness = await _watching(dsn, pool, holding, interval)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await wait_until(lambda: _true(liveness.probes >= 1))
+                (pid,) = await liveness_pids(conn)
+                os.kill(pid, signal.SIGSTOP)
+                try:
+
+                    async def failing_claims() -> None:
+                        while True:
+                            with contextlib.suppress(RuntimeError), liveness.claiming():
+                                await trio.sleep(0.01)
+                                raise RuntimeError("the claim failed")
+                            await trio.sleep(interval / 2)
+
+                    async with trio.open_nursery() as claims:
+                        claims.start_soon(failing_claims)
+                        await wait_until(lambda: _true(liveness.pool_pings >= 2))
+                        claims.cancel_scope.cancel()
+                finally:
+                    os.kill(pid, signal.SIGCONT)
                 nursery.cancel_scope.cancel()
 
 

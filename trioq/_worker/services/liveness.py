@@ -120,12 +120,10 @@ class Liveness:
         self._connect_kwargs = {**keepalives, **(connect_kwargs or {}), "autocommit": True}
         #: Whether this worker holds any job (running, buffered, outcome not yet written).
         self._held = holding
-        #: Claims sent and not yet returned (`claiming`): their jobs may be committed and
-        #: held already, so the worker counts as holding from the moment one is sent.
-        self._claims = 0
-        #: When the last claim was sent (trio's clock): the start of the time the worker
-        #: has, from then, to prove itself (`claiming`).
-        self._claim_sent = -float("inf")
+        #: When each claim on its way was sent (trio's clock; `claiming`): their jobs may be
+        #: committed and held already, so the worker counts as holding from the moment one
+        #: is sent, and has from the first sending to prove itself.
+        self._in_flight: list[float] = []
         #: A claim ends the idleness: the liveness connection proves itself at once, and
         #: the pool's channel watches the time again (one flag for each).
         self._claimed_probe = Wakeup()
@@ -203,7 +201,8 @@ class Liveness:
         a cut liveness connection alone never looks like death; every interval until the
         liveness connection pings again."""
         while True:
-            due = max(self._pinged_at, self._claim_sent) + self.interval * LATE
+            since = min(self._in_flight, default=-float("inf"))
+            due = max(self._pinged_at, since) + self.interval * LATE
             if trio.current_time() < due:
                 await trio.sleep_until(due)
                 continue
@@ -288,7 +287,7 @@ class Liveness:
     def _holding(self) -> bool:
         """Whether a job of this worker's may be running in the database: one is held, or
         a claim is on its way."""
-        return self._claims > 0 or self._held()
+        return bool(self._in_flight) or self._held()
 
     @contextmanager
     def claiming(self) -> Iterator[None]:
@@ -300,15 +299,23 @@ class Liveness:
         the claim itself (`trioq._db.sql.leases`), and one raised after that snapshot can
         give a verdict no earlier than a grace after the sending: the pool's ping, due
         1.25 intervals after it, comes first. (Counting from when the claim returned
-        instead, a claim slow to take its queue's lock left the suspicion its grace.)"""
-        self._claims += 1
-        self._claim_sent = max(self._claim_sent, trio.current_time())
+        instead, a claim slow to take its queue's lock left the suspicion its grace.)
+
+        A claim that returns has cleared the suspicions its snapshot saw: a ping, as of its
+        sending. One that fails (or is cut short) proves nothing: a busy worker whose
+        claims keep failing still pings through its pool."""
+        sent = trio.current_time()
+        self._in_flight.append(sent)
         self._claimed_probe.set()
         self._claimed_pool.set()
         try:
             yield
+        except BaseException:
+            raise
+        else:
+            self._pinged_at = max(self._pinged_at, sent)
         finally:
-            self._claims -= 1
+            self._in_flight.remove(sent)
 
     async def run_once(self, conn: Conn) -> bool:
         """One ping of the row on ``conn`` (it clears a sweeper's suspicion); False if this
