@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -249,14 +249,35 @@ async def _running_is(conn: Any, worker: int | None, count: int) -> bool:
     return bool((await _row(conn, worker))[2] == count)
 
 
-async def _watching(
-    dsn: str, pool: trioq.pg.Pool, holding: list[bool], interval: float, name: str = "idle"
-) -> Liveness:
-    liveness = Liveness(dsn, pool, trioq.Queue().driver, name=name, queues={"default": 1},
-                        interval=interval, running=lambda: 0,
-                        holding=lambda: holding[0])  # fmt: skip
-    liveness.row_every = 60.0
-    return liveness
+@asynccontextmanager
+async def _watched(
+    dsn: str, holding: list[bool], interval: float
+) -> AsyncIterator[tuple[Any, Liveness]]:
+    """A connection to the migrated database and a running `Liveness` (its row's ping a
+    minute apart; holding a job while ``holding[0]``), after its first turn: a watch if
+    idle, a round trip if busy."""
+    async with await trioq.connect(dsn, autocommit=True) as conn:
+        await trioq.migrate(conn)
+        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
+            liveness = Liveness(dsn, pool, trioq.Queue().driver, name="idle",
+                                queues={"default": 1}, interval=interval, running=lambda: 0,
+                                holding=lambda: holding[0])  # fmt: skip
+            liveness.row_every = 60.0
+            async with trio.open_nursery() as nursery:
+                await nursery.start(liveness.run)
+                await wait_until(lambda: _true(liveness.probes + liveness.watches >= 1))
+                yield conn, liveness
+                nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def _stopped(pid: int) -> Iterator[None]:
+    """The backend ``pid`` SIGSTOPped for the block: its session lives, and never answers."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 async def test_an_idle_worker_watches_its_liveness_connection_and_sends_nothing(
@@ -268,24 +289,17 @@ async def test_an_idle_worker_watches_its_liveness_connection_and_sends_nothing(
     probes, or if a busy one does not."""
     interval = 0.05
     holding = [False]
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
-            liveness = await _watching(dsn, pool, holding, interval)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(liveness.run)
-                await wait_until(lambda: _true(liveness.watches >= 1))  # the row was pinged
-                version = await _row(conn, liveness.worker)
-                await trio.sleep(20 * interval)  # an absence: nothing to wait for
-                assert (liveness.probes, liveness.pool_pings) == (0, 0)
-                assert await _row(conn, liveness.worker) == version
-                holding[0] = True
-                with liveness.claiming():  # a claim that took a job
-                    pass
-                await wait_until(lambda: _true(liveness.probes >= 5))
-                assert await _row(conn, liveness.worker) == version  # round trips, no write
-                assert liveness.pool_pings == 0
-                nursery.cancel_scope.cancel()
+    async with _watched(dsn, holding, interval) as (conn, liveness):
+        version = await _row(conn, liveness.worker)  # the row was pinged
+        await trio.sleep(20 * interval)  # an absence: nothing to wait for
+        assert (liveness.probes, liveness.pool_pings) == (0, 0)
+        assert await _row(conn, liveness.worker) == version
+        holding[0] = True
+        with liveness.claiming():  # a claim that took a job
+            pass
+        await wait_until(lambda: _true(liveness.probes >= 5))
+        assert await _row(conn, liveness.worker) == version  # round trips, no write
+        assert liveness.pool_pings == 0
 
 
 async def test_a_claim_wakes_the_idle_liveness_connection_to_prove_itself_at_once(
@@ -293,17 +307,9 @@ async def test_a_claim_wakes_the_idle_liveness_connection_to_prove_itself_at_onc
 ) -> None:
     """The interval is 20 s and the row's ping a minute away: only the claim's wake-up can
     make the liveness connection's round trip within a few seconds of the claim."""
-    holding = [False]
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
-            liveness = await _watching(dsn, pool, holding, interval=20)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(liveness.run)
-                await wait_until(lambda: _true(liveness.watches >= 1))
-                with liveness.claiming(), trio.fail_after(5):  # a claim on its way
-                    await wait_until(lambda: _true(liveness.probes == 1))
-                nursery.cancel_scope.cancel()
+    async with _watched(dsn, [False], interval=20) as (_conn, liveness):
+        with liveness.claiming(), trio.fail_after(5):  # a claim on its way
+            await wait_until(lambda: _true(liveness.probes == 1))
 
 
 async def test_a_slow_claim_after_idleness_is_covered_from_its_sending(dsn: str) -> None:
@@ -315,27 +321,16 @@ async def test_a_slow_claim_after_idleness_is_covered_from_its_sending(dsn: str)
     the claim to return (a suspicion raised after the claim's snapshot would then have had
     its grace: a verdict on the jobs it was committing)."""
     interval = 0.2
-    holding = [False]
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
-            liveness = await _watching(dsn, pool, holding, interval)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(liveness.run)
-                await wait_until(lambda: _true(liveness.watches >= 1))
-                (pid,) = await liveness_pids(conn)
-                os.kill(pid, signal.SIGSTOP)
-                try:
-                    sent = trio.current_time()
-                    with liveness.claiming():  # it has not returned when the pool pings
-                        await wait_until(lambda: _true(liveness.pool_pings >= 1))
-                        late = trio.current_time() - sent
-                    assert liveness.probes == 0  # the liveness connection never answered
-                    assert late >= interval  # the liveness connection had its chance first
-                finally:
-                    os.kill(pid, signal.SIGCONT)
-                await wait_until(lambda: _true(liveness.probes >= 1))  # it answers again
-                nursery.cancel_scope.cancel()
+    async with _watched(dsn, [False], interval) as (conn, liveness):
+        (pid,) = await liveness_pids(conn)
+        with _stopped(pid):
+            sent = trio.current_time()
+            with liveness.claiming():  # it has not returned when the pool pings
+                await wait_until(lambda: _true(liveness.pool_pings >= 1))
+                late = trio.current_time() - sent
+            assert liveness.probes == 0  # the liveness connection never answered
+            assert late >= interval  # the liveness connection had its chance first
+        await wait_until(lambda: _true(liveness.probes >= 1))  # it answers again
 
 
 async def test_failing_claims_are_no_proof_a_busy_worker_still_pings_through_its_pool(
@@ -346,32 +341,21 @@ async def test_failing_claims_are_no_proof_a_busy_worker_still_pings_through_its
     it proves nothing, and the pool pings all the same. Fails if each claim's sending
     pushed the pool's ping back (it never came)."""
     interval = 0.2
-    holding = [True]
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
-            liveness = await _watching(dsn, pool, holding, interval)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(liveness.run)
-                await wait_until(lambda: _true(liveness.probes >= 1))
-                (pid,) = await liveness_pids(conn)
-                os.kill(pid, signal.SIGSTOP)
-                try:
+    async with _watched(dsn, [True], interval) as (conn, liveness):
+        (pid,) = await liveness_pids(conn)
 
-                    async def failing_claims() -> None:
-                        while True:
-                            with contextlib.suppress(RuntimeError), liveness.claiming():
-                                await trio.sleep(0.01)
-                                raise RuntimeError("the claim failed")
-                            await trio.sleep(interval / 2)
+        async def failing_claims() -> None:
+            while True:
+                with contextlib.suppress(RuntimeError), liveness.claiming():
+                    await trio.sleep(0.01)
+                    raise RuntimeError("the claim failed")
+                await trio.sleep(interval / 2)
 
-                    async with trio.open_nursery() as claims:
-                        claims.start_soon(failing_claims)
-                        await wait_until(lambda: _true(liveness.pool_pings >= 2))
-                        claims.cancel_scope.cancel()
-                finally:
-                    os.kill(pid, signal.SIGCONT)
-                nursery.cancel_scope.cancel()
+        with _stopped(pid):
+            async with trio.open_nursery() as claims:
+                claims.start_soon(failing_claims)
+                await wait_until(lambda: _true(liveness.pool_pings >= 2))
+                claims.cancel_scope.cancel()
 
 
 async def test_a_watching_worker_reconnects_the_moment_its_session_ends(dsn: str) -> None:
@@ -379,21 +363,13 @@ async def test_a_watching_worker_reconnects_the_moment_its_session_ends(dsn: str
     wake its watch, and it reconnects and takes its lock again (the same row) within
     seconds, though its interval is 20 s and its row's ping a minute away. Fails if the
     idle worker only noticed at its next round trip."""
-    holding = [False]
-    async with await trioq.connect(dsn, autocommit=True) as conn:
-        await trioq.migrate(conn)
-        async with trioq.pg.Pool(dsn, max_size=1, connect_kwargs={"autocommit": True}) as pool:
-            liveness = await _watching(dsn, pool, holding, interval=20)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(liveness.run)
-                await wait_until(lambda: _true(liveness.watches >= 1))
-                worker = liveness.worker
-                (pid,) = await liveness_pids(conn)
-                await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                with trio.fail_after(5):
-                    await wait_until(lambda: _locked_by_another(conn, pid))
-                assert liveness.worker == worker and liveness.probes == 0
-                nursery.cancel_scope.cancel()
+    async with _watched(dsn, [False], interval=20) as (conn, liveness):
+        worker = liveness.worker
+        (pid,) = await liveness_pids(conn)
+        await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with trio.fail_after(5):
+            await wait_until(lambda: _locked_by_another(conn, pid))
+        assert liveness.worker == worker and liveness.probes == 0
 
 
 async def _locked_by_another(conn: Any, pid: int) -> bool:

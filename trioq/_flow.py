@@ -226,14 +226,14 @@ class QueueSettings:
         name, paused, gc, rl, rp, kc, krl, krp, until, aging, fair = row[:11]
         return cls(
             name=name,
-            paused=paused,
+            paused=bool(paused),  # NULL: a name without a row (`poll_queues`)
             global_concurrency=gc,
             rate_limit=None if rl is None else RateLimit(rl, rp),
             key_concurrency=kc,
             key_rate_limit=None if krl is None else RateLimit(krl, krp),
             paused_until=_from_epoch_us(until),
             aging=DEFAULT_AGING if aging is None else (aging or None),
-            fair=fair,
+            fair=bool(fair),
         )
 
     @property

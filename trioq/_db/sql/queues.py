@@ -4,11 +4,12 @@
 # paused_until NULL) whether or not a governor has tidied its row yet; paused_until is in
 # microseconds since the Unix epoch (`epoch_us`: a time that got past the CHECK is clamped
 # rather than failing the read; NULL is kept apart, as epoch_us would clamp it too).
-_SETTINGS = """
-SELECT name, paused AND NOT {pause_ended}, global_concurrency, rate_limit, rate_period,
+_COLUMNS = """paused AND NOT {pause_ended}, global_concurrency, rate_limit, rate_period,
        key_concurrency, key_rate_limit, key_rate_period,
        CASE WHEN paused AND NOT {pause_ended} AND paused_until IS NOT NULL
-            THEN {epoch_us}(paused_until) END, aging, fair
+            THEN {epoch_us}(paused_until) END, aging, fair"""
+_SETTINGS = """
+SELECT name, """ + _COLUMNS + """
   FROM {queues}
 """
 QUEUE_SETTINGS = _SETTINGS + """
@@ -28,12 +29,9 @@ QUEUE_SETTINGS = _SETTINGS + """
 # EXISTS, the generic plan hashed a single scan of every queue's due jobs (the whole index
 # under a backlog); without the order, the planner chose a sequential scan of the table
 # until the first match (all of it, for a queue with none: tests/test_explain.py).
+# A name without a row reads NULL settings: `QueueSettings.from_row` takes them as defaults.
 QUEUE_POLL = """
-SELECT n.queue, coalesce(paused AND NOT {pause_ended}, false), global_concurrency,
-       rate_limit, rate_period, key_concurrency, key_rate_limit, key_rate_period,
-       CASE WHEN paused AND NOT {pause_ended} AND paused_until IS NOT NULL
-            THEN {epoch_us}(paused_until) END, aging, coalesce(fair, false),
-       w.work IS NOT NULL
+SELECT n.queue, """ + _COLUMNS + """, w.work IS NOT NULL
   FROM pg_catalog.unnest(%(names)s::text[]) AS n(queue)
   LEFT JOIN {queues} q ON q.name = n.queue
   LEFT JOIN LATERAL (

@@ -310,10 +310,7 @@ class Liveness:
         self._claimed_pool.set()
         try:
             yield
-        except BaseException:
-            raise
-        else:
-            self._pinged_at = max(self._pinged_at, sent)
+            self._pinged_at = max(self._pinged_at, sent)  # returned: a ping
         finally:
             self._in_flight.remove(sent)
 
